@@ -1,0 +1,1 @@
+//! `loom-vm`: placeholder until the VM lands.
