@@ -1,0 +1,4 @@
+//! One integration test binary (links once): golden compile/link tests, round trips, loomc end to end, sandbox.
+
+mod golden_compile;
+mod golden_link;
