@@ -2,3 +2,4 @@
 
 mod golden_compile;
 mod golden_link;
+mod vm_sandbox;

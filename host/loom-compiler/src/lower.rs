@@ -191,6 +191,13 @@ impl<'a> ModCx<'a> {
         if !self.claim(&r.name, "record") {
             return;
         }
+        if r.name.text.contains('.') {
+            // `@R.f` names a field, so a dotted record name would be ambiguous.
+            self.error(
+                r.name.span,
+                format!("record names cannot contain `.`: @{}", r.name.text),
+            );
+        }
         let mut fields = Vec::new();
         for (name, t) in &r.fields {
             let ty = self.ty(t);
