@@ -7,16 +7,22 @@
 //!
 //! Modules:
 //! - [`opcode`]: every simple operation, its text name and its typing rule;
-//! - `verify`: the verifier (types, SSA scoping, region terminators, call signatures); runs before anything
+//! - [`verify`]: the verifier (types, SSA scoping, region terminators, call signatures); runs before anything
 //!   executes, on decoded bytecode as on freshly compiled code;
-//! - `bytecode`: the `.loombc` encoder/decoder (canonical, size-limited, digest-checked);
-//! - `print`: the canonical text printer (`loomc dis`).
+//! - [`bytecode`]: the `.loombc` encoder/decoder (canonical, size-limited, digest-checked);
+//! - [`print`]: the canonical text printer (`loomc dis`).
 //!
 //! **Invariant:** this crate performs no IO and never panics on untrusted input.
 
+pub mod bytecode;
 pub mod opcode;
+pub mod print;
+pub mod verify;
 
+pub use bytecode::{DecodeError, DecodeErrorKind, decode, encode};
 pub use opcode::Opcode;
+pub use print::{print_module, print_program};
+pub use verify::{VerifyError, verify_module, verify_program};
 
 use std::fmt;
 
