@@ -1,1 +1,353 @@
-//! `loom-vm`: placeholder until the VM lands.
+//! `loom-vm`: loads a linked, verified [`loom_ir::Program`], lowers it to register bytecode and runs it in a
+//! sandbox.
+//!
+//! # Protocol
+//!
+//! **Loading.** [`Vm::load`] lowers every function once. Each import `Decl { symbol: "m.f", import: Some("m") }`
+//! binds to function `f` of the host's [`NativeModule`] `m`, only if `m` is in the role's `granted` list and the
+//! declared and native signatures are identical; otherwise loading fails with a [`LoadError`] naming both sides.
+//! Inconsistencies that would make lowering panic (out-of-range values, bank mismatches) are load errors too.
+//! [`LoadLimits`] bound registers per frame and instructions per function and per program.
+//!
+//! **Register banks and frames.** Each SSA value gets a register in one of two banks: scalars (`i1 i32 i64 f32
+//! f64`) as `u64` bit patterns in canonical form (`i32`/`f32` zero-extended), references as `u32` handles into the
+//! invocation heap (0 = `null`). Register indices are `u16`. All frames of an invocation live in two contiguous
+//! stacks (`Vec<u64>`, `Vec<u32>`); a call places the callee's frame right after the caller's, copies arguments into
+//! the callee's first registers, and pushes a small frame record. Loom calls never recurse on the Rust stack, so the
+//! call-depth limit, not the host stack, bounds recursion. Structured `if`/`for`/`while` become jumps; compares
+//! whose only use is a branch fuse into compare-and-branch; `add`/`sub`/`mul`/compares/shifts with an immediate
+//! and loads/stores with constant offsets (including a folded single-use `add %x, K`) have immediate forms;
+//! immediates elsewhere live in constant registers set by a per-function prologue.
+//!
+//! **Fuel.** Fuel is charged per basic block *of the IR*: a block is a run of ops ending at a structured op
+//! (`if`/`for`/`while`, counted in the block) or a terminator; its cost is its op count, charged before it runs.
+//! Loop back-edges charge the body's (or condition's) first block each iteration; the block after an `if`
+//! (the join) is charged together with the branch that leads to it. Calls charge the callee's first block, native
+//! imports their declared `fuel_cost` (and whatever they charge through [`NativeCtx::charge_fuel`]). Charges do not
+//! depend on lowering details, so the same program with the same fuel traps with [`TrapKind::OutOfFuel`] at the
+//! same pc every time; after that trap the fuel used equals the budget.
+//!
+//! **Memory.** Every allocation the program causes (`buffer.new`, slices, concatenations, strings, lists and their
+//! growth, opaque tuples, copy-on-write copies, plus 32 bytes per heap object) is charged against
+//! [`InvokeLimits::memory_bytes`] *before* allocating, so an oversized `buffer.new` traps with
+//! [`TrapKind::OutOfMemory`] without touching the allocator. The VM frees nothing until the invocation ends, so
+//! the cap is on the **total bytes allocated during the invocation**, not on live bytes. Natives account their
+//! own allocations with [`NativeCtx::alloc`]. Register stacks and frame records are bounded by the register and
+//! call-depth limits and are not charged.
+//!
+//! **Values and ownership across the boundary.** Inside an invocation, buffers and lists are references:
+//! registers hold handles into one heap owned by the invocation, so a callee's store into a buffer argument is seen
+//! by the caller, at zero reference-counting cost. At the boundary (entry arguments, native arguments/results,
+//! returned values) values are [`Value`]s: `Send + Sync`, immutable, `Arc`-backed. A buffer coming in is *shared*:
+//! loads read the host's bytes in place, and the first store copies it (copy-on-write; the copy is charged), so
+//! host-owned inputs and retained `!opaque` state are never mutated. A buffer going out is moved into an `Arc`
+//! without copying; if the program writes it again afterwards (e.g. after passing it to a native), it is copied
+//! only if someone else still holds it. Two `Value`s sharing an `Arc` are two distinct buffers inside the VM
+//! (aliasing is not reconstructed); likewise each `opaque.get` of a buffer yields a fresh copy-on-write handle.
+//! The host bounds what it keeps across invocations with [`Value::retained_bytes`] against its per-model cap.
+//!
+//! **Traps.** Every failure is a [`Trap`] with kind, function, bytecode pc and source location; nothing in the VM
+//! panics the process (integer arithmetic is checked per the opcode semantics, every buffer/list access is
+//! bounds-checked, natives run under `catch_unwind` and their results are type-checked).
+
+mod code;
+pub mod error;
+mod heap;
+mod interp;
+mod lower;
+pub mod native;
+pub mod testing;
+pub mod value;
+
+pub use error::{LoadError, NativeError, Trap, TrapKind};
+pub use native::{NativeCtx, NativeFnBody, NativeFunc, NativeModule};
+pub use value::Value;
+
+use loom_ir::{Loc, Program, Signature, Type};
+use std::sync::Arc;
+
+/// Limits checked while loading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadLimits {
+    /// Registers per bank per frame (at most 65535).
+    pub max_registers: u32,
+    /// Bytecode instructions per function.
+    pub max_code_per_function: u32,
+    /// Bytecode instructions in the whole program.
+    pub max_total_code: u64,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        LoadLimits {
+            max_registers: 16_384,
+            max_code_per_function: 1 << 20,
+            max_total_code: 1 << 24,
+        }
+    }
+}
+
+/// Limits of one invocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvokeLimits {
+    /// Fuel budget (roughly: IR ops executed).
+    pub fuel: u64,
+    /// Cap on the total bytes allocated by the invocation.
+    pub memory_bytes: u64,
+    /// Maximum number of active Loom frames (the entry counts as one).
+    pub call_depth: u32,
+}
+
+impl Default for InvokeLimits {
+    fn default() -> Self {
+        InvokeLimits {
+            fuel: 100_000_000,
+            memory_bytes: 256 << 20,
+            call_depth: 256,
+        }
+    }
+}
+
+/// What one invocation returned and consumed.
+#[derive(Debug)]
+pub struct Invocation {
+    pub result: Result<Vec<Value>, Trap>,
+    pub fuel_used: u64,
+    /// Bytes charged against the memory cap.
+    pub memory_used: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct BoundImport {
+    pub(crate) symbol: String,
+    pub(crate) sig: Signature,
+    pub(crate) func: NativeFunc,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) funcs: Vec<code::FuncCode>,
+    pub(crate) types: Vec<Type>,
+    pub(crate) strs: Vec<Arc<str>>,
+    pub(crate) imports: Vec<BoundImport>,
+    pub(crate) files: Vec<String>,
+    pub(crate) exports: Vec<(String, u32)>,
+}
+
+/// The loader.
+#[derive(Debug)]
+pub struct Vm;
+
+impl Vm {
+    /// Binds imports against `natives` (only modules in `granted`), lowers every function, checks limits.
+    pub fn load(
+        program: &Program,
+        natives: &[Arc<NativeModule>],
+        granted: &[&str],
+        limits: &LoadLimits,
+    ) -> Result<Loaded, LoadError> {
+        let file_of = |loc_file: Option<u32>| -> String {
+            loc_file
+                .and_then(|i| program.files.get(i as usize).cloned())
+                .unwrap_or_else(|| {
+                    program
+                        .files
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| "<program>".to_string())
+                })
+        };
+        let mut imports = Vec::with_capacity(program.imports.len());
+        for d in &program.imports {
+            let file = file_of(None);
+            let Some(module) = d.import.clone() else {
+                return Err(LoadError::Invalid {
+                    func: d.symbol.clone(),
+                    message: "a linked program may only contain capability imports".into(),
+                    loc: d.loc,
+                    file,
+                });
+            };
+            let (prefix, fname) = d.split_symbol();
+            if prefix != module {
+                return Err(LoadError::BadImportSymbol {
+                    module,
+                    symbol: d.symbol.clone(),
+                    loc: d.loc,
+                    file,
+                });
+            }
+            if !granted.contains(&module.as_str()) {
+                return Err(LoadError::NotGranted {
+                    module,
+                    symbol: d.symbol.clone(),
+                    granted: granted.iter().map(|s| s.to_string()).collect(),
+                    loc: d.loc,
+                    file,
+                });
+            }
+            let Some(m) = natives.iter().find(|m| m.name == module) else {
+                return Err(LoadError::UnknownModule {
+                    module,
+                    symbol: d.symbol.clone(),
+                    loc: d.loc,
+                    file,
+                });
+            };
+            let Some(f) = m.get(fname) else {
+                return Err(LoadError::UnknownFunction {
+                    module,
+                    func: fname.to_string(),
+                    symbol: d.symbol.clone(),
+                    loc: d.loc,
+                    file,
+                });
+            };
+            if f.sig != d.sig {
+                return Err(LoadError::SignatureMismatch {
+                    symbol: d.symbol.clone(),
+                    declared: Box::new(d.sig.clone()),
+                    native: Box::new(f.sig.clone()),
+                    loc: d.loc,
+                    file,
+                });
+            }
+            imports.push(BoundImport {
+                symbol: d.symbol.clone(),
+                sig: d.sig.clone(),
+                func: f.clone(),
+            });
+        }
+        let mut tables = lower::Tables::default();
+        let mut funcs = Vec::with_capacity(program.funcs.len());
+        let mut total = 0u64;
+        for fi in 0..program.funcs.len() {
+            let fc = lower::lower_function(program, fi, &mut tables, limits)?;
+            total += fc.code.len() as u64;
+            if total > limits.max_total_code {
+                return Err(LoadError::Limit {
+                    func: fc.name.clone(),
+                    message: format!(
+                        "program exceeds {} bytecode instructions",
+                        limits.max_total_code
+                    ),
+                    loc: fc.loc,
+                    file: file_of(program.func_files.get(fi).copied()),
+                });
+            }
+            funcs.push(fc);
+        }
+        for (name, fi) in &program.exports {
+            if *fi as usize >= funcs.len() {
+                return Err(LoadError::Invalid {
+                    func: name.clone(),
+                    message: "export of a missing function".into(),
+                    loc: Loc::default(),
+                    file: file_of(None),
+                });
+            }
+        }
+        Ok(Loaded {
+            inner: Arc::new(Inner {
+                funcs,
+                types: tables.types,
+                strs: tables.strs,
+                imports,
+                files: program.files.clone(),
+                exports: program.exports.clone(),
+            }),
+        })
+    }
+}
+
+/// A loaded program: immutable, `Send + Sync`, cheap to clone; invocations may run concurrently.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    inner: Arc<Inner>,
+}
+
+impl Loaded {
+    /// Runs export `entry` with `args`; returns its results or the trap.
+    pub fn invoke(
+        &self,
+        entry: &str,
+        args: &[Value],
+        limits: &InvokeLimits,
+    ) -> Result<Vec<Value>, Trap> {
+        self.invoke_metered(entry, args, limits).result
+    }
+
+    /// Like [`Loaded::invoke`], also reporting fuel and memory used.
+    pub fn invoke_metered(&self, entry: &str, args: &[Value], limits: &InvokeLimits) -> Invocation {
+        let p = &*self.inner;
+        let bad = |func: String, message: String| Invocation {
+            result: Err(Trap {
+                kind: TrapKind::BadArguments,
+                func,
+                pc: 0,
+                loc: Loc::default(),
+                file: String::new(),
+                message,
+            }),
+            fuel_used: 0,
+            memory_used: 0,
+        };
+        let Some(&(_, fi)) = p.exports.iter().find(|(n, _)| n == entry) else {
+            let names: Vec<&str> = p.exports.iter().map(|(n, _)| n.as_str()).collect();
+            return bad(
+                entry.to_string(),
+                format!("no export named `{entry}` (exports: {})", names.join(", ")),
+            );
+        };
+        let Some(fc) = p.funcs.get(fi as usize) else {
+            return bad(entry.to_string(), "export of a missing function".into());
+        };
+        if args.len() != fc.param_types.len() {
+            return bad(
+                fc.name.clone(),
+                format!(
+                    "`{entry}` takes {} arguments, {} given",
+                    fc.param_types.len(),
+                    args.len()
+                ),
+            );
+        }
+        for (i, (a, t)) in args.iter().zip(&fc.param_types).enumerate() {
+            if !a.has_type(t) {
+                return bad(
+                    fc.name.clone(),
+                    format!(
+                        "argument {i} of `{entry}` must be {t}, got {}",
+                        a.type_desc()
+                    ),
+                );
+            }
+        }
+        let out = interp::invoke(p, fi, args, limits);
+        Invocation {
+            result: out.result,
+            fuel_used: limits.fuel - out.fuel_left.min(limits.fuel),
+            memory_used: out.mem_used,
+        }
+    }
+
+    /// The signature of an export.
+    pub fn signature(&self, entry: &str) -> Option<Signature> {
+        let &(_, fi) = self.inner.exports.iter().find(|(n, _)| n == entry)?;
+        let fc = self.inner.funcs.get(fi as usize)?;
+        Some(Signature {
+            params: fc.param_types.clone(),
+            results: fc.result_types.clone(),
+        })
+    }
+
+    /// Export names.
+    pub fn exports(&self) -> Vec<String> {
+        self.inner.exports.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Total bytecode instructions (for diagnostics and tests).
+    pub fn code_size(&self) -> usize {
+        self.inner.funcs.iter().map(|f| f.code.len()).sum()
+    }
+}
