@@ -15,6 +15,7 @@
 //! **Invariant:** this crate performs no IO and never panics on untrusted input.
 
 pub mod bytecode;
+pub mod kernel;
 pub mod opcode;
 pub mod print;
 pub mod verify;

@@ -1,0 +1,432 @@
+//! The portable kernel and stage IR: what HAL plugins receive and lower for their device.
+//!
+//! Everything here is **specialized**: template values are bound, so shapes, grids and extents are numbers.
+//! Semantics are in `docs/loom/kernels.md`; the reference interpreter (`loom-kernel`) is their executable
+//! definition. Values are SSA with structured regions, like host code: a region's last op is `Yield`.
+
+use std::fmt;
+
+/// Element types of buffers and tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I64,
+    I32,
+    U32,
+    I16,
+    U16,
+    I8,
+    U8,
+    I1,
+    /// GGUF block quantisations: only `Load` reads them (dequantising to f32), along the last dimension.
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4K,
+    Q6K,
+}
+
+impl DType {
+    pub const ALL: &'static [DType] = &[
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I64,
+        DType::I32,
+        DType::U32,
+        DType::I16,
+        DType::U16,
+        DType::I8,
+        DType::U8,
+        DType::I1,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4K,
+        DType::Q6K,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F64 => "f64",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I1 => "i1",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q4K => "q4_k",
+            DType::Q6K => "q6_k",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.name() == s)
+    }
+
+    /// For block-quantised types: (elements per block, bytes per block).
+    pub fn block(self) -> Option<(u64, u64)> {
+        match self {
+            DType::Q8_0 => Some((32, 34)),
+            DType::Q4_0 => Some((32, 18)),
+            DType::Q4_1 => Some((32, 20)),
+            DType::Q4K => Some((256, 144)),
+            DType::Q6K => Some((256, 210)),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element of a plain (non-block) type; `i1` is stored as one byte.
+    pub fn size(self) -> Option<u64> {
+        match self {
+            DType::F64 | DType::I64 => Some(8),
+            DType::F32 | DType::I32 | DType::U32 => Some(4),
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => Some(2),
+            DType::I8 | DType::U8 | DType::I1 => Some(1),
+            _ => None,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block().is_some()
+    }
+
+    /// Bytes of a buffer of this type with this shape (blocks along the last dimension), or `None` when the
+    /// last dimension is not a whole number of blocks or the size overflows.
+    pub fn bytes_for(self, shape: &[u64]) -> Option<u64> {
+        let elems = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+        match self.block() {
+            None => elems.checked_mul(self.size()?),
+            Some((per, bytes)) => {
+                let last = *shape.last()?;
+                if last % per != 0 {
+                    return None;
+                }
+                (elems / per).checked_mul(bytes)
+            }
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The type of a kernel value: a scalar or a tile with a static shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KType {
+    Scalar(DType),
+    Tile { shape: Vec<u32>, dtype: DType },
+}
+
+impl KType {
+    pub fn dtype(&self) -> DType {
+        match self {
+            KType::Scalar(d) | KType::Tile { dtype: d, .. } => *d,
+        }
+    }
+    /// Number of elements (1 for a scalar).
+    pub fn elements(&self) -> u64 {
+        match self {
+            KType::Scalar(_) => 1,
+            KType::Tile { shape, .. } => shape.iter().map(|&d| d as u64).product(),
+        }
+    }
+}
+
+impl fmt::Display for KType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KType::Scalar(d) => write!(f, "{d}"),
+            KType::Tile { shape, dtype } => {
+                let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+                write!(f, "tile<[{}], {dtype}>", dims.join(", "))
+            }
+        }
+    }
+}
+
+/// Most elements one tile may have.
+pub const MAX_TILE_ELEMENTS: u64 = 1 << 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+/// A kernel parameter: a buffer with a concrete shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KParam {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub access: Access,
+}
+
+/// An SSA value of a kernel: index into [`Kernel::values`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KValue(pub u32);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KValueDef {
+    pub name: String,
+    pub ty: KType,
+}
+
+/// A scalar immediate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KImm {
+    I64(i64),
+    F64(f64),
+    I1(bool),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KOperand {
+    Value(KValue),
+    /// An immediate of the type the operation expects (see [`KOp`]).
+    Imm(KImm, DType),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    Neg,
+    Abs,
+    Not,
+    Exp,
+    Log,
+    Tanh,
+    Erf,
+    Sqrt,
+    Rsqrt,
+    Sigmoid,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// One index of a load/store: a scalar (no result dimension) or a 1-D i64 tile (one result dimension).
+pub type KIndex = KOperand;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KOpKind {
+    /// -> i64 scalar
+    ProgramId {
+        axis: u8,
+    },
+    /// Elementwise; a scalar operand broadcasts over a tile operand; result dtype = operand dtype.
+    Binary {
+        op: BinOp,
+        a: KOperand,
+        b: KOperand,
+    },
+    Unary {
+        op: UnOp,
+        a: KOperand,
+    },
+    /// -> i1 (scalar or tile)
+    Cmp {
+        op: CmpOp,
+        a: KOperand,
+        b: KOperand,
+    },
+    Select {
+        cond: KOperand,
+        a: KOperand,
+        b: KOperand,
+    },
+    Cast {
+        a: KOperand,
+        to: DType,
+    },
+    /// -> tile<[len], i64>: start, start + 1, ...
+    Range {
+        start: KOperand,
+        len: u32,
+    },
+    /// -> tile<shape, dtype> filled with `value`
+    Full {
+        value: KOperand,
+        shape: Vec<u32>,
+        dtype: DType,
+    },
+    Broadcast {
+        a: KOperand,
+        shape: Vec<u32>,
+    },
+    ExpandDims {
+        a: KOperand,
+        axis: u8,
+    },
+    Reshape {
+        a: KOperand,
+        shape: Vec<u32>,
+    },
+    Transpose {
+        a: KOperand,
+    },
+    /// Removes `axis` (a rank-1 input gives a `[1]` tile).
+    Reduce {
+        op: ReduceOp,
+        a: KOperand,
+        axis: u8,
+    },
+    /// a: [M, K], b: [K, N], acc: [M, N] f32 -> [M, N] f32
+    Dot {
+        a: KOperand,
+        b: KOperand,
+        acc: KOperand,
+    },
+    /// `param` indexes [`Kernel::params`]; one index per buffer dimension; `fill: None` = checked load.
+    Load {
+        param: u32,
+        indices: Vec<KIndex>,
+        fill: Option<KOperand>,
+    },
+    Store {
+        param: u32,
+        indices: Vec<KIndex>,
+        value: KOperand,
+    },
+    For {
+        lo: KOperand,
+        hi: KOperand,
+        step: KOperand,
+        iv: KValue,
+        iters: Vec<KValue>,
+        inits: Vec<KOperand>,
+        body: KRegion,
+    },
+    If {
+        cond: KOperand,
+        then_region: KRegion,
+        else_region: KRegion,
+    },
+    Yield(Vec<KOperand>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct KOp {
+    pub kind: KOpKind,
+    pub results: Vec<KValue>,
+    pub loc: crate::Loc,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct KRegion {
+    pub ops: Vec<KOp>,
+}
+
+/// A specialized kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// Qualified and specialized: `motifs.gemm<M=128,N=384,K=1536>`.
+    pub name: String,
+    pub params: Vec<KParam>,
+    /// Launch grid (missing trailing dimensions are 1).
+    pub grid: [u64; 3],
+    pub values: Vec<KValueDef>,
+    /// Ends in an empty `Yield`.
+    pub body: KRegion,
+    pub file: String,
+}
+
+/// Where a stage's dispatch argument lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufRef {
+    Input(u32),
+    Output(u32),
+    Workspace(u32),
+    Param(u32),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StageBuffer {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+}
+
+/// A reflected fixed parameter binding: `%w: f32[H, H] = weights(0, "proj.weight") layout(packed_b)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ParamBinding {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Policy-local input ordinal.
+    pub input: u32,
+    pub key: String,
+    pub layout: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dispatch {
+    /// Index into [`Stage::kernels`].
+    pub kernel: u32,
+    /// One per kernel parameter.
+    pub args: Vec<BufRef>,
+}
+
+/// A specialized stage: a command program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub name: String,
+    pub inputs: Vec<StageBuffer>,
+    pub outputs: Vec<StageBuffer>,
+    pub workspace: Vec<StageBuffer>,
+    /// The parameter domain's name (`@dense`) and its bindings.
+    pub param_domain: Option<String>,
+    pub params: Vec<ParamBinding>,
+    pub kernels: Vec<Kernel>,
+    pub dispatches: Vec<Dispatch>,
+}
