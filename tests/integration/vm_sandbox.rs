@@ -189,7 +189,7 @@ module @needs.runner {
     let p = program(src);
     let err = Vm::load(
         &p,
-        &[runner.clone()],
+        std::slice::from_ref(&runner),
         &["prepare", "input"],
         &LoadLimits::default(),
     )

@@ -33,7 +33,7 @@ fn parse_arg(text: &str, ty: &Type) -> Result<Value> {
         Type::Str => Value::str(text),
         Type::Buffer => {
             let hex = text.strip_prefix("0x").unwrap_or(text);
-            if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
                 bail!("expected a buffer as an even number of hex digits, found `{text}`");
             }
             let bytes = (0..hex.len())
