@@ -260,7 +260,6 @@ fn run(
         let Some(fc) = p.funcs.get(fr.func as usize) else {
             return Err(mk_trap(p, entry, 0, internal("bad function")));
         };
-        let code = &fc.code[..];
         let (Some(s), Some(r)) = (
             ss.get_mut(fr.sbase..fr.sbase + fc.n_s as usize),
             rs.get_mut(fr.rbase..fr.rbase + fc.n_r as usize),
@@ -272,829 +271,8 @@ fn run(
                 internal("frame out of range"),
             ));
         };
-        let mut pc = fr.pc as usize;
-
-        macro_rules! tri {
-            ($e:expr) => {
-                match $e {
-                    Ok(v) => v,
-                    Err(f) => break Exit::Fault(f),
-                }
-            };
-        }
-        macro_rules! fault {
-            ($f:expr) => {
-                break Exit::Fault($f)
-            };
-        }
-        macro_rules! charge {
-            ($n:expr) => {{
-                let n = $n as u64;
-                if fuel < n {
-                    fault!(out_of_fuel());
-                }
-                fuel -= n;
-            }};
-        }
-        macro_rules! jif {
-            ($c:expr, $target:expr, $fuel:expr) => {{
-                if $c {
-                    pc = $target as usize;
-                } else {
-                    charge!($fuel);
-                }
-            }};
-        }
-        macro_rules! s {
-            ($x:expr) => {
-                s[$x as usize]
-            };
-        }
-        macro_rules! i32_ {
-            ($x:expr) => {
-                (s[$x as usize] as i32)
-            };
-        }
-        macro_rules! i64_ {
-            ($x:expr) => {
-                (s[$x as usize] as i64)
-            };
-        }
-        macro_rules! f32_ {
-            ($x:expr) => {
-                f32::from_bits(s[$x as usize] as u32)
-            };
-        }
-        macro_rules! f64_ {
-            ($x:expr) => {
-                f64::from_bits(s[$x as usize])
-            };
-        }
-        macro_rules! w32 {
-            ($d:expr, $v:expr) => {
-                s[$d as usize] = ($v) as u32 as u64
-            };
-        }
-        macro_rules! w64 {
-            ($d:expr, $v:expr) => {
-                s[$d as usize] = ($v) as u64
-            };
-        }
-        macro_rules! chk32 {
-            ($d:expr, $v:expr, $what:expr) => {
-                match $v {
-                    Some(v) => w32!($d, v),
-                    None => fault!(ovf($what)),
-                }
-            };
-        }
-        macro_rules! chk64 {
-            ($d:expr, $v:expr, $what:expr) => {
-                match $v {
-                    Some(v) => w64!($d, v),
-                    None => fault!(ovf($what)),
-                }
-            };
-        }
-        macro_rules! load {
-            ($n:literal, $d:expr, $b:expr, $off:expr, $disp:expr, $conv:expr) => {{
-                let o = tri!(ea(s!($off), $disp));
-                let bytes = tri!(heap.buf(r[$b as usize]));
-                match get::<$n>(bytes, o) {
-                    Some(a) => s[$d as usize] = $conv(a),
-                    None => fault!(oob("buffer load", o, $n, bytes.len())),
-                }
-            }};
-        }
-        macro_rules! store {
-            ($n:literal, $b:expr, $off:expr, $v:expr, $disp:expr, $bytes:expr) => {{
-                let o = tri!(ea(s!($off), $disp));
-                let v = $bytes;
-                let bytes = tri!(heap.buf_mut(r[$b as usize]));
-                if !put::<$n>(bytes, o, v) {
-                    fault!(oob("buffer store", o, $n, bytes.len()));
-                }
-            }};
-        }
-
-        let exit = loop {
-            let Some(&ins) = code.get(pc) else {
-                break Exit::Fault(internal("pc out of range"));
-            };
-            pc += 1;
-            use Instr as I;
-            match ins {
-                I::Fuel { n } => charge!(n),
-                I::Jump { target, fuel: f } => {
-                    charge!(f);
-                    pc = target as usize;
-                }
-                I::Jz { c, target, fuel: f } => jif!(s!(c) == 0, target, f),
-                I::JEq {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) == s!(b), target, f),
-                I::JNe {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) != s!(b), target, f),
-                I::JUlt {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) < s!(b), target, f),
-                I::JUle {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) <= s!(b), target, f),
-                I::JUgt {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) > s!(b), target, f),
-                I::JUge {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) >= s!(b), target, f),
-                I::JLt64 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) < i64_!(b), target, f),
-                I::JLe64 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) <= i64_!(b), target, f),
-                I::JGt64 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) > i64_!(b), target, f),
-                I::JGe64 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) >= i64_!(b), target, f),
-                I::JLt32 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) < i32_!(b), target, f),
-                I::JLe32 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) <= i32_!(b), target, f),
-                I::JGt32 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) > i32_!(b), target, f),
-                I::JGe32 {
-                    a,
-                    b,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) >= i32_!(b), target, f),
-                I::JEqK {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) == k as i64 as u64, target, f),
-                I::JNeK {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(s!(a) != k as i64 as u64, target, f),
-                I::JLtK64 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) < k as i64, target, f),
-                I::JLeK64 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) <= k as i64, target, f),
-                I::JGtK64 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) > k as i64, target, f),
-                I::JGeK64 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i64_!(a) >= k as i64, target, f),
-                I::JLtK32 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) < k, target, f),
-                I::JLeK32 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) <= k, target, f),
-                I::JGtK32 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) > k, target, f),
-                I::JGeK32 {
-                    a,
-                    k,
-                    target,
-                    fuel: f,
-                } => jif!(i32_!(a) >= k, target, f),
-                I::ForLoop {
-                    iv,
-                    hi,
-                    step,
-                    target,
-                    fuel: f,
-                } => {
-                    if let Some(n) = i64_!(iv).checked_add(i64_!(step)) {
-                        w64!(iv, n);
-                        if n < i64_!(hi) {
-                            charge!(f);
-                            pc = target as usize;
-                        }
-                    }
-                }
-                I::StepCheck { step } => {
-                    if i64_!(step) <= 0 {
-                        fault!(Fault::new(
-                            TrapKind::BadStep,
-                            format!("`for` step must be positive, got {}", i64_!(step))
-                        ));
-                    }
-                }
-                I::Call { site } => break Exit::Call(site),
-                I::Ret { site } => break Exit::Ret(site),
-                I::CallNative { site } => {
-                    tri!(call_native(p, fc, site, s, r, heap, &mut fuel, types));
-                }
-                I::Assert { c, msg } => {
-                    if s!(c) & 1 == 0 {
-                        let m = tri!(heap.str(r[msg as usize])).to_string();
-                        fault!(Fault::new(TrapKind::SourceError, m));
-                    }
-                }
-                I::Trap { msg } => {
-                    let m = tri!(heap.str(r[msg as usize])).to_string();
-                    fault!(Fault::new(TrapKind::SourceError, m));
-                }
-
-                I::MovS { d, a } => s[d as usize] = s!(a),
-                I::MovR { d, a } => r[d as usize] = r[a as usize],
-                I::ConstS { d, bits } => s[d as usize] = bits,
-                I::ConstStr { d, idx } => {
-                    let h = match heap.const_strs.get(idx as usize) {
-                        Some(&h) if h != 0 => h,
-                        Some(_) => {
-                            let st = tri!(
-                                p.strs
-                                    .get(idx as usize)
-                                    .cloned()
-                                    .ok_or_else(|| internal("string index"))
-                            );
-                            let h = tri!(heap.push(Obj::Str(st)));
-                            heap.const_strs[idx as usize] = h;
-                            h
-                        }
-                        None => fault!(internal("string index")),
-                    };
-                    r[d as usize] = h;
-                }
-                I::ConstNull { d } => r[d as usize] = 0,
-                I::SelS { d, c, a, b } => s[d as usize] = if s!(c) != 0 { s!(a) } else { s!(b) },
-                I::SelR { d, c, a, b } => {
-                    r[d as usize] = if s!(c) != 0 {
-                        r[a as usize]
-                    } else {
-                        r[b as usize]
-                    }
-                }
-
-                I::Add32 { d, a, b } => chk32!(d, i32_!(a).checked_add(i32_!(b)), "i32 add"),
-                I::Add64 { d, a, b } => chk64!(d, i64_!(a).checked_add(i64_!(b)), "i64 add"),
-                I::Sub32 { d, a, b } => chk32!(d, i32_!(a).checked_sub(i32_!(b)), "i32 sub"),
-                I::Sub64 { d, a, b } => chk64!(d, i64_!(a).checked_sub(i64_!(b)), "i64 sub"),
-                I::Mul32 { d, a, b } => chk32!(d, i32_!(a).checked_mul(i32_!(b)), "i32 mul"),
-                I::Mul64 { d, a, b } => chk64!(d, i64_!(a).checked_mul(i64_!(b)), "i64 mul"),
-                I::AddK32 { d, a, k } => chk32!(d, i32_!(a).checked_add(k), "i32 add"),
-                I::AddK64 { d, a, k } => chk64!(d, i64_!(a).checked_add(k as i64), "i64 add"),
-                I::SubK32 { d, a, k } => chk32!(d, i32_!(a).checked_sub(k), "i32 sub"),
-                I::SubK64 { d, a, k } => chk64!(d, i64_!(a).checked_sub(k as i64), "i64 sub"),
-                I::MulK32 { d, a, k } => chk32!(d, i32_!(a).checked_mul(k), "i32 mul"),
-                I::MulK64 { d, a, k } => chk64!(d, i64_!(a).checked_mul(k as i64), "i64 mul"),
-                I::AddW32 { d, a, b } => w32!(d, i32_!(a).wrapping_add(i32_!(b))),
-                I::AddW64 { d, a, b } => w64!(d, i64_!(a).wrapping_add(i64_!(b))),
-                I::SubW32 { d, a, b } => w32!(d, i32_!(a).wrapping_sub(i32_!(b))),
-                I::SubW64 { d, a, b } => w64!(d, i64_!(a).wrapping_sub(i64_!(b))),
-                I::MulW32 { d, a, b } => w32!(d, i32_!(a).wrapping_mul(i32_!(b))),
-                I::MulW64 { d, a, b } => w64!(d, i64_!(a).wrapping_mul(i64_!(b))),
-                I::AddWK32 { d, a, k } => w32!(d, i32_!(a).wrapping_add(k)),
-                I::AddWK64 { d, a, k } => w64!(d, i64_!(a).wrapping_add(k as i64)),
-                I::MulWK32 { d, a, k } => w32!(d, i32_!(a).wrapping_mul(k)),
-                I::MulWK64 { d, a, k } => w64!(d, i64_!(a).wrapping_mul(k as i64)),
-                I::Div32 { d, a, b } => {
-                    if i32_!(b) == 0 {
-                        fault!(div0("i32 div"));
-                    }
-                    chk32!(d, i32_!(a).checked_div(i32_!(b)), "i32 div")
-                }
-                I::Div64 { d, a, b } => {
-                    if i64_!(b) == 0 {
-                        fault!(div0("i64 div"));
-                    }
-                    chk64!(d, i64_!(a).checked_div(i64_!(b)), "i64 div")
-                }
-                I::Rem32 { d, a, b } => {
-                    if i32_!(b) == 0 {
-                        fault!(div0("i32 rem"));
-                    }
-                    chk32!(d, i32_!(a).checked_rem(i32_!(b)), "i32 rem")
-                }
-                I::Rem64 { d, a, b } => {
-                    if i64_!(b) == 0 {
-                        fault!(div0("i64 rem"));
-                    }
-                    chk64!(d, i64_!(a).checked_rem(i64_!(b)), "i64 rem")
-                }
-                I::DivU32 { d, a, b } => match (s!(a) as u32).checked_div(s!(b) as u32) {
-                    Some(v) => w32!(d, v),
-                    None => fault!(div0("i32 div.u")),
-                },
-                I::DivU64 { d, a, b } => match s!(a).checked_div(s!(b)) {
-                    Some(v) => w64!(d, v),
-                    None => fault!(div0("i64 div.u")),
-                },
-                I::RemU32 { d, a, b } => match (s!(a) as u32).checked_rem(s!(b) as u32) {
-                    Some(v) => w32!(d, v),
-                    None => fault!(div0("i32 rem.u")),
-                },
-                I::RemU64 { d, a, b } => match s!(a).checked_rem(s!(b)) {
-                    Some(v) => w64!(d, v),
-                    None => fault!(div0("i64 rem.u")),
-                },
-                I::Min32 { d, a, b } => w32!(d, i32_!(a).min(i32_!(b))),
-                I::Min64 { d, a, b } => w64!(d, i64_!(a).min(i64_!(b))),
-                I::Max32 { d, a, b } => w32!(d, i32_!(a).max(i32_!(b))),
-                I::Max64 { d, a, b } => w64!(d, i64_!(a).max(i64_!(b))),
-                I::Neg32 { d, a } => chk32!(d, i32_!(a).checked_neg(), "i32 neg"),
-                I::Neg64 { d, a } => chk64!(d, i64_!(a).checked_neg(), "i64 neg"),
-                I::Abs32 { d, a } => chk32!(d, i32_!(a).checked_abs(), "i32 abs"),
-                I::Abs64 { d, a } => chk64!(d, i64_!(a).checked_abs(), "i64 abs"),
-                I::And { d, a, b } => s[d as usize] = s!(a) & s!(b),
-                I::Or { d, a, b } => s[d as usize] = s!(a) | s!(b),
-                I::Xor { d, a, b } => s[d as usize] = s!(a) ^ s!(b),
-                I::AndK { d, a, k } => s[d as usize] = s!(a) & k as u64,
-                I::AndK64 { d, a, k } => s[d as usize] = s!(a) & (k as i64 as u64),
-                I::OrK { d, a, k } => s[d as usize] = s!(a) | k as u64,
-                I::XorK { d, a, k } => s[d as usize] = s!(a) ^ k as u64,
-                I::Not1 { d, a } => s[d as usize] = s!(a) ^ 1,
-                I::Not32 { d, a } => w32!(d, !(s!(a) as u32)),
-                I::Not64 { d, a } => s[d as usize] = !s!(a),
-                I::Shl32 { d, a, b } => w32!(d, (s!(a) as u32).wrapping_shl(s!(b) as u32)),
-                I::Shl64 { d, a, b } => w64!(d, s!(a).wrapping_shl(s!(b) as u32)),
-                I::Shr32 { d, a, b } => w32!(d, i32_!(a).wrapping_shr(s!(b) as u32)),
-                I::Shr64 { d, a, b } => w64!(d, i64_!(a).wrapping_shr(s!(b) as u32)),
-                I::ShrU32 { d, a, b } => w32!(d, (s!(a) as u32).wrapping_shr(s!(b) as u32)),
-                I::ShrU64 { d, a, b } => w64!(d, s!(a).wrapping_shr(s!(b) as u32)),
-                I::ShlK32 { d, a, k } => w32!(d, (s!(a) as u32) << k),
-                I::ShlK64 { d, a, k } => w64!(d, s!(a) << k),
-                I::ShrK32 { d, a, k } => w32!(d, i32_!(a) >> k),
-                I::ShrK64 { d, a, k } => w64!(d, i64_!(a) >> k),
-                I::ShrUK32 { d, a, k } => w32!(d, (s!(a) as u32) >> k),
-                I::ShrUK64 { d, a, k } => w64!(d, s!(a) >> k),
-
-                I::Eq { d, a, b } => s[d as usize] = (s!(a) == s!(b)) as u64,
-                I::Ne { d, a, b } => s[d as usize] = (s!(a) != s!(b)) as u64,
-                I::Ult { d, a, b } => s[d as usize] = (s!(a) < s!(b)) as u64,
-                I::Ule { d, a, b } => s[d as usize] = (s!(a) <= s!(b)) as u64,
-                I::Lt32 { d, a, b } => s[d as usize] = (i32_!(a) < i32_!(b)) as u64,
-                I::Le32 { d, a, b } => s[d as usize] = (i32_!(a) <= i32_!(b)) as u64,
-                I::Lt64 { d, a, b } => s[d as usize] = (i64_!(a) < i64_!(b)) as u64,
-                I::Le64 { d, a, b } => s[d as usize] = (i64_!(a) <= i64_!(b)) as u64,
-                I::EqK { d, a, k } => s[d as usize] = (s!(a) == k as i64 as u64) as u64,
-                I::NeK { d, a, k } => s[d as usize] = (s!(a) != k as i64 as u64) as u64,
-                I::LtK32 { d, a, k } => s[d as usize] = (i32_!(a) < k) as u64,
-                I::LeK32 { d, a, k } => s[d as usize] = (i32_!(a) <= k) as u64,
-                I::GtK32 { d, a, k } => s[d as usize] = (i32_!(a) > k) as u64,
-                I::GeK32 { d, a, k } => s[d as usize] = (i32_!(a) >= k) as u64,
-                I::LtK64 { d, a, k } => s[d as usize] = (i64_!(a) < k as i64) as u64,
-                I::LeK64 { d, a, k } => s[d as usize] = (i64_!(a) <= k as i64) as u64,
-                I::GtK64 { d, a, k } => s[d as usize] = (i64_!(a) > k as i64) as u64,
-                I::GeK64 { d, a, k } => s[d as usize] = (i64_!(a) >= k as i64) as u64,
-
-                I::FAdd32 { d, a, b } => w32!(d, (f32_!(a) + f32_!(b)).to_bits()),
-                I::FAdd64 { d, a, b } => s[d as usize] = (f64_!(a) + f64_!(b)).to_bits(),
-                I::FSub32 { d, a, b } => w32!(d, (f32_!(a) - f32_!(b)).to_bits()),
-                I::FSub64 { d, a, b } => s[d as usize] = (f64_!(a) - f64_!(b)).to_bits(),
-                I::FMul32 { d, a, b } => w32!(d, (f32_!(a) * f32_!(b)).to_bits()),
-                I::FMul64 { d, a, b } => s[d as usize] = (f64_!(a) * f64_!(b)).to_bits(),
-                I::FBin { d, a, b, op, wide } => {
-                    let (x, y) = if wide {
-                        (f64_!(a), f64_!(b))
-                    } else {
-                        (f32_!(a) as f64, f32_!(b) as f64)
-                    };
-                    let v = match op {
-                        FBin::Div => x / y,
-                        FBin::Rem => x % y,
-                        FBin::Min => fmin(x, y),
-                        FBin::Max => fmax(x, y),
-                    };
-                    s[d as usize] = if wide {
-                        v.to_bits()
-                    } else {
-                        (v as f32).to_bits() as u64
-                    };
-                }
-                I::FUn { d, a, op, wide } => {
-                    let x = if wide { f64_!(a) } else { f32_!(a) as f64 };
-                    let v = match op {
-                        FUn::Neg => -x,
-                        FUn::Abs => x.abs(),
-                        FUn::Sqrt => x.sqrt(),
-                        FUn::Floor => x.floor(),
-                        FUn::Ceil => x.ceil(),
-                        FUn::Exp => x.exp(),
-                        FUn::Log => x.ln(),
-                    };
-                    s[d as usize] = if wide {
-                        v.to_bits()
-                    } else {
-                        (v as f32).to_bits() as u64
-                    };
-                }
-                I::FCmp { d, a, b, op, wide } => {
-                    let (x, y) = if wide {
-                        (f64_!(a), f64_!(b))
-                    } else {
-                        (f32_!(a) as f64, f32_!(b) as f64)
-                    };
-                    let v = match op {
-                        FCmp::Eq => x == y,
-                        FCmp::Ne => x != y,
-                        FCmp::Lt => x < y,
-                        FCmp::Le => x <= y,
-                        FCmp::Gt => x > y,
-                        FCmp::Ge => x >= y,
-                    };
-                    s[d as usize] = v as u64;
-                }
-                I::Conv { d, a, op } => s[d as usize] = tri!(conv(op, s!(a))),
-
-                I::BufNew { d, len } => {
-                    let n = i64_!(len);
-                    if n < 0 {
-                        fault!(Fault::new(
-                            TrapKind::OutOfBounds,
-                            format!("buffer.new of negative length {n}")
-                        ));
-                    }
-                    let h =
-                        tri!(heap.alloc(n as u64, || Obj::Buf(Buf::Owned(vec![0u8; n as usize]))));
-                    r[d as usize] = h;
-                }
-                I::BufLen { d, b } => s[d as usize] = tri!(heap.buf(r[b as usize])).len() as u64,
-                I::Ld8s { d, b, off, disp } => {
-                    load!(1, d, b, off, disp, |a: [u8; 1]| a[0] as i8 as i32 as u32
-                        as u64)
-                }
-                I::Ld8u { d, b, off, disp } => load!(1, d, b, off, disp, |a: [u8; 1]| a[0] as u64),
-                I::Ld16s { d, b, off, disp } => {
-                    load!(2, d, b, off, disp, |a| i16::from_le_bytes(a) as i32 as u32
-                        as u64)
-                }
-                I::Ld16u { d, b, off, disp } => {
-                    load!(2, d, b, off, disp, |a| u16::from_le_bytes(a) as u64)
-                }
-                I::Ld32 { d, b, off, disp } => {
-                    load!(4, d, b, off, disp, |a| u32::from_le_bytes(a) as u64)
-                }
-                I::Ld64 { d, b, off, disp } => load!(8, d, b, off, disp, u64::from_le_bytes),
-                I::St8 { b, off, v, disp } => store!(1, b, off, v, disp, [s!(v) as u8]),
-                I::St16 { b, off, v, disp } => {
-                    store!(2, b, off, v, disp, (s!(v) as u16).to_le_bytes())
-                }
-                I::St32 { b, off, v, disp } => {
-                    store!(4, b, off, v, disp, (s!(v) as u32).to_le_bytes())
-                }
-                I::St64 { b, off, v, disp } => store!(8, b, off, v, disp, s!(v).to_le_bytes()),
-                I::LdField {
-                    d,
-                    b,
-                    idx,
-                    size,
-                    off,
-                    kind,
-                } => {
-                    let o = match i64_!(idx)
-                        .checked_mul(size as i64)
-                        .and_then(|x| x.checked_add(off as i64))
-                    {
-                        Some(o) => o,
-                        None => fault!(ovf("record field offset")),
-                    };
-                    let bytes = tri!(heap.buf(r[b as usize]));
-                    let v = match kind {
-                        SK::I1 => get::<1>(bytes, o).map(|a| (a[0] != 0) as u64),
-                        SK::I32 | SK::F32 => {
-                            get::<4>(bytes, o).map(|a| u32::from_le_bytes(a) as u64)
-                        }
-                        SK::I64 | SK::F64 => get::<8>(bytes, o).map(u64::from_le_bytes),
-                    };
-                    match v {
-                        Some(v) => s[d as usize] = v,
-                        None => fault!(oob(
-                            "buffer.load.field",
-                            o,
-                            if kind == SK::I1 {
-                                1
-                            } else if matches!(kind, SK::I32 | SK::F32) {
-                                4
-                            } else {
-                                8
-                            },
-                            bytes.len()
-                        )),
-                    }
-                }
-                I::StField {
-                    b,
-                    idx,
-                    v,
-                    size,
-                    off,
-                    kind,
-                } => {
-                    let o = match i64_!(idx)
-                        .checked_mul(size as i64)
-                        .and_then(|x| x.checked_add(off as i64))
-                    {
-                        Some(o) => o,
-                        None => fault!(ovf("record field offset")),
-                    };
-                    let val = s!(v);
-                    let bytes = tri!(heap.buf_mut(r[b as usize]));
-                    let (ok, n) = match kind {
-                        SK::I1 => (put::<1>(bytes, o, [val as u8]), 1),
-                        SK::I32 | SK::F32 => (put::<4>(bytes, o, (val as u32).to_le_bytes()), 4),
-                        SK::I64 | SK::F64 => (put::<8>(bytes, o, val.to_le_bytes()), 8),
-                    };
-                    if !ok {
-                        fault!(oob("buffer.store.field", o, n, bytes.len()));
-                    }
-                }
-                I::BufSlice { d, b, off, len } => {
-                    let bytes = tri!(heap.buf(r[b as usize]));
-                    let rg = tri!(range("buffer.slice", s!(off), s!(len), bytes.len()));
-                    let n = rg.len() as u64;
-                    tri!(heap.charge(n));
-                    let v = tri!(heap.buf(r[b as usize]))[rg].to_vec();
-                    r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
-                }
-                I::BufCopy {
-                    dst,
-                    doff,
-                    src,
-                    soff,
-                    len,
-                } => {
-                    let sb = tri!(heap.buf(r[src as usize]));
-                    let srg = tri!(range("buffer.copy source", s!(soff), s!(len), sb.len()));
-                    let db_len = tri!(heap.buf(r[dst as usize])).len();
-                    let drg = tri!(range("buffer.copy destination", s!(doff), s!(len), db_len));
-                    if r[src as usize] == r[dst as usize] {
-                        let db = tri!(heap.buf_mut(r[dst as usize]));
-                        db.copy_within(srg, drg.start);
-                    } else {
-                        // Copy out of the source first: the heap cannot lend two buffers at once.
-                        let tmp: Vec<u8> = sb[srg].to_vec();
-                        let db = tri!(heap.buf_mut(r[dst as usize]));
-                        db[drg].copy_from_slice(&tmp);
-                    }
-                }
-                I::BufFill { b, off, len, byte } => {
-                    let x = s!(byte) as u8;
-                    let (o, l) = (s!(off), s!(len));
-                    let bytes = tri!(heap.buf_mut(r[b as usize]));
-                    let rg = tri!(range("buffer.fill", o, l, bytes.len()));
-                    bytes[rg].fill(x);
-                }
-                I::BufConcat { d, a, b } => {
-                    let (x, y) = (
-                        tri!(heap.buf(r[a as usize])).len(),
-                        tri!(heap.buf(r[b as usize])).len(),
-                    );
-                    tri!(heap.charge((x + y) as u64));
-                    let mut v = Vec::with_capacity(x + y);
-                    v.extend_from_slice(tri!(heap.buf(r[a as usize])));
-                    v.extend_from_slice(tri!(heap.buf(r[b as usize])));
-                    r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
-                }
-
-                I::StrLen { d, a } => s[d as usize] = tri!(heap.str(r[a as usize])).len() as u64,
-                I::StrConcat { d, a, b } => {
-                    let (x, y) = (
-                        tri!(heap.str(r[a as usize])).clone(),
-                        tri!(heap.str(r[b as usize])).clone(),
-                    );
-                    tri!(heap.charge((x.len() + y.len()) as u64));
-                    let st: Arc<str> = Arc::from(format!("{x}{y}"));
-                    r[d as usize] = tri!(heap.push(Obj::Str(st)));
-                }
-                I::StrEq { d, a, b } => {
-                    let v = tri!(heap.str(r[a as usize])) == tri!(heap.str(r[b as usize]));
-                    s[d as usize] = v as u64;
-                }
-                I::StrFromI64 { d, a } => {
-                    tri!(heap.charge(20));
-                    r[d as usize] = tri!(heap.push(Obj::Str(Arc::from(i64_!(a).to_string()))));
-                }
-                I::StrFromF64 { d, a } => {
-                    let t = f64_!(a).to_string();
-                    tri!(heap.charge(t.len() as u64));
-                    r[d as usize] = tri!(heap.push(Obj::Str(Arc::from(t))));
-                }
-                I::StrToBuf { d, a } => {
-                    let st = tri!(heap.str(r[a as usize])).clone();
-                    tri!(heap.charge(st.len() as u64));
-                    r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(st.as_bytes().to_vec()))));
-                }
-                I::StrFromBuf { d, b, off, len } => {
-                    let bytes = tri!(heap.buf(r[b as usize]));
-                    let rg = tri!(range("str.from_buffer", s!(off), s!(len), bytes.len()));
-                    let st: Arc<str> = match std::str::from_utf8(&bytes[rg.clone()]) {
-                        Ok(t) => Arc::from(t),
-                        Err(e) => fault!(Fault::new(
-                            TrapKind::InvalidUtf8,
-                            format!(
-                                "str.from_buffer: invalid UTF-8 at byte {} of the range at offset {}",
-                                e.valid_up_to(),
-                                rg.start
-                            )
-                        )),
-                    };
-                    tri!(heap.charge(st.len() as u64));
-                    r[d as usize] = tri!(heap.push(Obj::Str(st)));
-                }
-                I::StrParse { d, a } => {
-                    let st = tri!(heap.str(r[a as usize]));
-                    match st.parse::<i64>() {
-                        Ok(v) => w64!(d, v),
-                        Err(_) => {
-                            let shown: String = st.chars().take(40).collect();
-                            fault!(Fault::new(
-                                TrapKind::BadConversion,
-                                format!("str.parse_i64: {shown:?} is not an i64")
-                            ))
-                        }
-                    }
-                }
-
-                I::ListNew { d, cap } => {
-                    let want = i64_!(cap).max(0) as u64;
-                    // The capacity is a hint: clamp it to what the cap still allows.
-                    let room = heap
-                        .cap
-                        .saturating_sub(heap.used)
-                        .saturating_sub(OBJ_OVERHEAD)
-                        / 8;
-                    let n = want.min(room).min(1 << 24);
-                    tri!(heap.charge(n * 8));
-                    r[d as usize] = tri!(heap.push(Obj::List(Vec::with_capacity(n as usize))));
-                }
-                I::ListLen { d, l } => s[d as usize] = tri!(heap.list(r[l as usize])).len() as u64,
-                I::ListGetS { d, l, i } | I::ListGetR { d, l, i } => {
-                    let list = tri!(heap.list(r[l as usize]));
-                    let ix = i64_!(i);
-                    let Some(&v) = usize::try_from(ix).ok().and_then(|x| list.get(x)) else {
-                        fault!(Fault::new(
-                            TrapKind::OutOfBounds,
-                            format!(
-                                "list.get: index {ix} out of bounds of a list of length {}",
-                                list.len()
-                            )
-                        ));
-                    };
-                    if matches!(ins, I::ListGetS { .. }) {
-                        s[d as usize] = v
-                    } else {
-                        r[d as usize] = v as u32
-                    }
-                }
-                I::ListSetS { l, i, v } | I::ListSetR { l, i, v } => {
-                    let val = if matches!(ins, I::ListSetS { .. }) {
-                        s!(v)
-                    } else {
-                        r[v as usize] as u64
-                    };
-                    let ix = i64_!(i);
-                    let list = tri!(heap.list_mut(r[l as usize]));
-                    let n = list.len();
-                    match usize::try_from(ix).ok().and_then(|x| list.get_mut(x)) {
-                        Some(slot) => *slot = val,
-                        None => fault!(Fault::new(
-                            TrapKind::OutOfBounds,
-                            format!("list.set: index {ix} out of bounds of a list of length {n}")
-                        )),
-                    }
-                }
-                I::ListPushS { l, v } | I::ListPushR { l, v } => {
-                    let val = if matches!(ins, I::ListPushS { .. }) {
-                        s!(v)
-                    } else {
-                        r[v as usize] as u64
-                    };
-                    let h = r[l as usize];
-                    let (len, cap) = {
-                        let list = tri!(heap.list(h));
-                        (list.len(), list.capacity())
-                    };
-                    if len == cap {
-                        let new_cap = (cap * 2).max(4);
-                        tri!(heap.charge(((new_cap - cap) * 8) as u64));
-                        tri!(heap.list_mut(h)).reserve_exact(new_cap - len);
-                    }
-                    tri!(heap.list_mut(h)).push(val);
-                }
-
-                I::OpaqueNew { d, site } => {
-                    let Some(items) = fc.opaques.get(site as usize) else {
-                        fault!(internal("opaque site"))
-                    };
-                    tri!(heap.charge(items.len() as u64 * 16));
-                    let vals: Box<[(u32, u64)]> = items
-                        .iter()
-                        .map(|(t, sl)| {
-                            (
-                                *t,
-                                match *sl {
-                                    Slot::S(x) => s[x as usize],
-                                    Slot::R(x) => r[x as usize] as u64,
-                                },
-                            )
-                        })
-                        .collect();
-                    r[d as usize] = tri!(heap.push(Obj::Opaque(vals)));
-                }
-                I::OpaqueGetS { d, o, i, ty } | I::OpaqueGetR { d, o, i, ty } => {
-                    let v = tri!(opaque_get(heap, r[o as usize], i64_!(i), ty, types));
-                    if matches!(ins, I::OpaqueGetS { .. }) {
-                        s[d as usize] = v
-                    } else {
-                        r[d as usize] = v as u32
-                    }
-                }
-                I::OpaqueLen { d, o } => {
-                    s[d as usize] = match heap.objs.get(r[o as usize] as usize) {
-                        Some(Obj::Opaque(v)) => v.len() as u64,
-                        Some(Obj::HostOpaque(v)) => v.len() as u64,
-                        _ => fault!(internal("opaque.len of a non-opaque")),
-                    }
-                }
-                I::IsNull { d, a } => s[d as usize] = (r[a as usize] == 0) as u64,
-                I::Unwrap { d, a } => {
-                    if r[a as usize] == 0 {
-                        fault!(Fault::new(TrapKind::NullReference, "ref.unwrap of null"));
-                    }
-                    r[d as usize] = r[a as usize];
-                }
-            }
-        };
-
+        let (exit, pc, f2) = exec(p, fc, s, r, heap, fr.pc as usize, fuel);
+        fuel = f2;
         // Only calls, returns and traps get here.
         let at = pc.saturating_sub(1);
         match exit {
@@ -1213,6 +391,927 @@ fn run(
     }
 }
 
+/// Instructions kept out of the hot loop: allocation, strings, lists, conversions, rare arithmetic. Keeping them
+/// in a separate function keeps the interpreter loop's register pressure low.
+#[inline(never)]
+fn cold(
+    ins: Instr,
+    p: &Inner,
+    fc: &FuncCode,
+    s: &mut [u64],
+    r: &mut [u32],
+    heap: &mut Heap,
+) -> Result<(), Fault> {
+    use Instr as I;
+    let types = &p.types[..];
+    macro_rules! tri {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(f) => return Err(f),
+            }
+        };
+    }
+    macro_rules! fault {
+        ($f:expr) => {
+            return Err($f)
+        };
+    }
+    macro_rules! s {
+        ($x:expr) => {
+            s[$x as usize]
+        };
+    }
+    macro_rules! i32_ {
+        ($x:expr) => {
+            (s[$x as usize] as i32)
+        };
+    }
+    macro_rules! i64_ {
+        ($x:expr) => {
+            (s[$x as usize] as i64)
+        };
+    }
+    macro_rules! f32_ {
+        ($x:expr) => {
+            f32::from_bits(s[$x as usize] as u32)
+        };
+    }
+    macro_rules! f64_ {
+        ($x:expr) => {
+            f64::from_bits(s[$x as usize])
+        };
+    }
+    macro_rules! w32 {
+        ($d:expr, $v:expr) => {
+            s[$d as usize] = ($v) as u32 as u64
+        };
+    }
+    macro_rules! w64 {
+        ($d:expr, $v:expr) => {
+            s[$d as usize] = ($v) as u64
+        };
+    }
+    macro_rules! chk32 {
+        ($d:expr, $v:expr, $what:expr) => {
+            match $v {
+                Some(v) => w32!($d, v),
+                None => fault!(ovf($what)),
+            }
+        };
+    }
+    macro_rules! chk64 {
+        ($d:expr, $v:expr, $what:expr) => {
+            match $v {
+                Some(v) => w64!($d, v),
+                None => fault!(ovf($what)),
+            }
+        };
+    }
+    match ins {
+        I::StepCheck { step } => {
+            if i64_!(step) <= 0 {
+                fault!(Fault::new(
+                    TrapKind::BadStep,
+                    format!("`for` step must be positive, got {}", i64_!(step))
+                ));
+            }
+        }
+        I::Assert { c, msg } => {
+            if s!(c) & 1 == 0 {
+                let m = tri!(heap.str(r[msg as usize])).to_string();
+                fault!(Fault::new(TrapKind::SourceError, m));
+            }
+        }
+        I::Trap { msg } => {
+            let m = tri!(heap.str(r[msg as usize])).to_string();
+            fault!(Fault::new(TrapKind::SourceError, m));
+        }
+
+        I::ConstStr { d, idx } => {
+            let h = match heap.const_strs.get(idx as usize) {
+                Some(&h) if h != 0 => h,
+                Some(_) => {
+                    let st = tri!(
+                        p.strs
+                            .get(idx as usize)
+                            .cloned()
+                            .ok_or_else(|| internal("string index"))
+                    );
+                    let h = tri!(heap.push(Obj::Str(st)));
+                    heap.const_strs[idx as usize] = h;
+                    h
+                }
+                None => fault!(internal("string index")),
+            };
+            r[d as usize] = h;
+        }
+        I::SelR { d, c, a, b } => {
+            r[d as usize] = if s!(c) != 0 {
+                r[a as usize]
+            } else {
+                r[b as usize]
+            }
+        }
+
+        I::Div32 { d, a, b } => {
+            if i32_!(b) == 0 {
+                fault!(div0("i32 div"));
+            }
+            chk32!(d, i32_!(a).checked_div(i32_!(b)), "i32 div")
+        }
+        I::Div64 { d, a, b } => {
+            if i64_!(b) == 0 {
+                fault!(div0("i64 div"));
+            }
+            chk64!(d, i64_!(a).checked_div(i64_!(b)), "i64 div")
+        }
+        I::Rem32 { d, a, b } => {
+            if i32_!(b) == 0 {
+                fault!(div0("i32 rem"));
+            }
+            chk32!(d, i32_!(a).checked_rem(i32_!(b)), "i32 rem")
+        }
+        I::Rem64 { d, a, b } => {
+            if i64_!(b) == 0 {
+                fault!(div0("i64 rem"));
+            }
+            chk64!(d, i64_!(a).checked_rem(i64_!(b)), "i64 rem")
+        }
+        I::DivU32 { d, a, b } => match (s!(a) as u32).checked_div(s!(b) as u32) {
+            Some(v) => w32!(d, v),
+            None => fault!(div0("i32 div.u")),
+        },
+        I::DivU64 { d, a, b } => match s!(a).checked_div(s!(b)) {
+            Some(v) => w64!(d, v),
+            None => fault!(div0("i64 div.u")),
+        },
+        I::RemU32 { d, a, b } => match (s!(a) as u32).checked_rem(s!(b) as u32) {
+            Some(v) => w32!(d, v),
+            None => fault!(div0("i32 rem.u")),
+        },
+        I::RemU64 { d, a, b } => match s!(a).checked_rem(s!(b)) {
+            Some(v) => w64!(d, v),
+            None => fault!(div0("i64 rem.u")),
+        },
+        I::Neg32 { d, a } => chk32!(d, i32_!(a).checked_neg(), "i32 neg"),
+        I::Neg64 { d, a } => chk64!(d, i64_!(a).checked_neg(), "i64 neg"),
+        I::Abs32 { d, a } => chk32!(d, i32_!(a).checked_abs(), "i32 abs"),
+        I::Abs64 { d, a } => chk64!(d, i64_!(a).checked_abs(), "i64 abs"),
+        I::FBin { d, a, b, op, wide } => {
+            let (x, y) = if wide {
+                (f64_!(a), f64_!(b))
+            } else {
+                (f32_!(a) as f64, f32_!(b) as f64)
+            };
+            let v = match op {
+                FBin::Div => x / y,
+                FBin::Rem => x % y,
+                FBin::Min => fmin(x, y),
+                FBin::Max => fmax(x, y),
+            };
+            s[d as usize] = if wide {
+                v.to_bits()
+            } else {
+                (v as f32).to_bits() as u64
+            };
+        }
+        I::FUn { d, a, op, wide } => {
+            let x = if wide { f64_!(a) } else { f32_!(a) as f64 };
+            let v = match op {
+                FUn::Neg => -x,
+                FUn::Abs => x.abs(),
+                FUn::Sqrt => x.sqrt(),
+                FUn::Floor => x.floor(),
+                FUn::Ceil => x.ceil(),
+                FUn::Exp => x.exp(),
+                FUn::Log => x.ln(),
+            };
+            s[d as usize] = if wide {
+                v.to_bits()
+            } else {
+                (v as f32).to_bits() as u64
+            };
+        }
+        I::FCmp { d, a, b, op, wide } => {
+            let (x, y) = if wide {
+                (f64_!(a), f64_!(b))
+            } else {
+                (f32_!(a) as f64, f32_!(b) as f64)
+            };
+            let v = match op {
+                FCmp::Eq => x == y,
+                FCmp::Ne => x != y,
+                FCmp::Lt => x < y,
+                FCmp::Le => x <= y,
+                FCmp::Gt => x > y,
+                FCmp::Ge => x >= y,
+            };
+            s[d as usize] = v as u64;
+        }
+        I::Conv { d, a, op } => s[d as usize] = tri!(conv(op, s!(a))),
+
+        I::BufNew { d, len } => {
+            let n = i64_!(len);
+            if n < 0 {
+                fault!(Fault::new(
+                    TrapKind::OutOfBounds,
+                    format!("buffer.new of negative length {n}")
+                ));
+            }
+            let h = tri!(heap.alloc(n as u64, || Obj::Buf(Buf::Owned(vec![0u8; n as usize]))));
+            r[d as usize] = h;
+        }
+        I::BufLen { d, b } => s[d as usize] = tri!(heap.buf(r[b as usize])).len() as u64,
+        I::LdField {
+            d,
+            b,
+            idx,
+            size,
+            off,
+            kind,
+        } => {
+            let o = match i64_!(idx)
+                .checked_mul(size as i64)
+                .and_then(|x| x.checked_add(off as i64))
+            {
+                Some(o) => o,
+                None => fault!(ovf("record field offset")),
+            };
+            let bytes = tri!(heap.buf(r[b as usize]));
+            let v = match kind {
+                SK::I1 => get::<1>(bytes, o).map(|a| (a[0] != 0) as u64),
+                SK::I32 | SK::F32 => get::<4>(bytes, o).map(|a| u32::from_le_bytes(a) as u64),
+                SK::I64 | SK::F64 => get::<8>(bytes, o).map(u64::from_le_bytes),
+            };
+            match v {
+                Some(v) => s[d as usize] = v,
+                None => fault!(oob(
+                    "buffer.load.field",
+                    o,
+                    if kind == SK::I1 {
+                        1
+                    } else if matches!(kind, SK::I32 | SK::F32) {
+                        4
+                    } else {
+                        8
+                    },
+                    bytes.len()
+                )),
+            }
+        }
+        I::StField {
+            b,
+            idx,
+            v,
+            size,
+            off,
+            kind,
+        } => {
+            let o = match i64_!(idx)
+                .checked_mul(size as i64)
+                .and_then(|x| x.checked_add(off as i64))
+            {
+                Some(o) => o,
+                None => fault!(ovf("record field offset")),
+            };
+            let val = s!(v);
+            let bytes = tri!(heap.buf_mut(r[b as usize]));
+            let (ok, n) = match kind {
+                SK::I1 => (put::<1>(bytes, o, [val as u8]), 1),
+                SK::I32 | SK::F32 => (put::<4>(bytes, o, (val as u32).to_le_bytes()), 4),
+                SK::I64 | SK::F64 => (put::<8>(bytes, o, val.to_le_bytes()), 8),
+            };
+            if !ok {
+                fault!(oob("buffer.store.field", o, n, bytes.len()));
+            }
+        }
+        I::BufSlice { d, b, off, len } => {
+            let bytes = tri!(heap.buf(r[b as usize]));
+            let rg = tri!(range("buffer.slice", s!(off), s!(len), bytes.len()));
+            let n = rg.len() as u64;
+            tri!(heap.charge(n));
+            let v = tri!(heap.buf(r[b as usize]))[rg].to_vec();
+            r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
+        }
+        I::BufCopy {
+            dst,
+            doff,
+            src,
+            soff,
+            len,
+        } => {
+            let sb = tri!(heap.buf(r[src as usize]));
+            let srg = tri!(range("buffer.copy source", s!(soff), s!(len), sb.len()));
+            let db_len = tri!(heap.buf(r[dst as usize])).len();
+            let drg = tri!(range("buffer.copy destination", s!(doff), s!(len), db_len));
+            if r[src as usize] == r[dst as usize] {
+                let db = tri!(heap.buf_mut(r[dst as usize]));
+                db.copy_within(srg, drg.start);
+            } else {
+                // Copy out of the source first: the heap cannot lend two buffers at once.
+                let tmp: Vec<u8> = sb[srg].to_vec();
+                let db = tri!(heap.buf_mut(r[dst as usize]));
+                db[drg].copy_from_slice(&tmp);
+            }
+        }
+        I::BufFill { b, off, len, byte } => {
+            let x = s!(byte) as u8;
+            let (o, l) = (s!(off), s!(len));
+            let bytes = tri!(heap.buf_mut(r[b as usize]));
+            let rg = tri!(range("buffer.fill", o, l, bytes.len()));
+            bytes[rg].fill(x);
+        }
+        I::BufConcat { d, a, b } => {
+            let (x, y) = (
+                tri!(heap.buf(r[a as usize])).len(),
+                tri!(heap.buf(r[b as usize])).len(),
+            );
+            tri!(heap.charge((x + y) as u64));
+            let mut v = Vec::with_capacity(x + y);
+            v.extend_from_slice(tri!(heap.buf(r[a as usize])));
+            v.extend_from_slice(tri!(heap.buf(r[b as usize])));
+            r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
+        }
+
+        I::StrLen { d, a } => s[d as usize] = tri!(heap.str(r[a as usize])).len() as u64,
+        I::StrConcat { d, a, b } => {
+            let (x, y) = (
+                tri!(heap.str(r[a as usize])).clone(),
+                tri!(heap.str(r[b as usize])).clone(),
+            );
+            tri!(heap.charge((x.len() + y.len()) as u64));
+            let st: Arc<str> = Arc::from(format!("{x}{y}"));
+            r[d as usize] = tri!(heap.push(Obj::Str(st)));
+        }
+        I::StrEq { d, a, b } => {
+            let v = tri!(heap.str(r[a as usize])) == tri!(heap.str(r[b as usize]));
+            s[d as usize] = v as u64;
+        }
+        I::StrFromI64 { d, a } => {
+            tri!(heap.charge(20));
+            r[d as usize] = tri!(heap.push(Obj::Str(Arc::from(i64_!(a).to_string()))));
+        }
+        I::StrFromF64 { d, a } => {
+            let t = f64_!(a).to_string();
+            tri!(heap.charge(t.len() as u64));
+            r[d as usize] = tri!(heap.push(Obj::Str(Arc::from(t))));
+        }
+        I::StrToBuf { d, a } => {
+            let st = tri!(heap.str(r[a as usize])).clone();
+            tri!(heap.charge(st.len() as u64));
+            r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(st.as_bytes().to_vec()))));
+        }
+        I::StrFromBuf { d, b, off, len } => {
+            let bytes = tri!(heap.buf(r[b as usize]));
+            let rg = tri!(range("str.from_buffer", s!(off), s!(len), bytes.len()));
+            let st: Arc<str> = match std::str::from_utf8(&bytes[rg.clone()]) {
+                Ok(t) => Arc::from(t),
+                Err(e) => fault!(Fault::new(
+                    TrapKind::InvalidUtf8,
+                    format!(
+                        "str.from_buffer: invalid UTF-8 at byte {} of the range at offset {}",
+                        e.valid_up_to(),
+                        rg.start
+                    )
+                )),
+            };
+            tri!(heap.charge(st.len() as u64));
+            r[d as usize] = tri!(heap.push(Obj::Str(st)));
+        }
+        I::StrParse { d, a } => {
+            let st = tri!(heap.str(r[a as usize]));
+            match st.parse::<i64>() {
+                Ok(v) => w64!(d, v),
+                Err(_) => {
+                    let shown: String = st.chars().take(40).collect();
+                    fault!(Fault::new(
+                        TrapKind::BadConversion,
+                        format!("str.parse_i64: {shown:?} is not an i64")
+                    ))
+                }
+            }
+        }
+
+        I::ListNew { d, cap } => {
+            let want = i64_!(cap).max(0) as u64;
+            // The capacity is a hint: clamp it to what the cap still allows.
+            let room = heap
+                .cap
+                .saturating_sub(heap.used)
+                .saturating_sub(OBJ_OVERHEAD)
+                / 8;
+            let n = want.min(room).min(1 << 24);
+            tri!(heap.charge(n * 8));
+            r[d as usize] = tri!(heap.push(Obj::List(Vec::with_capacity(n as usize))));
+        }
+        I::ListLen { d, l } => s[d as usize] = tri!(heap.list(r[l as usize])).len() as u64,
+        I::ListGetS { d, l, i } | I::ListGetR { d, l, i } => {
+            let list = tri!(heap.list(r[l as usize]));
+            let ix = i64_!(i);
+            let Some(&v) = usize::try_from(ix).ok().and_then(|x| list.get(x)) else {
+                fault!(Fault::new(
+                    TrapKind::OutOfBounds,
+                    format!(
+                        "list.get: index {ix} out of bounds of a list of length {}",
+                        list.len()
+                    )
+                ));
+            };
+            if matches!(ins, I::ListGetS { .. }) {
+                s[d as usize] = v
+            } else {
+                r[d as usize] = v as u32
+            }
+        }
+        I::ListSetS { l, i, v } | I::ListSetR { l, i, v } => {
+            let val = if matches!(ins, I::ListSetS { .. }) {
+                s!(v)
+            } else {
+                r[v as usize] as u64
+            };
+            let ix = i64_!(i);
+            let list = tri!(heap.list_mut(r[l as usize]));
+            let n = list.len();
+            match usize::try_from(ix).ok().and_then(|x| list.get_mut(x)) {
+                Some(slot) => *slot = val,
+                None => fault!(Fault::new(
+                    TrapKind::OutOfBounds,
+                    format!("list.set: index {ix} out of bounds of a list of length {n}")
+                )),
+            }
+        }
+        I::ListPushS { l, v } | I::ListPushR { l, v } => {
+            let val = if matches!(ins, I::ListPushS { .. }) {
+                s!(v)
+            } else {
+                r[v as usize] as u64
+            };
+            let h = r[l as usize];
+            let (len, cap) = {
+                let list = tri!(heap.list(h));
+                (list.len(), list.capacity())
+            };
+            if len == cap {
+                let new_cap = (cap * 2).max(4);
+                tri!(heap.charge(((new_cap - cap) * 8) as u64));
+                tri!(heap.list_mut(h)).reserve_exact(new_cap - len);
+            }
+            tri!(heap.list_mut(h)).push(val);
+        }
+
+        I::OpaqueNew { d, site } => {
+            let Some(items) = fc.opaques.get(site as usize) else {
+                fault!(internal("opaque site"))
+            };
+            tri!(heap.charge(items.len() as u64 * 16));
+            let vals: Box<[(u32, u64)]> = items
+                .iter()
+                .map(|(t, sl)| {
+                    (
+                        *t,
+                        match *sl {
+                            Slot::S(x) => s[x as usize],
+                            Slot::R(x) => r[x as usize] as u64,
+                        },
+                    )
+                })
+                .collect();
+            r[d as usize] = tri!(heap.push(Obj::Opaque(vals)));
+        }
+        I::OpaqueGetS { d, o, i, ty } | I::OpaqueGetR { d, o, i, ty } => {
+            let v = tri!(opaque_get(heap, r[o as usize], i64_!(i), ty, types));
+            if matches!(ins, I::OpaqueGetS { .. }) {
+                s[d as usize] = v
+            } else {
+                r[d as usize] = v as u32
+            }
+        }
+        I::OpaqueLen { d, o } => {
+            s[d as usize] = match heap.objs.get(r[o as usize] as usize) {
+                Some(Obj::Opaque(v)) => v.len() as u64,
+                Some(Obj::HostOpaque(v)) => v.len() as u64,
+                _ => fault!(internal("opaque.len of a non-opaque")),
+            }
+        }
+        I::IsNull { d, a } => s[d as usize] = (r[a as usize] == 0) as u64,
+        I::Unwrap { d, a } => {
+            if r[a as usize] == 0 {
+                fault!(Fault::new(TrapKind::NullReference, "ref.unwrap of null"));
+            }
+            r[d as usize] = r[a as usize];
+        }
+        _ => return Err(internal("instruction dispatched to the cold path")),
+    }
+    Ok(())
+}
+
+/// The dispatch loop of one frame. Kept in its own function so its few live values (code, register slices, pc,
+/// fuel) stay in machine registers.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn exec(
+    p: &Inner,
+    fc: &FuncCode,
+    s: &mut [u64],
+    r: &mut [u32],
+    heap: &mut Heap,
+    mut pc: usize,
+    mut fuel: u64,
+) -> (Exit, usize, u64) {
+    let code = &fc.code[..];
+    let types = &p.types[..];
+
+    macro_rules! tri {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(f) => break Exit::Fault(f),
+            }
+        };
+    }
+    macro_rules! fault {
+        ($f:expr) => {
+            break Exit::Fault($f)
+        };
+    }
+    macro_rules! charge {
+        ($n:expr) => {{
+            let n = $n as u64;
+            if fuel < n {
+                fault!(out_of_fuel());
+            }
+            fuel -= n;
+        }};
+    }
+    macro_rules! jif {
+        ($c:expr, $target:expr, $fuel:expr) => {{
+            if $c {
+                pc = $target as usize;
+            } else {
+                charge!($fuel);
+            }
+        }};
+    }
+    macro_rules! s {
+        ($x:expr) => {
+            s[$x as usize]
+        };
+    }
+    macro_rules! i32_ {
+        ($x:expr) => {
+            (s[$x as usize] as i32)
+        };
+    }
+    macro_rules! i64_ {
+        ($x:expr) => {
+            (s[$x as usize] as i64)
+        };
+    }
+    macro_rules! f32_ {
+        ($x:expr) => {
+            f32::from_bits(s[$x as usize] as u32)
+        };
+    }
+    macro_rules! f64_ {
+        ($x:expr) => {
+            f64::from_bits(s[$x as usize])
+        };
+    }
+    macro_rules! w32 {
+        ($d:expr, $v:expr) => {
+            s[$d as usize] = ($v) as u32 as u64
+        };
+    }
+    macro_rules! w64 {
+        ($d:expr, $v:expr) => {
+            s[$d as usize] = ($v) as u64
+        };
+    }
+    macro_rules! chk32 {
+        ($d:expr, $v:expr, $what:expr) => {
+            match $v {
+                Some(v) => w32!($d, v),
+                None => fault!(ovf($what)),
+            }
+        };
+    }
+    macro_rules! chk64 {
+        ($d:expr, $v:expr, $what:expr) => {
+            match $v {
+                Some(v) => w64!($d, v),
+                None => fault!(ovf($what)),
+            }
+        };
+    }
+    macro_rules! load {
+        ($n:literal, $d:expr, $b:expr, $off:expr, $disp:expr, $conv:expr) => {{
+            let o = tri!(ea(s!($off), $disp));
+            let bytes = tri!(heap.buf(r[$b as usize]));
+            match get::<$n>(bytes, o) {
+                Some(a) => s[$d as usize] = $conv(a),
+                None => fault!(oob("buffer load", o, $n, bytes.len())),
+            }
+        }};
+    }
+    macro_rules! store {
+        ($n:literal, $b:expr, $off:expr, $v:expr, $disp:expr, $bytes:expr) => {{
+            let o = tri!(ea(s!($off), $disp));
+            let v = $bytes;
+            let bytes = tri!(heap.buf_mut(r[$b as usize]));
+            if !put::<$n>(bytes, o, v) {
+                fault!(oob("buffer store", o, $n, bytes.len()));
+            }
+        }};
+    }
+
+    let exit = loop {
+        let Some(ins) = code.get(pc) else {
+            break Exit::Fault(internal("pc out of range"));
+        };
+        pc += 1;
+        use Instr as I;
+        match *ins {
+            I::Fuel { n } => charge!(n),
+            I::Jump { target, fuel: f } => {
+                charge!(f);
+                pc = target as usize;
+            }
+            I::Jz { c, target, fuel: f } => jif!(s!(c) == 0, target, f),
+            I::JEq {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) == s!(b), target, f),
+            I::JNe {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) != s!(b), target, f),
+            I::JUlt {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) < s!(b), target, f),
+            I::JUle {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) <= s!(b), target, f),
+            I::JUgt {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) > s!(b), target, f),
+            I::JUge {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(s!(a) >= s!(b), target, f),
+            I::JLt64 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) < i64_!(b), target, f),
+            I::JLe64 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) <= i64_!(b), target, f),
+            I::JGt64 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) > i64_!(b), target, f),
+            I::JGe64 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) >= i64_!(b), target, f),
+            I::JLt32 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) < i32_!(b), target, f),
+            I::JLe32 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) <= i32_!(b), target, f),
+            I::JGt32 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) > i32_!(b), target, f),
+            I::JGe32 {
+                a,
+                b,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) >= i32_!(b), target, f),
+            I::JEqK {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(s!(a) == k as i64 as u64, target, f),
+            I::JNeK {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(s!(a) != k as i64 as u64, target, f),
+            I::JLtK64 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) < k as i64, target, f),
+            I::JLeK64 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) <= k as i64, target, f),
+            I::JGtK64 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) > k as i64, target, f),
+            I::JGeK64 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i64_!(a) >= k as i64, target, f),
+            I::JLtK32 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) < k, target, f),
+            I::JLeK32 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) <= k, target, f),
+            I::JGtK32 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) > k, target, f),
+            I::JGeK32 {
+                a,
+                k,
+                target,
+                fuel: f,
+            } => jif!(i32_!(a) >= k, target, f),
+            I::ForLoop {
+                iv,
+                hi,
+                step,
+                target,
+                fuel: f,
+            } => {
+                if let Some(n) = i64_!(iv).checked_add(i64_!(step)) {
+                    w64!(iv, n);
+                    if n < i64_!(hi) {
+                        charge!(f);
+                        pc = target as usize;
+                    }
+                }
+            }
+            I::Call { site } => break Exit::Call(site),
+            I::Ret { site } => break Exit::Ret(site),
+            I::CallNative { site } => {
+                fuel = tri!(call_native(p, fc, site, s, r, heap, fuel, types));
+            }
+            I::MovS { d, a } => s[d as usize] = s!(a),
+            I::MovR { d, a } => r[d as usize] = r[a as usize],
+            I::ConstS { d, bits } => s[d as usize] = bits,
+            I::ConstNull { d } => r[d as usize] = 0,
+            I::SelS { d, c, a, b } => s[d as usize] = if s!(c) != 0 { s!(a) } else { s!(b) },
+            I::Add32 { d, a, b } => chk32!(d, i32_!(a).checked_add(i32_!(b)), "i32 add"),
+            I::Add64 { d, a, b } => chk64!(d, i64_!(a).checked_add(i64_!(b)), "i64 add"),
+            I::Sub32 { d, a, b } => chk32!(d, i32_!(a).checked_sub(i32_!(b)), "i32 sub"),
+            I::Sub64 { d, a, b } => chk64!(d, i64_!(a).checked_sub(i64_!(b)), "i64 sub"),
+            I::Mul32 { d, a, b } => chk32!(d, i32_!(a).checked_mul(i32_!(b)), "i32 mul"),
+            I::Mul64 { d, a, b } => chk64!(d, i64_!(a).checked_mul(i64_!(b)), "i64 mul"),
+            I::AddK32 { d, a, k } => chk32!(d, i32_!(a).checked_add(k), "i32 add"),
+            I::AddK64 { d, a, k } => chk64!(d, i64_!(a).checked_add(k as i64), "i64 add"),
+            I::SubK32 { d, a, k } => chk32!(d, i32_!(a).checked_sub(k), "i32 sub"),
+            I::SubK64 { d, a, k } => chk64!(d, i64_!(a).checked_sub(k as i64), "i64 sub"),
+            I::MulK32 { d, a, k } => chk32!(d, i32_!(a).checked_mul(k), "i32 mul"),
+            I::MulK64 { d, a, k } => chk64!(d, i64_!(a).checked_mul(k as i64), "i64 mul"),
+            I::AddW32 { d, a, b } => w32!(d, i32_!(a).wrapping_add(i32_!(b))),
+            I::AddW64 { d, a, b } => w64!(d, i64_!(a).wrapping_add(i64_!(b))),
+            I::SubW32 { d, a, b } => w32!(d, i32_!(a).wrapping_sub(i32_!(b))),
+            I::SubW64 { d, a, b } => w64!(d, i64_!(a).wrapping_sub(i64_!(b))),
+            I::MulW32 { d, a, b } => w32!(d, i32_!(a).wrapping_mul(i32_!(b))),
+            I::MulW64 { d, a, b } => w64!(d, i64_!(a).wrapping_mul(i64_!(b))),
+            I::AddWK32 { d, a, k } => w32!(d, i32_!(a).wrapping_add(k)),
+            I::AddWK64 { d, a, k } => w64!(d, i64_!(a).wrapping_add(k as i64)),
+            I::MulWK32 { d, a, k } => w32!(d, i32_!(a).wrapping_mul(k)),
+            I::MulWK64 { d, a, k } => w64!(d, i64_!(a).wrapping_mul(k as i64)),
+            I::Min32 { d, a, b } => w32!(d, i32_!(a).min(i32_!(b))),
+            I::Min64 { d, a, b } => w64!(d, i64_!(a).min(i64_!(b))),
+            I::Max32 { d, a, b } => w32!(d, i32_!(a).max(i32_!(b))),
+            I::Max64 { d, a, b } => w64!(d, i64_!(a).max(i64_!(b))),
+            I::And { d, a, b } => s[d as usize] = s!(a) & s!(b),
+            I::Or { d, a, b } => s[d as usize] = s!(a) | s!(b),
+            I::Xor { d, a, b } => s[d as usize] = s!(a) ^ s!(b),
+            I::AndK { d, a, k } => s[d as usize] = s!(a) & k as u64,
+            I::AndK64 { d, a, k } => s[d as usize] = s!(a) & (k as i64 as u64),
+            I::OrK { d, a, k } => s[d as usize] = s!(a) | k as u64,
+            I::XorK { d, a, k } => s[d as usize] = s!(a) ^ k as u64,
+            I::Not1 { d, a } => s[d as usize] = s!(a) ^ 1,
+            I::Not32 { d, a } => w32!(d, !(s!(a) as u32)),
+            I::Not64 { d, a } => s[d as usize] = !s!(a),
+            I::Shl32 { d, a, b } => w32!(d, (s!(a) as u32).wrapping_shl(s!(b) as u32)),
+            I::Shl64 { d, a, b } => w64!(d, s!(a).wrapping_shl(s!(b) as u32)),
+            I::Shr32 { d, a, b } => w32!(d, i32_!(a).wrapping_shr(s!(b) as u32)),
+            I::Shr64 { d, a, b } => w64!(d, i64_!(a).wrapping_shr(s!(b) as u32)),
+            I::ShrU32 { d, a, b } => w32!(d, (s!(a) as u32).wrapping_shr(s!(b) as u32)),
+            I::ShrU64 { d, a, b } => w64!(d, s!(a).wrapping_shr(s!(b) as u32)),
+            I::ShlK32 { d, a, k } => w32!(d, (s!(a) as u32) << k),
+            I::ShlK64 { d, a, k } => w64!(d, s!(a) << k),
+            I::ShrK32 { d, a, k } => w32!(d, i32_!(a) >> k),
+            I::ShrK64 { d, a, k } => w64!(d, i64_!(a) >> k),
+            I::ShrUK32 { d, a, k } => w32!(d, (s!(a) as u32) >> k),
+            I::ShrUK64 { d, a, k } => w64!(d, s!(a) >> k),
+
+            I::Eq { d, a, b } => s[d as usize] = (s!(a) == s!(b)) as u64,
+            I::Ne { d, a, b } => s[d as usize] = (s!(a) != s!(b)) as u64,
+            I::Ult { d, a, b } => s[d as usize] = (s!(a) < s!(b)) as u64,
+            I::Ule { d, a, b } => s[d as usize] = (s!(a) <= s!(b)) as u64,
+            I::Lt32 { d, a, b } => s[d as usize] = (i32_!(a) < i32_!(b)) as u64,
+            I::Le32 { d, a, b } => s[d as usize] = (i32_!(a) <= i32_!(b)) as u64,
+            I::Lt64 { d, a, b } => s[d as usize] = (i64_!(a) < i64_!(b)) as u64,
+            I::Le64 { d, a, b } => s[d as usize] = (i64_!(a) <= i64_!(b)) as u64,
+            I::EqK { d, a, k } => s[d as usize] = (s!(a) == k as i64 as u64) as u64,
+            I::NeK { d, a, k } => s[d as usize] = (s!(a) != k as i64 as u64) as u64,
+            I::LtK32 { d, a, k } => s[d as usize] = (i32_!(a) < k) as u64,
+            I::LeK32 { d, a, k } => s[d as usize] = (i32_!(a) <= k) as u64,
+            I::GtK32 { d, a, k } => s[d as usize] = (i32_!(a) > k) as u64,
+            I::GeK32 { d, a, k } => s[d as usize] = (i32_!(a) >= k) as u64,
+            I::LtK64 { d, a, k } => s[d as usize] = (i64_!(a) < k as i64) as u64,
+            I::LeK64 { d, a, k } => s[d as usize] = (i64_!(a) <= k as i64) as u64,
+            I::GtK64 { d, a, k } => s[d as usize] = (i64_!(a) > k as i64) as u64,
+            I::GeK64 { d, a, k } => s[d as usize] = (i64_!(a) >= k as i64) as u64,
+
+            I::FAdd32 { d, a, b } => w32!(d, (f32_!(a) + f32_!(b)).to_bits()),
+            I::FAdd64 { d, a, b } => s[d as usize] = (f64_!(a) + f64_!(b)).to_bits(),
+            I::FSub32 { d, a, b } => w32!(d, (f32_!(a) - f32_!(b)).to_bits()),
+            I::FSub64 { d, a, b } => s[d as usize] = (f64_!(a) - f64_!(b)).to_bits(),
+            I::FMul32 { d, a, b } => w32!(d, (f32_!(a) * f32_!(b)).to_bits()),
+            I::FMul64 { d, a, b } => s[d as usize] = (f64_!(a) * f64_!(b)).to_bits(),
+            I::Ld8s { d, b, off, disp } => {
+                load!(1, d, b, off, disp, |a: [u8; 1]| a[0] as i8 as i32 as u32
+                    as u64)
+            }
+            I::Ld8u { d, b, off, disp } => load!(1, d, b, off, disp, |a: [u8; 1]| a[0] as u64),
+            I::Ld16s { d, b, off, disp } => {
+                load!(2, d, b, off, disp, |a| i16::from_le_bytes(a) as i32 as u32
+                    as u64)
+            }
+            I::Ld16u { d, b, off, disp } => {
+                load!(2, d, b, off, disp, |a| u16::from_le_bytes(a) as u64)
+            }
+            I::Ld32 { d, b, off, disp } => {
+                load!(4, d, b, off, disp, |a| u32::from_le_bytes(a) as u64)
+            }
+            I::Ld64 { d, b, off, disp } => load!(8, d, b, off, disp, u64::from_le_bytes),
+            I::St8 { b, off, v, disp } => store!(1, b, off, v, disp, [s!(v) as u8]),
+            I::St16 { b, off, v, disp } => {
+                store!(2, b, off, v, disp, (s!(v) as u16).to_le_bytes())
+            }
+            I::St32 { b, off, v, disp } => {
+                store!(4, b, off, v, disp, (s!(v) as u32).to_le_bytes())
+            }
+            I::St64 { b, off, v, disp } => store!(8, b, off, v, disp, s!(v).to_le_bytes()),
+            _ => tri!(cold(*ins, p, fc, s, r, heap)),
+        }
+    };
+
+    (exit, pc, fuel)
+}
+
 fn opaque_get(heap: &mut Heap, h: u32, i: i64, ty: u32, types: &[Type]) -> Result<u64, Fault> {
     let want = types.get(ty as usize).ok_or_else(|| internal("type id"))?;
     let mismatch = |have: String| {
@@ -1270,9 +1369,9 @@ fn call_native(
     s: &mut [u64],
     r: &mut [u32],
     heap: &mut Heap,
-    fuel: &mut u64,
+    mut fuel: u64,
     types: &[Type],
-) -> Result<(), Fault> {
+) -> Result<u64, Fault> {
     let ns = fc
         .natives
         .get(site as usize)
@@ -1281,10 +1380,10 @@ fn call_native(
         .imports
         .get(ns.import as usize)
         .ok_or_else(|| internal("import"))?;
-    if *fuel < imp.func.fuel_cost {
+    if fuel < imp.func.fuel_cost {
         return Err(out_of_fuel());
     }
-    *fuel -= imp.func.fuel_cost;
+    fuel -= imp.func.fuel_cost;
     let mut args = Vec::with_capacity(ns.args.len());
     for (sl, t) in ns.args.iter().zip(&imp.sig.params) {
         let bits = match *sl {
@@ -1298,7 +1397,7 @@ fn call_native(
         let mut ctx = NativeCtx {
             mem_used: &mut heap.used,
             mem_cap: heap.cap,
-            fuel_left: fuel,
+            fuel_left: &mut fuel,
         };
         catch_unwind(AssertUnwindSafe(|| body(&mut ctx, &args)))
     };
@@ -1355,5 +1454,5 @@ fn call_native(
             Slot::R(x) => r[x as usize] = bits as u32,
         }
     }
-    Ok(())
+    Ok(fuel)
 }

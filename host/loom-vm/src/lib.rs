@@ -346,6 +346,21 @@ impl Loaded {
         self.inner.exports.iter().map(|(n, _)| n.clone()).collect()
     }
 
+    /// A listing of the lowered bytecode (for diagnostics; the format is not stable).
+    pub fn disassemble(&self) -> String {
+        let mut out = String::new();
+        for f in &self.inner.funcs {
+            out.push_str(&format!(
+                "@{} (s{} r{}, entry fuel {})\n",
+                f.name, f.n_s, f.n_r, f.entry_fuel
+            ));
+            for (pc, i) in f.code.iter().enumerate() {
+                out.push_str(&format!("  {pc:4}: {i:?}\n"));
+            }
+        }
+        out
+    }
+
     /// Total bytecode instructions (for diagnostics and tests).
     pub fn code_size(&self) -> usize {
         self.inner.funcs.iter().map(|f| f.code.len()).sum()

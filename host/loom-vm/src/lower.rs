@@ -1,8 +1,9 @@
 //! Lowering: structured SSA IR → register bytecode (see the crate doc for the protocol).
 //!
 //! One pass per function. Every SSA value gets its own register in its bank (no liveness-based reuse: frames
-//! are a few hundred registers at most and the copies it would save are rare); results of `for`/`while` share
-//! the registers of their iteration values, so loop exits need no moves. Scalar immediates that cannot be folded
+//! are a few hundred registers at most); results of `for`/`while` share the registers of their iteration values,
+//! so loop exits need no moves, and a value yielded into a loop register or `if` result is computed directly into
+//! that register when nothing later reads the register's old value (copy coalescing), so most yields are free. Scalar immediates that cannot be folded
 //! into an instruction are hoisted into "constant registers" set once by a prologue at function entry, so loops
 //! never re-materialize constants.
 
@@ -428,7 +429,115 @@ impl L<'_> {
                 _ => return Err(self.invalid("a loop result is defined twice")),
             }
         }
+        let mut fixed: std::collections::HashSet<ValueId> = aliased;
+        fixed.extend(f.params.iter().copied());
+        self.coalesce_region(&f.body, &mut fixed);
         Ok(())
+    }
+
+    /// Copy coalescing: a value `u` defined by op `j` of a region whose terminator yields it into a target
+    /// register `T` (a loop's iteration value or an `if`'s result) is given register `T` itself when nothing after
+    /// op `j` reads `T`'s old value. The yield's move then disappears. Outer regions are processed first so an
+    /// `if` result already sharing a loop register is seen as that register by its branches.
+    fn coalesce_region(&mut self, r: &Region, fixed: &mut std::collections::HashSet<ValueId>) {
+        for op in &r.ops {
+            match &op.kind {
+                OpKind::If {
+                    then_region,
+                    else_region,
+                    ..
+                } => {
+                    self.coalesce_yield(then_region, &op.results, fixed);
+                    self.coalesce_yield(else_region, &op.results, fixed);
+                    self.coalesce_region(then_region, fixed);
+                    self.coalesce_region(else_region, fixed);
+                }
+                OpKind::For { iters, body, .. } => {
+                    self.coalesce_yield(body, iters, fixed);
+                    self.coalesce_region(body, fixed);
+                }
+                OpKind::While {
+                    iters,
+                    cond_region,
+                    body,
+                    ..
+                } => {
+                    self.coalesce_yield(body, iters, fixed);
+                    self.coalesce_region(cond_region, fixed);
+                    self.coalesce_region(body, fixed);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn coalesce_yield(
+        &mut self,
+        r: &Region,
+        targets: &[ValueId],
+        fixed: &mut std::collections::HashSet<ValueId>,
+    ) {
+        let Some((term, body)) = r.ops.split_last() else {
+            return;
+        };
+        let OpKind::Yield(os) = &term.kind else {
+            return;
+        };
+        for (i, (o, t)) in os.iter().zip(targets).enumerate() {
+            let Operand::Value(u) = o else { continue };
+            let (Ok(ts), Ok(us)) = (self.slot(*t), self.slot(*u)) else {
+                continue;
+            };
+            if ts == us || fixed.contains(u) {
+                continue;
+            }
+            let Some(j) = body.iter().position(|op| op.results.contains(u)) else {
+                continue;
+            };
+            // Nothing after the definition may read the target register, and no other yield operand may.
+            let later_reads = body[j + 1..].iter().any(|op| self.op_reads(op, ts));
+            let other_yield_reads = os.iter().enumerate().any(|(k, o)| {
+                k != i && matches!(o, Operand::Value(w) if self.slot(*w).ok() == Some(ts))
+            });
+            if later_reads || other_yield_reads {
+                continue;
+            }
+            if let Some(x) = self.slots.get_mut(u.0 as usize) {
+                *x = Some(ts);
+                fixed.insert(*u);
+            }
+        }
+    }
+
+    /// Whether `op` (including nested regions) reads a value living in register `s`.
+    fn op_reads(&self, op: &Op, s: Slot) -> bool {
+        let rd = |o: &Operand| matches!(o, Operand::Value(v) if self.slot(*v).ok() == Some(s));
+        let region = |r: &Region| r.ops.iter().any(|o| self.op_reads(o, s));
+        match &op.kind {
+            OpKind::Simple { operands, .. } => operands.iter().any(rd),
+            OpKind::Call { args, .. } => args.iter().any(rd),
+            OpKind::If {
+                cond,
+                then_region,
+                else_region,
+            } => rd(cond) || region(then_region) || region(else_region),
+            OpKind::For {
+                lo,
+                hi,
+                step,
+                inits,
+                body,
+                ..
+            } => rd(lo) || rd(hi) || rd(step) || inits.iter().any(rd) || region(body),
+            OpKind::While {
+                inits,
+                cond_region,
+                body,
+                ..
+            } => inits.iter().any(rd) || region(cond_region) || region(body),
+            OpKind::Yield(os) | OpKind::Return(os) => os.iter().any(rd),
+            OpKind::Condition(o) => rd(o),
+        }
     }
 
     // ---- emission ----

@@ -367,3 +367,50 @@ fn retained_bytes() {
     let v1 = V::opaque(vec![V::I64(1), V::buffer(vec![0; 100]), V::str("abc")]);
     assert_eq!(v1.retained_bytes(), 32 + (32) + (32 + 100) + (32 + 3));
 }
+
+#[test]
+fn coalesced_loop_values_keep_semantics() {
+    // iters (a, b): n = a + 1 is defined before a's last read (b' = a * 2 + b), so it must not overwrite a early;
+    // c = if .. yields into an if result that is itself a loop register; a swap via fresh values.
+    let l = single(&[T::I64], &[T::I64, T::I64, T::I64, T::I64], |b, p| {
+        let r = b.for_(
+            i64_(0),
+            v(p[0]),
+            i64_(1),
+            vec![
+                (i64_(1), T::I64),
+                (i64_(0), T::I64),
+                (i64_(5), T::I64),
+                (i64_(7), T::I64),
+            ],
+            |b, i, it| {
+                let n = b.op(O::Add, vec![v(it[0]), i64_(1)], T::I64);
+                let m = b.op(O::Mul, vec![v(it[0]), i64_(2)], T::I64);
+                let bb = b.op(O::Add, vec![v(m), v(it[1])], T::I64);
+                let odd = b.op(O::And, vec![v(i), i64_(1)], T::I64);
+                let c = b.op(O::CmpEq, vec![v(odd), i64_(1)], T::I1);
+                let x = b.if_(
+                    v(c),
+                    &[T::I64],
+                    |b| vec![v(b.op(O::Add, vec![v(it[2]), v(it[3])], T::I64))],
+                    |b| vec![v(b.op(O::Sub, vec![v(it[2]), i64_(1)], T::I64))],
+                );
+                let y = b.op(O::Add, vec![v(it[2]), i64_(0)], T::I64); // reads the old it[2] after the if
+                vec![v(n), v(bb), v(x[0]), v(y)]
+            },
+        );
+        b.ret(vec![v(r[0]), v(r[1]), v(r[2]), v(r[3])]);
+    });
+    let (mut a, mut bv, mut c, mut d) = (1i64, 0i64, 5i64, 7i64);
+    for i in 0..6 {
+        let n = a + 1;
+        let bb = a * 2 + bv;
+        let x = if i & 1 == 1 { c + d } else { c - 1 };
+        let y = c;
+        (a, bv, c, d) = (n, bb, x, y);
+    }
+    assert_eq!(
+        run(&l, &[V::I64(6)]).unwrap(),
+        vec![V::I64(a), V::I64(bv), V::I64(c), V::I64(d)]
+    );
+}
