@@ -875,13 +875,19 @@ impl ModCx<'_> {
             } => {
                 let (a, b) = (self.operand(fx, ops, lo), self.operand(fx, ops, hi));
                 let ty = match type_op(Opcode::CmpLt, &[a.argty(), b.argty()], None) {
-                    Ok(t) if t.operands[0].is_int() => t.operands[0].clone(),
+                    // Loops count in i64 (sizes and offsets are i64 everywhere); i32 bounds are converted
+                    // explicitly, so the VM needs only one induction-variable width.
+                    Ok(t) if t.operands[0] == Type::I64 => Type::I64,
                     Ok(t) => {
                         self.error(
                             lo.span().to(hi.span()),
-                            format!("loop bounds must be i32 or i64, found {}", t.operands[0]),
+                            format!(
+                                "loop bounds must be i64 (convert with conv.i64), found {}",
+                                t.operands[0]
+                            ),
                         );
-                        Type::I64
+                        // Keep the written type so the bounds do not report a second mismatch.
+                        t.operands[0].clone()
                     }
                     Err(m) => {
                         self.error(lo.span().to(hi.span()), format!("loop bounds: {m}"));
