@@ -236,6 +236,7 @@ fn main() {
         fuel: u64::MAX,
         memory_bytes: 1 << 30,
         call_depth: 64,
+        retained_bytes: None,
     };
     if std::env::var_os("LOOM_DIS").is_some() {
         println!(

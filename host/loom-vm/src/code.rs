@@ -95,153 +95,219 @@ pub(crate) enum Instr {
     Jz {
         c: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     // fused compare-and-branch, register/register; jump when the comparison holds
     JEq {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JNe {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JUlt {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JUle {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JUgt {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JUge {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLt64 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLe64 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGt64 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGe64 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLt32 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLe32 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGt32 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGe32 {
         a: R,
         b: R,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     // register/immediate (k is the canonical bits for Eq/Ne, the signed value otherwise)
     JEqK {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JNeK {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLtK64 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLeK64 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGtK64 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGeK64 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLtK32 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JLeK32 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGtK32 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
     },
     JGeK32 {
         a: R,
         k: i32,
         target: u32,
-        fuel: u32,
+        fuel: u16,
+        /// Charged when the branch is taken.
+        tfuel: u16,
+    },
+    /// Jump when `s[a] & mask != 0` (a single-use `and` fused with a compare against 0).
+    JTestNz {
+        a: R,
+        mask: u32,
+        target: u32,
+        fuel: u16,
+        tfuel: u16,
+    },
+    /// Jump when `s[a] & mask == 0`.
+    JTestZ {
+        a: R,
+        mask: u32,
+        target: u32,
+        fuel: u16,
+        tfuel: u16,
     },
     /// `iv += step`; if no overflow and `iv < hi`, charge `fuel` and jump to `target`.
     ForLoop {
@@ -415,6 +481,20 @@ pub(crate) enum Instr {
         d: R,
         a: R,
         k: i32,
+    },
+    /// `d = a * b + c`, wrapping (a single-use `mul.wrap` feeding an `add.wrap`).
+    MulAddW64 {
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    /// `d = a * k + c`, wrapping.
+    MulKAddW64 {
+        d: R,
+        a: R,
+        k: i32,
+        c: R,
     },
     Div32 {
         d: R,
@@ -820,6 +900,72 @@ pub(crate) enum Instr {
         v: R,
         disp: i32,
     },
+    /// Indexed forms. `X`: offset `s[x] + s[y] * sc + disp`; `XS`: offset `(s[x] + s[y]) * sc + disp`. Each step is
+    /// checked exactly like the `add`/`mul` it replaces (same trap kinds and messages).
+    Ld32X {
+        d: R,
+        b: R,
+        x: R,
+        y: R,
+        sc: u8,
+        disp: i32,
+    },
+    Ld32XS {
+        d: R,
+        b: R,
+        x: R,
+        y: R,
+        sc: u8,
+        disp: i32,
+    },
+    Ld64X {
+        d: R,
+        b: R,
+        x: R,
+        y: R,
+        sc: u8,
+        disp: i32,
+    },
+    Ld64XS {
+        d: R,
+        b: R,
+        x: R,
+        y: R,
+        sc: u8,
+        disp: i32,
+    },
+    St32X {
+        b: R,
+        x: R,
+        y: R,
+        v: R,
+        sc: u8,
+        disp: i32,
+    },
+    St32XS {
+        b: R,
+        x: R,
+        y: R,
+        v: R,
+        sc: u8,
+        disp: i32,
+    },
+    St64X {
+        b: R,
+        x: R,
+        y: R,
+        v: R,
+        sc: u8,
+        disp: i32,
+    },
+    St64XS {
+        b: R,
+        x: R,
+        y: R,
+        v: R,
+        sc: u8,
+        disp: i32,
+    },
     /// Field at byte `idx * size + off`; `kind` gives the width (i1: one byte, nonzero is true).
     LdField {
         d: R,
@@ -1003,6 +1149,8 @@ impl Instr {
             | JLeK32 { target, .. }
             | JGtK32 { target, .. }
             | JGeK32 { target, .. }
+            | JTestNz { target, .. }
+            | JTestZ { target, .. }
             | ForLoop { target, .. } => Some(target),
             _ => None,
         }

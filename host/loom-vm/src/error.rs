@@ -126,6 +126,9 @@ pub enum TrapKind {
     BadStep,
     /// A returned value nests deeper than the VM converts.
     TooDeep,
+    /// The returned values retain more bytes ([`crate::Value::retained_bytes`]) than
+    /// [`crate::InvokeLimits::retained_bytes`] allows.
+    RetainedTooLarge,
     /// A VM invariant failed (a bug, or an unverified program): reported, never a panic.
     Internal,
 }

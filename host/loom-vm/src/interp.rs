@@ -61,6 +61,26 @@ fn ea(base: u64, disp: i32) -> Result<i64, Fault> {
     })
 }
 
+/// Offset of the indexed `X` forms: `x + y * sc + disp`, each step checked like the `mul`/`add` it replaces.
+#[inline(always)]
+fn ea_x(x: u64, y: u64, sc: u8, disp: i32) -> Result<i64, Fault> {
+    let t = (y as i64)
+        .checked_mul(sc as i64)
+        .ok_or_else(|| ovf("i64 mul"))?;
+    let o = (x as i64).checked_add(t).ok_or_else(|| ovf("i64 add"))?;
+    ea(o as u64, disp)
+}
+
+/// Offset of the indexed `XS` forms: `(x + y) * sc + disp`.
+#[inline(always)]
+fn ea_xs(x: u64, y: u64, sc: u8, disp: i32) -> Result<i64, Fault> {
+    let t = (x as i64)
+        .checked_add(y as i64)
+        .ok_or_else(|| ovf("i64 add"))?;
+    let o = t.checked_mul(sc as i64).ok_or_else(|| ovf("i64 mul"))?;
+    ea(o as u64, disp)
+}
+
 #[inline(always)]
 fn get<const N: usize>(b: &[u8], o: i64) -> Option<[u8; N]> {
     let o = usize::try_from(o).ok()?;
@@ -195,26 +215,144 @@ fn conv(op: Conv, bits: u64) -> Result<u64, Fault> {
     })
 }
 
+/// Registers addressable by one frame: a `u16` index. Every frame sees a window of exactly this many registers
+/// (the stacks always extend at least `WINDOW` slots past the current frame's base), so a `u16` register index
+/// needs no bounds check in the dispatch loop. Registers past the frame's own `n_s`/`n_r` are scratch that the
+/// program never reads (lowering only reads registers it wrote).
+pub(crate) const WINDOW: usize = 1 << 16;
+
+type SWin = [u64; WINDOW];
+type RWin = [u32; WINDOW];
+
+/// Register stacks and frame records, pooled per thread so an invocation does not allocate or zero them. Between
+/// invocations the stacks are all zero (the used prefix is cleared on return), so no value of one invocation is
+/// ever visible to the next.
+struct Stacks {
+    ss: Vec<u64>,
+    rs: Vec<u32>,
+    frames: Vec<Frame>,
+    /// High-water marks of the registers written (exclusive): what must be zeroed before reuse.
+    hw_s: usize,
+    hw_r: usize,
+}
+
+/// Stacks larger than this are not kept in the pool (a deep recursion should not pin its memory forever).
+const POOL_MAX_SLOTS: usize = 8 * WINDOW;
+
+impl Stacks {
+    fn new() -> Stacks {
+        Stacks {
+            ss: vec![0; 2 * WINDOW],
+            rs: vec![0; 2 * WINDOW],
+            frames: Vec::with_capacity(32),
+            hw_s: 0,
+            hw_r: 0,
+        }
+    }
+
+    /// Zeroes what the last invocation wrote.
+    fn clear(&mut self) {
+        let (hs, hr) = (self.hw_s.min(self.ss.len()), self.hw_r.min(self.rs.len()));
+        self.ss[..hs].fill(0);
+        self.rs[..hr].fill(0);
+        self.hw_s = 0;
+        self.hw_r = 0;
+        self.frames.clear();
+    }
+}
+
+thread_local! {
+    static POOL: std::cell::RefCell<Option<Stacks>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Runs `entry` with `args` (already type-checked) under `limits`. Panics inside are caught and reported as an
 /// internal trap: a VM bug must not take the server down.
 pub(crate) fn invoke(p: &Inner, entry: u32, args: &[Value], limits: &InvokeLimits) -> Outcome {
     let mut heap = Heap::new(limits.memory_bytes, p.strs.len());
     let mut fuel = limits.fuel;
+    // A native that re-enters the VM on this thread finds the pool empty and gets fresh stacks.
+    let mut st = POOL
+        .try_with(|c| c.borrow_mut().take())
+        .ok()
+        .flatten()
+        .unwrap_or_else(Stacks::new);
     let r = catch_unwind(AssertUnwindSafe(|| {
-        run(p, entry, args, limits, &mut heap, &mut fuel)
+        run(p, entry, args, limits, &mut heap, &mut fuel, &mut st)
     }));
     let result = match r {
-        Ok(r) => r,
+        Ok(r) => {
+            if st.ss.len() <= POOL_MAX_SLOTS && st.rs.len() <= POOL_MAX_SLOTS {
+                st.clear();
+                let _ = POOL.try_with(|c| {
+                    if let Ok(mut c) = c.try_borrow_mut() {
+                        *c = Some(st);
+                    }
+                });
+            }
+            r
+        }
         Err(_) => Err(mk_trap(p, entry, 0, internal("panic in the interpreter"))),
     };
     if matches!(&result, Err(t) if t.kind == TrapKind::OutOfFuel) {
         fuel = 0;
     }
+    let result = result.and_then(|vals| check_retained(p, entry, vals, limits));
     Outcome {
         result,
         fuel_left: fuel,
         mem_used: heap.used,
     }
+}
+
+/// Enforces [`InvokeLimits::retained_bytes`] on the returned values.
+fn check_retained(
+    p: &Inner,
+    entry: u32,
+    vals: Vec<Value>,
+    limits: &InvokeLimits,
+) -> Result<Vec<Value>, Trap> {
+    let Some(cap) = limits.retained_bytes else {
+        return Ok(vals);
+    };
+    let total = vals
+        .iter()
+        .map(Value::retained_bytes)
+        .fold(0u64, u64::saturating_add);
+    if total > cap {
+        let mut t = mk_trap(
+            p,
+            entry,
+            0,
+            Fault::new(
+                TrapKind::RetainedTooLarge,
+                format!(
+                    "returned values retain {total} bytes, above the per-model cap of {cap} bytes"
+                ),
+            ),
+        );
+        t.loc = p
+            .funcs
+            .get(entry as usize)
+            .map(|f| f.loc)
+            .unwrap_or_default();
+        return Err(t);
+    }
+    Ok(vals)
+}
+
+/// The register windows of a frame.
+fn windows(st: &mut Stacks, sbase: usize, rbase: usize) -> Option<(&mut SWin, &mut RWin)> {
+    let s = st
+        .ss
+        .get_mut(sbase..sbase.checked_add(WINDOW)?)?
+        .try_into()
+        .ok()?;
+    let r = st
+        .rs
+        .get_mut(rbase..rbase.checked_add(WINDOW)?)?
+        .try_into()
+        .ok()?;
+    Some((s, r))
 }
 
 fn run(
@@ -224,18 +362,22 @@ fn run(
     limits: &InvokeLimits,
     heap: &mut Heap,
     fuel_out: &mut u64,
+    st: &mut Stacks,
 ) -> Result<Vec<Value>, Trap> {
     let ef = p
         .funcs
         .get(entry as usize)
         .ok_or_else(|| mk_trap(p, entry, 0, internal("entry")))?;
-    let mut ss: Vec<u64> = vec![0; (ef.n_s as usize).max(256)];
-    let mut rs: Vec<u32> = vec![0; (ef.n_r as usize).max(64)];
+    if st.ss.len() < WINDOW || st.rs.len() < WINDOW {
+        return Err(mk_trap(p, entry, 0, internal("register stacks")));
+    }
+    st.hw_s = ef.n_s as usize;
+    st.hw_r = ef.n_r as usize;
     for (v, slot) in args.iter().zip(&ef.params) {
         let bits = heap.import(v).map_err(|f| mk_trap(p, entry, 0, f))?;
         match *slot {
-            Slot::S(x) => ss[x as usize] = bits,
-            Slot::R(x) => rs[x as usize] = bits as u32,
+            Slot::S(x) => st.ss[x as usize] = bits,
+            Slot::R(x) => st.rs[x as usize] = bits as u32,
         }
     }
     let mut fuel = *fuel_out;
@@ -244,8 +386,8 @@ fn run(
         return Err(mk_trap(p, entry, 0, out_of_fuel()));
     }
     fuel -= ef.entry_fuel as u64;
-    let mut frames: Vec<Frame> = Vec::with_capacity(32);
-    frames.push(Frame {
+    st.frames.clear();
+    st.frames.push(Frame {
         func: entry,
         pc: 0,
         sbase: 0,
@@ -254,16 +396,13 @@ fn run(
     });
     let types = &p.types[..];
     loop {
-        let Some(&fr) = frames.last() else {
+        let Some(&fr) = st.frames.last() else {
             return Err(mk_trap(p, entry, 0, internal("empty frame stack")));
         };
         let Some(fc) = p.funcs.get(fr.func as usize) else {
             return Err(mk_trap(p, entry, 0, internal("bad function")));
         };
-        let (Some(s), Some(r)) = (
-            ss.get_mut(fr.sbase..fr.sbase + fc.n_s as usize),
-            rs.get_mut(fr.rbase..fr.rbase + fc.n_r as usize),
-        ) else {
+        let Some((s, r)) = windows(st, fr.sbase, fr.rbase) else {
             return Err(mk_trap(
                 p,
                 fr.func,
@@ -275,6 +414,13 @@ fn run(
         fuel = f2;
         // Only calls, returns and traps get here.
         let at = pc.saturating_sub(1);
+        let Stacks {
+            ss,
+            rs,
+            frames,
+            hw_s,
+            hw_r,
+        } = &mut *st;
         match exit {
             Exit::Fault(f) => {
                 *fuel_out = fuel;
@@ -309,12 +455,15 @@ fn run(
                 fuel -= callee.entry_fuel as u64;
                 let nsb = fr.sbase + fc.n_s as usize;
                 let nrb = fr.rbase + fc.n_r as usize;
-                if ss.len() < nsb + callee.n_s as usize {
-                    ss.resize((nsb + callee.n_s as usize).max(ss.len() * 2), 0);
+                // Keep a full window past the new frame's base.
+                if ss.len() < nsb + WINDOW {
+                    ss.resize((nsb + WINDOW).max(ss.len() * 2), 0);
                 }
-                if rs.len() < nrb + callee.n_r as usize {
-                    rs.resize((nrb + callee.n_r as usize).max(rs.len() * 2), 0);
+                if rs.len() < nrb + WINDOW {
+                    rs.resize((nrb + WINDOW).max(rs.len() * 2), 0);
                 }
+                *hw_s = (*hw_s).max(nsb + callee.n_s as usize);
+                *hw_r = (*hw_r).max(nrb + callee.n_r as usize);
                 for &(a, d) in cs.sargs.iter() {
                     ss[nsb + d as usize] = ss[fr.sbase + a as usize];
                 }
@@ -913,8 +1062,8 @@ fn cold(
 fn exec(
     p: &Inner,
     fc: &FuncCode,
-    s: &mut [u64],
-    r: &mut [u32],
+    s: &mut SWin,
+    r: &mut RWin,
     heap: &mut Heap,
     mut pc: usize,
     mut fuel: u64,
@@ -945,8 +1094,9 @@ fn exec(
         }};
     }
     macro_rules! jif {
-        ($c:expr, $target:expr, $fuel:expr) => {{
+        ($c:expr, $target:expr, $fuel:expr, $tfuel:expr) => {{
             if $c {
+                charge!($tfuel);
                 pc = $target as usize;
             } else {
                 charge!($fuel);
@@ -1007,6 +1157,12 @@ fn exec(
     macro_rules! load {
         ($n:literal, $d:expr, $b:expr, $off:expr, $disp:expr, $conv:expr) => {{
             let o = tri!(ea(s!($off), $disp));
+            load_at!($n, $d, $b, o, $conv)
+        }};
+    }
+    macro_rules! load_at {
+        ($n:literal, $d:expr, $b:expr, $o:expr, $conv:expr) => {{
+            let o = $o;
             let bytes = tri!(heap.buf(r[$b as usize]));
             match get::<$n>(bytes, o) {
                 Some(a) => s[$d as usize] = $conv(a),
@@ -1017,6 +1173,12 @@ fn exec(
     macro_rules! store {
         ($n:literal, $b:expr, $off:expr, $v:expr, $disp:expr, $bytes:expr) => {{
             let o = tri!(ea(s!($off), $disp));
+            store_at!($n, $b, o, $bytes)
+        }};
+    }
+    macro_rules! store_at {
+        ($n:literal, $b:expr, $o:expr, $bytes:expr) => {{
+            let o = $o;
             let v = $bytes;
             let bytes = tri!(heap.buf_mut(r[$b as usize]));
             if !put::<$n>(bytes, o, v) {
@@ -1037,151 +1199,298 @@ fn exec(
                 charge!(f);
                 pc = target as usize;
             }
-            I::Jz { c, target, fuel: f } => jif!(s!(c) == 0, target, f),
+            I::Jz {
+                c,
+                target,
+                fuel: f,
+                tfuel: tf,
+            } => jif!(s!(c) == 0, target, f, tf),
             I::JEq {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) == s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) == s!(b), target, f, tf),
             I::JNe {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) != s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) != s!(b), target, f, tf),
             I::JUlt {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) < s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) < s!(b), target, f, tf),
             I::JUle {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) <= s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) <= s!(b), target, f, tf),
             I::JUgt {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) > s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) > s!(b), target, f, tf),
             I::JUge {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(s!(a) >= s!(b), target, f),
+                tfuel: tf,
+            } => jif!(s!(a) >= s!(b), target, f, tf),
             I::JLt64 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) < i64_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) < i64_!(b), target, f, tf),
             I::JLe64 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) <= i64_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) <= i64_!(b), target, f, tf),
             I::JGt64 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) > i64_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) > i64_!(b), target, f, tf),
             I::JGe64 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) >= i64_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) >= i64_!(b), target, f, tf),
             I::JLt32 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) < i32_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) < i32_!(b), target, f, tf),
             I::JLe32 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) <= i32_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) <= i32_!(b), target, f, tf),
             I::JGt32 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) > i32_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) > i32_!(b), target, f, tf),
             I::JGe32 {
                 a,
                 b,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) >= i32_!(b), target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) >= i32_!(b), target, f, tf),
             I::JEqK {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(s!(a) == k as i64 as u64, target, f),
+                tfuel: tf,
+            } => jif!(s!(a) == k as i64 as u64, target, f, tf),
             I::JNeK {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(s!(a) != k as i64 as u64, target, f),
+                tfuel: tf,
+            } => jif!(s!(a) != k as i64 as u64, target, f, tf),
             I::JLtK64 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) < k as i64, target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) < k as i64, target, f, tf),
             I::JLeK64 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) <= k as i64, target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) <= k as i64, target, f, tf),
             I::JGtK64 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) > k as i64, target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) > k as i64, target, f, tf),
             I::JGeK64 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i64_!(a) >= k as i64, target, f),
+                tfuel: tf,
+            } => jif!(i64_!(a) >= k as i64, target, f, tf),
             I::JLtK32 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) < k, target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) < k, target, f, tf),
             I::JLeK32 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) <= k, target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) <= k, target, f, tf),
             I::JGtK32 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) > k, target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) > k, target, f, tf),
             I::JGeK32 {
                 a,
                 k,
                 target,
                 fuel: f,
-            } => jif!(i32_!(a) >= k, target, f),
+                tfuel: tf,
+            } => jif!(i32_!(a) >= k, target, f, tf),
+            I::JTestNz {
+                a,
+                mask,
+                target,
+                fuel: f,
+                tfuel: tf,
+            } => jif!(s!(a) & mask as u64 != 0, target, f, tf),
+            I::JTestZ {
+                a,
+                mask,
+                target,
+                fuel: f,
+                tfuel: tf,
+            } => jif!(s!(a) & mask as u64 == 0, target, f, tf),
+            I::MulAddW64 { d, a, b, c } => w64!(d, s!(a).wrapping_mul(s!(b)).wrapping_add(s!(c))),
+            I::MulKAddW64 { d, a, k, c } => {
+                w64!(d, s!(a).wrapping_mul(k as i64 as u64).wrapping_add(s!(c)))
+            }
+            I::Ld32X {
+                d,
+                b,
+                x,
+                y,
+                sc,
+                disp,
+            } => load_at!(4, d, b, tri!(ea_x(s!(x), s!(y), sc, disp)), |a| {
+                u32::from_le_bytes(a) as u64
+            }),
+            I::Ld32XS {
+                d,
+                b,
+                x,
+                y,
+                sc,
+                disp,
+            } => load_at!(4, d, b, tri!(ea_xs(s!(x), s!(y), sc, disp)), |a| {
+                u32::from_le_bytes(a) as u64
+            }),
+            I::Ld64X {
+                d,
+                b,
+                x,
+                y,
+                sc,
+                disp,
+            } => load_at!(
+                8,
+                d,
+                b,
+                tri!(ea_x(s!(x), s!(y), sc, disp)),
+                u64::from_le_bytes
+            ),
+            I::Ld64XS {
+                d,
+                b,
+                x,
+                y,
+                sc,
+                disp,
+            } => load_at!(
+                8,
+                d,
+                b,
+                tri!(ea_xs(s!(x), s!(y), sc, disp)),
+                u64::from_le_bytes
+            ),
+            I::St32X {
+                b,
+                x,
+                y,
+                v,
+                sc,
+                disp,
+            } => store_at!(
+                4,
+                b,
+                tri!(ea_x(s!(x), s!(y), sc, disp)),
+                (s!(v) as u32).to_le_bytes()
+            ),
+            I::St32XS {
+                b,
+                x,
+                y,
+                v,
+                sc,
+                disp,
+            } => store_at!(
+                4,
+                b,
+                tri!(ea_xs(s!(x), s!(y), sc, disp)),
+                (s!(v) as u32).to_le_bytes()
+            ),
+            I::St64X {
+                b,
+                x,
+                y,
+                v,
+                sc,
+                disp,
+            } => store_at!(
+                8,
+                b,
+                tri!(ea_x(s!(x), s!(y), sc, disp)),
+                s!(v).to_le_bytes()
+            ),
+            I::St64XS {
+                b,
+                x,
+                y,
+                v,
+                sc,
+                disp,
+            } => store_at!(
+                8,
+                b,
+                tri!(ea_xs(s!(x), s!(y), sc, disp)),
+                s!(v).to_le_bytes()
+            ),
             I::ForLoop {
                 iv,
                 hi,
@@ -1200,7 +1509,16 @@ fn exec(
             I::Call { site } => break Exit::Call(site),
             I::Ret { site } => break Exit::Ret(site),
             I::CallNative { site } => {
-                fuel = tri!(call_native(p, fc, site, s, r, heap, fuel, types));
+                fuel = tri!(call_native(
+                    p,
+                    fc,
+                    site,
+                    &mut s[..],
+                    &mut r[..],
+                    heap,
+                    fuel,
+                    types
+                ));
             }
             I::MovS { d, a } => s[d as usize] = s!(a),
             I::MovR { d, a } => r[d as usize] = r[a as usize],
@@ -1305,7 +1623,7 @@ fn exec(
                 store!(4, b, off, v, disp, (s!(v) as u32).to_le_bytes())
             }
             I::St64 { b, off, v, disp } => store!(8, b, off, v, disp, s!(v).to_le_bytes()),
-            _ => tri!(cold(*ins, p, fc, s, r, heap)),
+            _ => tri!(cold(*ins, p, fc, &mut s[..], &mut r[..], heap)),
         }
     };
 

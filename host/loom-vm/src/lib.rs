@@ -44,7 +44,8 @@
 //! without copying; if the program writes it again afterwards (e.g. after passing it to a native), it is copied
 //! only if someone else still holds it. Two `Value`s sharing an `Arc` are two distinct buffers inside the VM
 //! (aliasing is not reconstructed); likewise each `opaque.get` of a buffer yields a fresh copy-on-write handle.
-//! The host bounds what it keeps across invocations with [`Value::retained_bytes`] against its per-model cap.
+//! The host bounds what it keeps across invocations with [`Value::retained_bytes`] against its per-model cap;
+//! [`InvokeLimits::retained_bytes`] makes the VM enforce that cap on the returned values.
 //!
 //! **Traps.** Every failure is a [`Trap`] with kind, function, bytecode pc and source location; nothing in the VM
 //! panics the process (integer arithmetic is checked per the opcode semantics, every buffer/list access is
@@ -96,6 +97,9 @@ pub struct InvokeLimits {
     pub memory_bytes: u64,
     /// Maximum number of active Loom frames (the entry counts as one).
     pub call_depth: u32,
+    /// Per-model cap on retained state: when set, the sum of [`Value::retained_bytes`] of the returned values
+    /// must not exceed it, else the invocation fails with [`TrapKind::RetainedTooLarge`].
+    pub retained_bytes: Option<u64>,
 }
 
 impl Default for InvokeLimits {
@@ -104,6 +108,7 @@ impl Default for InvokeLimits {
             fuel: 100_000_000,
             memory_bytes: 256 << 20,
             call_depth: 256,
+            retained_bytes: None,
         }
     }
 }

@@ -91,6 +91,17 @@ struct LastCmp {
     b: Result<R, i32>,
 }
 
+/// A load/store offset.
+#[derive(Clone, Copy, Debug)]
+enum Addr {
+    /// `s[r] + disp`
+    Plain(R, i32),
+    /// `s[x] + s[y] * sc + disp`
+    X { x: R, y: R, sc: u8, disp: i32 },
+    /// `(s[x] + s[y]) * sc + disp`
+    XS { x: R, y: R, sc: u8, disp: i32 },
+}
+
 /// Constant reference registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum KR {
@@ -121,6 +132,10 @@ struct L<'a> {
     rets: Vec<Box<[Slot]>>,
     opaques: Vec<Box<[(u32, Slot)]>>,
     last_cmp: Option<LastCmp>,
+    /// The IR value each emitted instruction defines (parallel to `code`), for peephole fusion: an instruction
+    /// may be folded into a later one only if it is the definition of a single-use operand.
+    defs: Vec<Option<ValueId>>,
+    cur_def: Option<ValueId>,
 }
 
 fn is_structured(op: &Op) -> bool {
@@ -211,6 +226,8 @@ pub(crate) fn lower_function(
         rets: Vec::new(),
         opaques: Vec::new(),
         last_cmp: None,
+        defs: Vec::new(),
+        cur_def: None,
     };
     if !f.tparams.is_empty() {
         return Err(l.invalid("templates must be instantiated before loading"));
@@ -545,6 +562,7 @@ impl L<'_> {
     fn emit(&mut self, i: Instr) -> usize {
         self.code.push(i);
         self.locs.push(self.loc);
+        self.defs.push(self.cur_def);
         self.code.len() - 1
     }
     fn pc(&self) -> u32 {
@@ -834,7 +852,8 @@ impl L<'_> {
         }
     }
 
-    /// Emits "jump to (patched later) when `cond` is false, else charge `fuel` and fall through".
+    /// Emits "jump to (patched later) when `cond` is false, else charge `fuel` and fall through". The branch's
+    /// taken-path charge starts at 0 (see [`L::set_taken_fuel`]).
     fn branch_false(&mut self, cond: &Operand, fuel: u32) -> Res<Option<usize>> {
         match cond {
             Operand::Imm(Imm::I1(true)) => {
@@ -846,91 +865,109 @@ impl L<'_> {
             }
             _ => {}
         }
+        // Branch fuel is a u16; a larger block is charged by a separate `Fuel` after the branch.
+        let (fuel, spill) = match u16::try_from(fuel) {
+            Ok(f) => (f, 0),
+            Err(_) => (0, fuel),
+        };
+        let (target, tfuel) = (0, 0);
         if let (Operand::Value(v), Some(lc)) = (cond, self.last_cmp) {
             if lc.v == *v && lc.at + 1 == self.code.len() && self.uses.get(v.0 as usize) == Some(&1)
             {
                 self.code.pop();
                 self.locs.pop();
-                let (a, target) = (lc.a, 0);
+                self.defs.pop();
+                let a = lc.a;
                 let k = lc.kind.negate();
+                // `(x & mask) ==/!= 0` where the `and` is single-use and right before: test-and-branch.
+                if let (Err(0), CmpK::Eq | CmpK::Ne, Some(at)) =
+                    (lc.b, k, self.code.len().checked_sub(1))
+                {
+                    if let (Some(Instr::AndK { d, a: src, k: mask }), Some(Some(w))) =
+                        (self.code.get(at).copied(), self.defs.get(at).copied())
+                    {
+                        if d == a
+                            && self.uses.get(w.0 as usize) == Some(&1)
+                            && self.slot(w).ok() == Some(Slot::S(d))
+                        {
+                            self.code.pop();
+                            self.locs.pop();
+                            self.defs.pop();
+                            let a = src;
+                            let ins = if k == CmpK::Eq {
+                                Instr::JTestZ {
+                                    a,
+                                    mask,
+                                    target,
+                                    fuel,
+                                    tfuel,
+                                }
+                            } else {
+                                Instr::JTestNz {
+                                    a,
+                                    mask,
+                                    target,
+                                    fuel,
+                                    tfuel,
+                                }
+                            };
+                            self.last_cmp = None;
+                            let at = self.emit(ins);
+                            self.fuel(spill);
+                            return Ok(Some(at));
+                        }
+                    }
+                }
+                macro_rules! j {
+                    ($v:ident, $b:expr) => {
+                        Instr::$v {
+                            a,
+                            b: $b,
+                            target,
+                            fuel,
+                            tfuel,
+                        }
+                    };
+                }
+                macro_rules! jk {
+                    ($v:ident, $k:expr) => {
+                        Instr::$v {
+                            a,
+                            k: $k,
+                            target,
+                            fuel,
+                            tfuel,
+                        }
+                    };
+                }
                 let ins = match lc.b {
                     Ok(b) => match (k, lc.wide) {
-                        (CmpK::Eq, _) => Instr::JEq { a, b, target, fuel },
-                        (CmpK::Ne, _) => Instr::JNe { a, b, target, fuel },
-                        (CmpK::Ult, _) => Instr::JUlt { a, b, target, fuel },
-                        (CmpK::Ule, _) => Instr::JUle { a, b, target, fuel },
-                        (CmpK::Ugt, _) => Instr::JUgt { a, b, target, fuel },
-                        (CmpK::Uge, _) => Instr::JUge { a, b, target, fuel },
-                        (CmpK::Lt, true) => Instr::JLt64 { a, b, target, fuel },
-                        (CmpK::Le, true) => Instr::JLe64 { a, b, target, fuel },
-                        (CmpK::Gt, true) => Instr::JGt64 { a, b, target, fuel },
-                        (CmpK::Ge, true) => Instr::JGe64 { a, b, target, fuel },
-                        (CmpK::Lt, false) => Instr::JLt32 { a, b, target, fuel },
-                        (CmpK::Le, false) => Instr::JLe32 { a, b, target, fuel },
-                        (CmpK::Gt, false) => Instr::JGt32 { a, b, target, fuel },
-                        (CmpK::Ge, false) => Instr::JGe32 { a, b, target, fuel },
+                        (CmpK::Eq, _) => j!(JEq, b),
+                        (CmpK::Ne, _) => j!(JNe, b),
+                        (CmpK::Ult, _) => j!(JUlt, b),
+                        (CmpK::Ule, _) => j!(JUle, b),
+                        (CmpK::Ugt, _) => j!(JUgt, b),
+                        (CmpK::Uge, _) => j!(JUge, b),
+                        (CmpK::Lt, true) => j!(JLt64, b),
+                        (CmpK::Le, true) => j!(JLe64, b),
+                        (CmpK::Gt, true) => j!(JGt64, b),
+                        (CmpK::Ge, true) => j!(JGe64, b),
+                        (CmpK::Lt, false) => j!(JLt32, b),
+                        (CmpK::Le, false) => j!(JLe32, b),
+                        (CmpK::Gt, false) => j!(JGt32, b),
+                        (CmpK::Ge, false) => j!(JGe32, b),
                     },
                     Err(k32) => match (k, lc.wide) {
-                        (CmpK::Eq, _) => Instr::JEqK {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Ne, _) => Instr::JNeK {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Lt, true) => Instr::JLtK64 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Le, true) => Instr::JLeK64 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Gt, true) => Instr::JGtK64 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Ge, true) => Instr::JGeK64 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Lt, false) => Instr::JLtK32 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Le, false) => Instr::JLeK32 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Gt, false) => Instr::JGtK32 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
-                        (CmpK::Ge, false) => Instr::JGeK32 {
-                            a,
-                            k: k32,
-                            target,
-                            fuel,
-                        },
+                        (CmpK::Eq, _) => jk!(JEqK, k32),
+                        (CmpK::Ne, _) => jk!(JNeK, k32),
+                        (CmpK::Lt, true) => jk!(JLtK64, k32),
+                        (CmpK::Le, true) => jk!(JLeK64, k32),
+                        (CmpK::Gt, true) => jk!(JGtK64, k32),
+                        (CmpK::Ge, true) => jk!(JGeK64, k32),
+                        (CmpK::Lt, false) => jk!(JLtK32, k32),
+                        (CmpK::Le, false) => jk!(JLeK32, k32),
+                        (CmpK::Gt, false) => jk!(JGtK32, k32),
+                        (CmpK::Ge, false) => jk!(JGeK32, k32),
                         _ => {
                             return Err(
                                 self.invalid("unsigned compare with an immediate cannot fuse")
@@ -939,11 +976,74 @@ impl L<'_> {
                     },
                 };
                 self.last_cmp = None;
-                return Ok(Some(self.emit(ins)));
+                let at = self.emit(ins);
+                self.fuel(spill);
+                return Ok(Some(at));
             }
         }
         let c = self.sreg(cond, &Type::I1)?;
-        Ok(Some(self.emit(Instr::Jz { c, target: 0, fuel })))
+        let at = self.emit(Instr::Jz {
+            c,
+            target,
+            fuel,
+            tfuel,
+        });
+        self.fuel(spill);
+        Ok(Some(at))
+    }
+
+    /// Makes the branch at `at` charge `n` when taken (the block at its target); emits `Fuel { n }` at the current
+    /// pc (the branch's target) when the branch cannot carry it. Only for targets nothing else jumps to.
+    fn set_taken_fuel(&mut self, at: Option<usize>, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let slot = at.and_then(|at| self.code.get_mut(at));
+        let done = match slot {
+            Some(Instr::Jump { fuel, .. }) if *fuel == 0 => {
+                *fuel = n;
+                true
+            }
+            Some(
+                Instr::Jz { tfuel, .. }
+                | Instr::JEq { tfuel, .. }
+                | Instr::JNe { tfuel, .. }
+                | Instr::JUlt { tfuel, .. }
+                | Instr::JUle { tfuel, .. }
+                | Instr::JUgt { tfuel, .. }
+                | Instr::JUge { tfuel, .. }
+                | Instr::JLt64 { tfuel, .. }
+                | Instr::JLe64 { tfuel, .. }
+                | Instr::JGt64 { tfuel, .. }
+                | Instr::JGe64 { tfuel, .. }
+                | Instr::JLt32 { tfuel, .. }
+                | Instr::JLe32 { tfuel, .. }
+                | Instr::JGt32 { tfuel, .. }
+                | Instr::JGe32 { tfuel, .. }
+                | Instr::JEqK { tfuel, .. }
+                | Instr::JNeK { tfuel, .. }
+                | Instr::JLtK64 { tfuel, .. }
+                | Instr::JLeK64 { tfuel, .. }
+                | Instr::JGtK64 { tfuel, .. }
+                | Instr::JGeK64 { tfuel, .. }
+                | Instr::JLtK32 { tfuel, .. }
+                | Instr::JLeK32 { tfuel, .. }
+                | Instr::JGtK32 { tfuel, .. }
+                | Instr::JGeK32 { tfuel, .. }
+                | Instr::JTestNz { tfuel, .. }
+                | Instr::JTestZ { tfuel, .. },
+            ) if *tfuel == 0 => match u16::try_from(n) {
+                Ok(n) => {
+                    *tfuel = n;
+                    true
+                }
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        if !done {
+            self.fuel(n);
+        }
     }
 
     fn lower_structured(&mut self, op: &Op, k: u32) -> Res<()> {
@@ -965,7 +1065,8 @@ impl L<'_> {
                 }
                 let else_pc = self.pc();
                 self.patch(br, else_pc);
-                self.fuel(entry_cost(else_region, k));
+                // Only `br` reaches the else block: it charges the else block's entry when taken.
+                self.set_taken_fuel(br, entry_cost(else_region, k));
                 if let Some(t) = self.lower_block(&else_region.ops, k)? {
                     let OpKind::Yield(os) = &t.kind else {
                         return Err(self.invalid("`if` region must end in yield"));
@@ -1006,12 +1107,18 @@ impl L<'_> {
                 }
                 self.parallel_move(moves)?;
                 let body_cost = entry_cost(body, 0);
+                let (fuel, spill) = match u16::try_from(body_cost) {
+                    Ok(f) => (f, 0),
+                    Err(_) => (0, body_cost),
+                };
                 let pre = self.emit(Instr::JGe64 {
                     a: ivr,
                     b: hi_r,
                     target: 0,
-                    fuel: body_cost,
+                    fuel,
+                    tfuel: 0,
                 });
+                self.fuel(spill);
                 let top = self.pc();
                 if let Some(t) = self.lower_block(&body.ops, 0)? {
                     let OpKind::Yield(os) = &t.kind else {
@@ -1072,7 +1179,8 @@ impl L<'_> {
                 let exit = self.pc();
                 self.patch(br, exit);
                 self.loc = op.loc;
-                self.fuel(k);
+                // Only `br` leaves the loop: it charges the continuation when taken.
+                self.set_taken_fuel(br, k);
             }
             _ => return Err(self.invalid("not a structured op")),
         }
@@ -1105,7 +1213,12 @@ impl L<'_> {
                 opcode,
                 operands,
                 annotation,
-            } => self.lower_simple(op, *opcode, operands, annotation.as_ref()),
+            } => {
+                self.cur_def = op.results.first().copied();
+                let r = self.lower_simple(op, *opcode, operands, annotation.as_ref());
+                self.cur_def = None;
+                r
+            }
             OpKind::Call { callee, args, .. } => {
                 match callee {
                     Callee::Func(fi) => {
@@ -1187,25 +1300,107 @@ impl L<'_> {
         }
     }
 
-    /// Offset operand of a load/store as (register, displacement); folds a preceding single-use `add %x, K`.
-    fn offset(&mut self, o: &Operand) -> Res<(R, i32)> {
+    /// The last emitted instruction, if it is the definition of the single-use value living in scalar register
+    /// `r` (so it can be folded into its only user, emitted next).
+    fn last_def_of(&self, r: R) -> Option<Instr> {
+        let ins = *self.code.last()?;
+        let w = (*self.defs.last()?)?;
+        (self.uses.get(w.0 as usize) == Some(&1) && self.slot(w).ok() == Some(Slot::S(r)))
+            .then_some(ins)
+    }
+
+    fn pop_last(&mut self) {
+        self.code.pop();
+        self.locs.pop();
+        self.defs.pop();
+    }
+
+    /// Offset operand of a load/store. Folds a preceding single-use `add %x, K` into the displacement and, when
+    /// `indexed`, a single-use scaled index: `add(%x, mul(%i, S))` or `mul(add(%x, %y), S)` (S in 1..=255).
+    fn offset(&mut self, o: &Operand, indexed: bool) -> Res<Addr> {
         if let Some(k) = self.k32(o, &Type::I64) {
-            return Ok((self.const_s(0)?, k));
+            return Ok(Addr::Plain(self.const_s(0)?, k));
         }
-        if let Operand::Value(v) = o {
-            if self.uses.get(v.0 as usize) == Some(&1) {
-                if let (Some(Instr::AddK64 { d, a, k }), Ok(Slot::S(vr))) =
-                    (self.code.last().copied(), self.slot(*v))
-                {
-                    if d == vr {
-                        self.code.pop();
-                        self.locs.pop();
-                        return Ok((a, k));
+        let Ok(Slot::S(mut cur)) = self.slot_or_err(o) else {
+            return Ok(Addr::Plain(self.sreg(o, &Type::I64)?, 0));
+        };
+        let mut disp = 0;
+        if let Some(Instr::AddK64 { d, a, k }) = self.last_def_of(cur) {
+            if d == cur {
+                self.pop_last();
+                disp = k;
+                cur = a;
+            }
+        }
+        if !indexed {
+            return Ok(Addr::Plain(cur, disp));
+        }
+        let scale = |k: i32| u8::try_from(k).ok().filter(|k| *k > 0);
+        match self.last_def_of(cur) {
+            Some(Instr::MulK64 { d, a: y, k }) if d == cur && scale(k).is_some() => {
+                let sc = scale(k).unwrap_or(1);
+                self.pop_last();
+                if let Some(Instr::Add64 { d, a: x, b: y2 }) = self.last_def_of(y) {
+                    if d == y {
+                        self.pop_last();
+                        return Ok(Addr::XS { x, y: y2, sc, disp });
+                    }
+                }
+                let x = self.const_s(0)?;
+                return Ok(Addr::X { x, y, sc, disp });
+            }
+            Some(Instr::Add64 { d, a, b }) if d == cur && a != b => {
+                let n = self.code.len();
+                if let (Some(Instr::MulK64 { d: m, a: y, k }), Some(Some(w))) = (
+                    n.checked_sub(2).and_then(|i| self.code.get(i)).copied(),
+                    n.checked_sub(2).and_then(|i| self.defs.get(i)).copied(),
+                ) {
+                    if (m == a || m == b)
+                        && self.uses.get(w.0 as usize) == Some(&1)
+                        && self.slot(w).ok() == Some(Slot::S(m))
+                    {
+                        if let Some(sc) = scale(k) {
+                            let x = if m == a { b } else { a };
+                            self.pop_last();
+                            self.pop_last();
+                            return Ok(Addr::X { x, y, sc, disp });
+                        }
                     }
                 }
             }
+            _ => {}
         }
-        Ok((self.sreg(o, &Type::I64)?, 0))
+        Ok(Addr::Plain(cur, disp))
+    }
+
+    fn slot_or_err(&self, o: &Operand) -> Res<Slot> {
+        match o {
+            Operand::Value(v) => self.slot(*v),
+            _ => Err(self.invalid("not a value")),
+        }
+    }
+
+    /// Fuses `add.wrap(mul.wrap(a, b), c)` (the `mul` single-use and right before) into one instruction.
+    fn fuse_muladd(&mut self, ins: Instr) -> Instr {
+        if let Instr::AddW64 { d, a, b } = ins {
+            for (m, c) in [(a, b), (b, a)] {
+                if m == c {
+                    continue;
+                }
+                match self.last_def_of(m) {
+                    Some(Instr::MulW64 { d: md, a: x, b: y }) if md == m => {
+                        self.pop_last();
+                        return Instr::MulAddW64 { d, a: x, b: y, c };
+                    }
+                    Some(Instr::MulWK64 { d: md, a: x, k }) if md == m => {
+                        self.pop_last();
+                        return Instr::MulKAddW64 { d, a: x, k, c };
+                    }
+                    _ => {}
+                }
+            }
+        }
+        ins
     }
 
     fn lower_simple(
@@ -1417,6 +1612,7 @@ impl L<'_> {
                 if t == Type::I1 && !matches!(opc, O::And | O::Or | O::Xor) {
                     return Err(self.invalid(format!("{opc} is not defined on i1")));
                 }
+                let ins = self.fuse_muladd(ins);
                 self.emit(ins);
             }
             O::Neg | O::Abs | O::Not | O::Sqrt | O::Floor | O::Ceil | O::Exp | O::Log => {
@@ -1689,7 +1885,58 @@ impl L<'_> {
             | O::LoadF64 => {
                 let d = self.ds(op)?;
                 let b = self.rreg(&os[0])?;
-                let (off, disp) = self.offset(&os[1])?;
+                let indexed = matches!(
+                    opc,
+                    O::LoadI32 | O::LoadU32 | O::LoadF32 | O::LoadI64 | O::LoadF64
+                );
+                let wide = matches!(opc, O::LoadI64 | O::LoadF64);
+                let (off, disp) = match self.offset(&os[1], indexed)? {
+                    Addr::Plain(off, disp) => (off, disp),
+                    Addr::X { x, y, sc, disp } => {
+                        self.emit(if wide {
+                            Instr::Ld64X {
+                                d,
+                                b,
+                                x,
+                                y,
+                                sc,
+                                disp,
+                            }
+                        } else {
+                            Instr::Ld32X {
+                                d,
+                                b,
+                                x,
+                                y,
+                                sc,
+                                disp,
+                            }
+                        });
+                        return Ok(());
+                    }
+                    Addr::XS { x, y, sc, disp } => {
+                        self.emit(if wide {
+                            Instr::Ld64XS {
+                                d,
+                                b,
+                                x,
+                                y,
+                                sc,
+                                disp,
+                            }
+                        } else {
+                            Instr::Ld32XS {
+                                d,
+                                b,
+                                x,
+                                y,
+                                sc,
+                                disp,
+                            }
+                        });
+                        return Ok(());
+                    }
+                };
                 let ins = match opc {
                     O::LoadI8 => Instr::Ld8s { d, b, off, disp },
                     O::LoadU8 => Instr::Ld8u { d, b, off, disp },
@@ -1709,7 +1956,55 @@ impl L<'_> {
                 };
                 let b = self.rreg(&os[0])?;
                 let v = self.sreg(&os[2], &vt)?;
-                let (off, disp) = self.offset(&os[1])?;
+                let indexed = !matches!(opc, O::StoreI8 | O::StoreI16);
+                let wide = matches!(opc, O::StoreI64 | O::StoreF64);
+                let (off, disp) = match self.offset(&os[1], indexed)? {
+                    Addr::Plain(off, disp) => (off, disp),
+                    Addr::X { x, y, sc, disp } => {
+                        self.emit(if wide {
+                            Instr::St64X {
+                                b,
+                                x,
+                                y,
+                                v,
+                                sc,
+                                disp,
+                            }
+                        } else {
+                            Instr::St32X {
+                                b,
+                                x,
+                                y,
+                                v,
+                                sc,
+                                disp,
+                            }
+                        });
+                        return Ok(());
+                    }
+                    Addr::XS { x, y, sc, disp } => {
+                        self.emit(if wide {
+                            Instr::St64XS {
+                                b,
+                                x,
+                                y,
+                                v,
+                                sc,
+                                disp,
+                            }
+                        } else {
+                            Instr::St32XS {
+                                b,
+                                x,
+                                y,
+                                v,
+                                sc,
+                                disp,
+                            }
+                        });
+                        return Ok(());
+                    }
+                };
                 let ins = match opc {
                     O::StoreI8 => Instr::St8 { b, off, v, disp },
                     O::StoreI16 => Instr::St16 { b, off, v, disp },

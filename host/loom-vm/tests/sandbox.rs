@@ -194,6 +194,7 @@ fn runaway_recursion_hits_the_depth_limit_not_the_stack() {
                     call_depth: 200_000,
                     fuel: u64::MAX,
                     memory_bytes: 1 << 30,
+                    retained_bytes: None,
                 },
             )
             .unwrap_err()
