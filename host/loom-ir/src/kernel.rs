@@ -1,7 +1,7 @@
 //! The portable kernel and stage IR: what HAL plugins receive and lower for their device.
 //!
 //! Everything here is **specialized**: template values are bound, so shapes, grids and extents are numbers.
-//! Semantics are in `docs/loom/kernels.md`; the reference interpreter (`loom-kernel`) is their executable
+//! Semantics are in `docs/loom/kernels.md`; the reference interpreter (`loom-reference`) is their executable
 //! definition. Values are SSA with structured regions, like host code: a region's last op is `Yield`.
 
 use std::fmt;
