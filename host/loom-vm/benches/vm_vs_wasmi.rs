@@ -16,6 +16,7 @@ const B: i64 = 32;
 const TT: i64 = 256;
 const REPS: i64 = 200;
 const RUNS: usize = 7;
+const TINY_N: i64 = 1_000_000;
 
 const C1: i64 = 6364136223846793005;
 const C2: i64 = 1442695040888963407;
@@ -293,6 +294,47 @@ fn main() {
     let (wt, wr) = time(|| f.call(&mut store, REPS as i32).expect("wasmi prepare"));
     assert_eq!(lr, vec![V::I64(wr)], "prepare checksums differ");
     rows.push(("prepare_batch B=32 T=256 x200", lt, wt, wr));
+
+    // (c) tiny invocation: `x + 1` on i64, called TINY_N times; loom pays a full `invoke` each time (export
+    // lookup, argument checks, heap setup, pooled stacks), wasmi a bare typed call on a ready instance.
+    let l = single(&[T::I64], &[T::I64], |b, p| {
+        let x = b.op(O::AddWrap, vec![v(p[0]), i64_(1)], T::I64);
+        b.ret(vec![v(x)]);
+    });
+    let (lt, lr) = time(|| {
+        let mut acc = 0i64;
+        for i in 0..TINY_N {
+            match l.invoke("main", &[V::I64(i)], &lim).expect("loom tiny")[..] {
+                [V::I64(x)] => acc = acc.wrapping_add(x),
+                _ => panic!("loom tiny result"),
+            }
+        }
+        acc
+    });
+    let module = wasmi::Module::new(
+        &engine,
+        wat::parse_str(
+            r#"(module (func (export "tiny") (param i64) (result i64) (i64.add (local.get 0) (i64.const 1))))"#,
+        )
+        .expect("wat"),
+    )
+    .expect("module");
+    let mut store = wasmi::Store::new(&engine, ());
+    let inst = linker
+        .instantiate_and_start(&mut store, &module)
+        .expect("instantiate");
+    let f = inst
+        .get_typed_func::<i64, i64>(&store, "tiny")
+        .expect("func");
+    let (wt, wr) = time(|| {
+        let mut acc = 0i64;
+        for i in 0..TINY_N {
+            acc = acc.wrapping_add(f.call(&mut store, i).expect("wasmi tiny"));
+        }
+        acc
+    });
+    assert_eq!(lr, wr, "tiny checksums differ");
+    rows.push(("tiny call x1M (loom invoke/wasmi call)", lt, wt, wr));
 
     println!(
         "{:<34} {:>12} {:>12} {:>8}   checksum",
