@@ -12,6 +12,7 @@
 
 mod catalog;
 mod consteval;
+mod device;
 mod link;
 mod lower;
 

@@ -107,23 +107,7 @@ impl<'a> ModCx<'a> {
                 ast::Item::Const(c) => self.constant(c),
                 ast::Item::Decl(d) => self.decl(d),
                 ast::Item::Func(f) => self.func_header(f),
-                ast::Item::Device(d) => {
-                    let kind = match d.kind {
-                        ast::DeviceKind::Kernel => "kernel",
-                        ast::DeviceKind::Kfunc => "kfunc",
-                        ast::DeviceKind::Stage => "stage",
-                    };
-                    self.diags.push(Diagnostic {
-                        severity: loom_syntax::Severity::Warning,
-                        span: d.name.span,
-                        message: format!(
-                            "{kind} @{} is parsed but not compiled: device code is not supported by this compiler yet, \
-                             so it is left out of the module",
-                            d.name.text
-                        ),
-                        notes: Vec::new(),
-                    });
-                }
+                ast::Item::Device(d) => self.device(d),
             }
         }
         // Pass 2: bodies.
@@ -271,6 +255,81 @@ impl<'a> ModCx<'a> {
             name: c.name.text.clone(),
             exported: c.exported,
             value: imm,
+            loc,
+        });
+    }
+
+    /// A device item: stored as canonical text for the kernel front end (`loom-kernel`), which compiles it.
+    fn device(&mut self, d: &ast::DeviceItem) {
+        let what = match d.kind {
+            ast::DeviceKind::Kernel => "kernel",
+            ast::DeviceKind::Kfunc => "kfunc",
+            ast::DeviceKind::Stage => "stage",
+        };
+        if !self.claim(&d.name, what) {
+            return;
+        }
+        let kind = match d.kind {
+            ast::DeviceKind::Kernel => ir::DeviceKind::Kernel,
+            ast::DeviceKind::Kfunc => ir::DeviceKind::Kfunc,
+            ast::DeviceKind::Stage => ir::DeviceKind::Stage,
+        };
+        let mut tparams: Vec<ir::TParam> = Vec::new();
+        for tp in &d.tparams {
+            if tparams.iter().any(|p| p.name == tp.name.text) {
+                self.error(
+                    tp.name.span,
+                    format!("template parameter `{}` is declared twice", tp.name.text),
+                );
+            }
+            let kind = match &tp.kind {
+                ast::TParamKind::I64 => ir::TParamKind::I64,
+                ast::TParamKind::Bool => ir::TParamKind::Bool,
+                ast::TParamKind::Str => ir::TParamKind::Str,
+                ast::TParamKind::DType => ir::TParamKind::DType,
+                ast::TParamKind::Shape => ir::TParamKind::Shape,
+                ast::TParamKind::Func { params, results } => ir::TParamKind::Func(ir::Signature {
+                    params: self.types(params),
+                    results: self.types(results),
+                }),
+            };
+            // why quiet: device defaults may be expressions over other parameters (`BK: i64 = BM / 2`) that
+            // only the kernel front end evaluates; the IR keeps plain values for reflection
+            let default = tp
+                .default
+                .as_ref()
+                .and_then(|e| eval(e).ok())
+                .and_then(|v| match (&kind, v) {
+                    (ir::TParamKind::I64, CValue::Int(v)) => Some(ir::TValue::I64(v)),
+                    (ir::TParamKind::Bool, CValue::Bool(v)) => Some(ir::TValue::Bool(v)),
+                    (ir::TParamKind::Str, CValue::Str(v)) => Some(ir::TValue::Str(v)),
+                    (ir::TParamKind::DType, CValue::Word(w)) if DTYPES.contains(&w.as_str()) => {
+                        Some(ir::TValue::DType(w))
+                    }
+                    (ir::TParamKind::Shape, CValue::List(items)) => items
+                        .into_iter()
+                        .map(|i| match i {
+                            CValue::Int(d) if d >= 0 => Some(d),
+                            _ => None,
+                        })
+                        .collect::<Option<Vec<i64>>>()
+                        .map(ir::TValue::Shape),
+                    _ => None,
+                });
+            tparams.push(ir::TParam {
+                name: tp.name.text.clone(),
+                kind,
+                default,
+            });
+        }
+        let text = crate::device::render_item(self.source, d);
+        let loc = self.loc(d.span);
+        self.out.device.push(ir::DeviceItem {
+            kind,
+            name: d.name.text.clone(),
+            exported: d.exported,
+            tparams,
+            text,
             loc,
         });
     }

@@ -11,12 +11,14 @@
 //! file    := magic major minor section* digest
 //! magic   := 00 6c 6f 6f 6d 62 63 0a          "\0loombc\n" (the \n catches text-mode line-ending damage)
 //! major   := u16 LE = 1                        a decoder accepts its own major and any minor <= its own
-//! minor   := u16 LE = 0
+//! minor   := u16 LE = 1                        1 added section 9 (device items)
 //! section := id:u8 len:uleb payload:[len bytes]
 //! digest  := 32 bytes: SHA-256 of every byte before it
 //! ```
 //!
-//! Sections 1..=8 each appear exactly once, in ascending id order, even when empty. Custom sections
+//! Sections 1..=9 each appear exactly once, in ascending id order, even when empty; a file of minor version 0
+//! has sections 1..=8 only (it decodes with no device items, and its canonical form is checked without section
+//! 9). Custom sections
 //! (`id 0`, payload `name_len:uleb name:utf8 bytes...`) may appear anywhere between them; decoders skip them.
 //!
 //! | id | section | payload |
@@ -29,6 +31,7 @@
 //! | 6 | consts  | `n:uleb (name:str exported:flag value:imm)*n` |
 //! | 7 | funcs   | `n:uleb func*n` |
 //! | 8 | debug   | `file:str`, then a `loc` per decl, record and const, then per function: its `loc`, a `str` name per value, and a `loc` per op in pre-order (an op, then the ops of its regions) |
+//! | 9 | device  | `n:uleb (kind:u8 name:str exported:flag tparams text:str loc)*n`: kernels (`0`), kfuncs (`1`) and stages (`2`) as canonical source text (since minor 1) |
 //!
 //! Building blocks (`uleb`/`sleb` are (un)signed LEB128, always minimal; `str` and `type` are `uleb` indices into
 //! the string and type tables; `list(x)` is `n:uleb x*n`; `opt(x)` is a byte `0`, or `1` then `x`; `flag` is a byte
@@ -63,10 +66,10 @@
 //! # Worked example
 //!
 //! `module @m { func @f(%a: i64) -> i64 { return %a } }` compiled from `m.loom`, with the function at 1:12 and the
-//! `return` at 1:38, encodes to 102 bytes (the test `documented_example` checks this listing):
+//! `return` at 1:38, encodes to 105 bytes (the test `documented_example` checks this listing):
 //!
 //! ```text
-//! 00 6c 6f 6f 6d 62 63 0a  01 00  00 00       magic, version 1.0
+//! 00 6c 6f 6f 6d 62 63 0a  01 00  01 00       magic, version 1.1
 //! 01 0e  04  01 6d  01 66  06 6d 2e 6c 6f 6f 6d  01 61
 //!                                             strings: 4 entries, in first-use order: "m" "f" "m.loom" "a"
 //! 02 02  01  02                               types: 1 entry, i64
@@ -80,7 +83,8 @@
 //!        01  07 00 01 00 00                   body: 1 op: return, no results, 1 operand: value 0
 //! 08 06  02  01 0c  03  01 26                 debug: file "m.loom", function at 1:12, value 0 named "a",
 //!                                             the return at 1:38
-//! (32 bytes)                                  SHA-256 of the 70 bytes above
+//! 09 01  00                                   device: none
+//! (32 bytes)                                  SHA-256 of the 73 bytes above
 //! ```
 //!
 //! # Canonical form
@@ -95,8 +99,8 @@
 //! (nesting, type depth, finite floats).
 
 use crate::{
-    Callee, Const, Decl, Function, Imm, Loc, Module, Op, OpKind, Opcode, Operand, Record, Region,
-    Signature, TArg, TParam, TParamKind, TValue, Type, ValueDef, ValueId,
+    Callee, Const, Decl, DeviceItem, DeviceKind, Function, Imm, Loc, Module, Op, OpKind, Opcode,
+    Operand, Record, Region, Signature, TArg, TParam, TParamKind, TValue, Type, ValueDef, ValueId,
 };
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -108,7 +112,7 @@ pub const MAGIC: [u8; 8] = *b"\0loombc\n";
 /// The format's major version: a different major is unreadable.
 pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: files with a minor up to this one are readable.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Length of the trailing SHA-256 digest.
 pub const DIGEST_LEN: usize = 32;
 
@@ -122,7 +126,7 @@ pub const MAX_STRINGS: usize = 1 << 20;
 pub const MAX_TYPES: usize = 1 << 16;
 /// Deepest type (`list<list<...>>`), counting the outermost.
 pub const MAX_TYPE_DEPTH: usize = 32;
-/// Most decls, records, consts or functions (each).
+/// Most decls, records, consts, functions or device items (each).
 pub const MAX_ITEMS: usize = 1 << 16;
 /// Most values in one function.
 pub const MAX_VALUES_PER_FUNCTION: usize = 1 << 20;
@@ -140,10 +144,18 @@ pub const MAX_DECODED_BYTES: usize = 256 << 20;
 const HEADER_LEN: usize = MAGIC.len() + 4;
 
 const SEC_CUSTOM: u8 = 0;
-const SECTION_NAMES: [&str; 9] = [
+const SECTION_NAMES: [&str; 10] = [
     "custom", "strings", "types", "module", "decls", "records", "consts", "funcs", "debug",
+    "device",
 ];
-const LAST_SECTION: u8 = 8;
+const LAST_SECTION: u8 = 9;
+/// The last section of a minor-version-0 file.
+const LAST_SECTION_V0: u8 = 8;
+
+// device item kinds
+const DEV_KERNEL: u8 = 0;
+const DEV_KFUNC: u8 = 1;
+const DEV_STAGE: u8 = 2;
 
 // type tags
 const TY_I1: u8 = 0;
@@ -646,6 +658,22 @@ fn encode_body(m: &Module) -> Vec<u8> {
         e.region_locs(&mut debug, &f.body);
     }
 
+    // why after debug: strings are interned in the order sections are written, and section 9 came last
+    let mut device = Vec::new();
+    len(&mut device, m.device.len());
+    for d in &m.device {
+        device.push(match d.kind {
+            DeviceKind::Kernel => DEV_KERNEL,
+            DeviceKind::Kfunc => DEV_KFUNC,
+            DeviceKind::Stage => DEV_STAGE,
+        });
+        e.str(&mut device, &d.name);
+        device.push(d.exported.into());
+        e.tparams(&mut device, &d.tparams);
+        e.str(&mut device, &d.text);
+        loc(&mut device, d.loc);
+    }
+
     let mut strings = Vec::new();
     len(&mut strings, e.strings.len());
     for s in &e.strings {
@@ -656,7 +684,9 @@ fn encode_body(m: &Module) -> Vec<u8> {
     uleb(&mut types, e.ntypes.into());
     types.extend_from_slice(&e.types);
 
-    let sections = [strings, types, module, decls, records, consts, funcs, debug];
+    let sections = [
+        strings, types, module, decls, records, consts, funcs, debug, device,
+    ];
     let total: usize = sections.iter().map(|s| s.len() + 11).sum();
     let mut out = Vec::with_capacity(HEADER_LEN + total + DIGEST_LEN);
     out.extend_from_slice(&MAGIC);
@@ -1516,6 +1546,40 @@ impl<'a> Dec<'a> {
         Ok(funcs)
     }
 
+    fn device_section(&mut self) -> R<Vec<DeviceItem>> {
+        self.cur = FnCx::default();
+        self.list(MAX_ITEMS, "device items", |d| {
+            let at = d.pos;
+            let kind = match d.byte("device item kind")? {
+                DEV_KERNEL => DeviceKind::Kernel,
+                DEV_KFUNC => DeviceKind::Kfunc,
+                DEV_STAGE => DeviceKind::Stage,
+                tag => {
+                    return Err(d.err_at(
+                        at,
+                        DecodeErrorKind::UnknownTag {
+                            what: "device item kind",
+                            tag,
+                        },
+                    ));
+                }
+            };
+            let name = d.string()?;
+            let exported = d.flag("export flag")?;
+            let tparams = d.tparams()?;
+            let text = d.string()?;
+            let loc = d.loc()?;
+            Ok(DeviceItem {
+                kind,
+                name,
+                exported,
+                tparams,
+                text,
+                loc,
+            })
+        })
+    }
+
     fn loc(&mut self) -> R<Loc> {
         Ok(Loc {
             line: self.u32("line")?,
@@ -1681,7 +1745,19 @@ pub fn decode(buf: &[u8]) -> Result<Module, DecodeError> {
         kept.push((start, payload.1));
         next += 1;
     }
-    if next <= LAST_SECTION {
+    let last = if minor == 0 {
+        LAST_SECTION_V0
+    } else {
+        LAST_SECTION
+    };
+    if next > last + 1 {
+        // a minor-0 file has no section 9: it cannot carry device items
+        return Err(d.err_at(
+            body_end,
+            DecodeErrorKind::UnknownSection { id: LAST_SECTION },
+        ));
+    }
+    if next <= last {
         return Err(d.err_at(
             body_end,
             DecodeErrorKind::MissingSection {
@@ -1691,7 +1767,7 @@ pub fn decode(buf: &[u8]) -> Result<Module, DecodeError> {
     }
 
     let mut m = Module::default();
-    for id in 1..=LAST_SECTION {
+    for id in 1..=last {
         let (start, end) = payloads[id as usize];
         d.pos = start;
         d.end = end;
@@ -1703,7 +1779,8 @@ pub fn decode(buf: &[u8]) -> Result<Module, DecodeError> {
             5 => m.records = d.records_section()?,
             6 => m.consts = d.consts_section()?,
             7 => m.funcs = d.funcs_section()?,
-            _ => d.debug_section(&mut m)?,
+            8 => d.debug_section(&mut m)?,
+            _ => m.device = d.device_section()?,
         }
         if d.pos != end {
             return Err(d.err(DecodeErrorKind::SectionTrailing {
@@ -1714,7 +1791,11 @@ pub fn decode(buf: &[u8]) -> Result<Module, DecodeError> {
     }
 
     // Canonical check: the canonical encoder must write exactly the bytes we kept.
-    let canonical = encode_body(&m);
+    let mut canonical = encode_body(&m);
+    if minor == 0 {
+        // why: a minor-0 file ends after section 8; the module has no device items, so section 9 is `09 01 00`
+        canonical.truncate(canonical.len().saturating_sub(3));
+    }
     let mut ci = HEADER_LEN;
     for &(start, end) in &kept {
         let have = &buf[start..end];

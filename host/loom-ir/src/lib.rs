@@ -346,11 +346,40 @@ pub struct Const {
     pub loc: Loc,
 }
 
-/// A device item (kernel, kfunc, stage) carried as canonical text until the kernel compiler owns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceText {
+/// The kind of a device item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Kernel,
+    Kfunc,
+    Stage,
+}
+
+impl DeviceKind {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            DeviceKind::Kernel => "kernel",
+            DeviceKind::Kfunc => "kfunc",
+            DeviceKind::Stage => "stage",
+        }
+    }
+}
+
+/// A device item (kernel, kfunc, stage) carried as its canonical source text: the host compiler does not
+/// compile device code; the kernel front end (`loom-kernel`) parses `text` and specializes it on demand.
+///
+/// `text` is the whole item (`export kernel @name<...> ... { ... }`) in the normalized rendering the host
+/// compiler produces (see `loom-compiler`'s `device` module): compiling the printed module again stores the
+/// same text. `tparams` repeats the template parameters for reflection; a default that is not a plain value
+/// (an expression over other parameters, or a `func` default naming a kfunc) is `None` here and lives in
+/// `text` only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceItem {
+    pub kind: DeviceKind,
     pub name: String,
+    pub exported: bool,
+    pub tparams: Vec<TParam>,
     pub text: String,
+    /// Where the item (its first token) starts in the source file.
     pub loc: Loc,
 }
 
@@ -365,6 +394,8 @@ pub struct Module {
     pub records: Vec<Record>,
     pub consts: Vec<Const>,
     pub funcs: Vec<Function>,
+    /// Kernels, kfuncs and stages, in source order.
+    pub device: Vec<DeviceItem>,
 }
 
 /// A linked, monomorphic program: what the VM loads.

@@ -3,7 +3,8 @@
 //! [`print_module`] writes a module as canonical Loom text: compiling that text again gives the same module, and
 //! canonical text survives `.loom -> .loombc -> print` unchanged. The format, fixed so that it is stable:
 //! - 2-space indentation, `\n` line ends, the file ends with `}\n`;
-//! - items in IR order, grouped decls, records, consts, functions; one-line items of a group follow each other
+//! - items in IR order, grouped decls, records, consts, functions, device items (kernels, kfuncs, stages: their
+//!   stored canonical text, indented); one-line items of a group follow each other
 //!   directly; one blank line between groups and between functions;
 //! - values by their names; only the flat op form; `-> T` for one result, `-> (T, U)` for several, nothing for none;
 //! - a result-less `if`/`for`/`while` omits the empty `yield` that ends its regions, and a result-less `if` omits
@@ -483,6 +484,17 @@ pub fn print_module(m: &Module) -> String {
     for f in &m.funcs {
         g.start(&mut p.out);
         p.func(f);
+    }
+    // Device items are stored as canonical text already: print it indented, line by line.
+    for d in &m.device {
+        g.start(&mut p.out);
+        for line in d.text.lines() {
+            if line.is_empty() {
+                p.out.push('\n');
+            } else {
+                let _ = writeln!(p.out, "  {line}");
+            }
+        }
     }
     p.out.push_str("}\n");
     p.out

@@ -1182,8 +1182,23 @@ pub fn verify_module(m: &Module) -> Result<()> {
             .map(|d| ("decl", d.symbol.as_str(), d.loc))
             .chain(m.records.iter().map(|r| ("record", r.name.as_str(), r.loc)))
             .chain(m.consts.iter().map(|c| ("const", c.name.as_str(), c.loc)))
-            .chain(m.funcs.iter().map(|f| ("function", f.name.as_str(), f.loc))),
+            .chain(m.funcs.iter().map(|f| ("function", f.name.as_str(), f.loc)))
+            .chain(
+                m.device
+                    .iter()
+                    .map(|d| (d.kind.keyword(), d.name.as_str(), d.loc)),
+            ),
     )?;
+    for d in &m.device {
+        // why minimal: the kernel front end parses and checks the text; here only what the module table needs
+        let item = format!("{} @{}", d.kind.keyword(), d.name);
+        if !is_word(&d.name) {
+            return Err(err(&item, d.loc, format!("invalid name {:?}", d.name)));
+        }
+        if d.text.len() > crate::bytecode::MAX_STRING_LEN {
+            return Err(err(&item, d.loc, "the item's text is too long"));
+        }
+    }
     env.bodies()
 }
 

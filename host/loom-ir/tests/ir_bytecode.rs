@@ -83,7 +83,7 @@ fn documented_example() {
     let bytes = round_trip(&m);
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        0x00, 0x6c, 0x6f, 0x6f, 0x6d, 0x62, 0x63, 0x0a, 0x01, 0x00, 0x00, 0x00,
+        0x00, 0x6c, 0x6f, 0x6f, 0x6d, 0x62, 0x63, 0x0a, 0x01, 0x00, 0x01, 0x00,
         0x01, 0x0e, 0x04, 0x01, 0x6d, 0x01, 0x66, 0x06, 0x6d, 0x2e, 0x6c, 0x6f, 0x6f, 0x6d, 0x01, 0x61,
         0x02, 0x02, 0x01, 0x02,
         0x03, 0x01, 0x00,
@@ -92,10 +92,85 @@ fn documented_example() {
         0x06, 0x01, 0x00,
         0x07, 0x10, 0x01, 0x01, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00, 0x01, 0x07, 0x00, 0x01, 0x00, 0x00,
         0x08, 0x06, 0x02, 0x01, 0x0c, 0x03, 0x01, 0x26,
+        0x09, 0x01, 0x00,
     ];
     assert_eq!(&bytes[..bytes.len() - 32], expected);
-    assert_eq!(bytes.len(), 102);
-    assert_eq!(&bytes[70..], Sha256::digest(expected).as_slice());
+    assert_eq!(bytes.len(), 105);
+    assert_eq!(&bytes[73..], Sha256::digest(expected).as_slice());
+}
+
+fn device_module() -> Module {
+    let mut m = tiny_module();
+    m.device = vec![
+        DeviceItem {
+            kind: DeviceKind::Kernel,
+            name: "k".into(),
+            exported: true,
+            tparams: vec![TParam {
+                name: "N".into(),
+                kind: TParamKind::I64,
+                default: Some(TValue::I64(4)),
+            }],
+            text: "export kernel @k<N: i64 = 4> grid(1)()\n{\n}".into(),
+            loc: Loc { line: 3, col: 3 },
+        },
+        DeviceItem {
+            kind: DeviceKind::Stage,
+            name: "s".into(),
+            exported: false,
+            tparams: Vec::new(),
+            text: "stage @s()\n{\n}".into(),
+            loc: Loc { line: 7, col: 3 },
+        },
+    ];
+    m
+}
+
+#[test]
+fn device_items_round_trip() {
+    let m = device_module();
+    let b = round_trip(&m);
+    verify::verify_module(&m).unwrap();
+    // one byte changed in the kind tag is an unknown tag, not a silent reinterpretation
+    let text = print_module(&m);
+    assert!(
+        text.contains("  export kernel @k<N: i64 = 4> grid(1)()\n  {\n  }\n"),
+        "{text}"
+    );
+    assert!(b.len() > encode(&tiny_module()).len());
+}
+
+/// A file of format 1.0 (no section 9) still decodes, as a module without device items; a 1.0 file that
+/// carries a section 9 is rejected.
+#[test]
+fn minor_version_0_files_decode() {
+    let m = tiny_module();
+    let mut b = encode(&m);
+    let n = b.len() - 32;
+    // drop `09 01 00` and set minor 0
+    assert_eq!(&b[n - 3..n], &[0x09, 0x01, 0x00]);
+    b.drain(n - 3..n);
+    b[10] = 0;
+    fix_digest(&mut b);
+    assert_eq!(decode(&b).unwrap(), m);
+
+    let mut with9 = encode(&m);
+    with9[10] = 0;
+    fix_digest(&mut with9);
+    assert!(decode(&with9).is_err());
+}
+
+#[test]
+fn duplicate_device_names_do_not_verify() {
+    let mut m = device_module();
+    m.device[1].name = "k".into();
+    assert!(verify::verify_module(&m).is_err());
+    let mut m = device_module();
+    m.device[1].name = "f".into();
+    assert!(
+        verify::verify_module(&m).is_err(),
+        "a device item may not share a function's name"
+    );
 }
 
 #[test]
@@ -115,18 +190,18 @@ fn rejects_bad_headers() {
     let e = decode(&b).unwrap_err();
     assert_eq!(
         e.kind,
-        DecodeErrorKind::UnsupportedVersion { major: 2, minor: 0 }
+        DecodeErrorKind::UnsupportedVersion { major: 2, minor: 1 }
     );
     assert_eq!(
         e.to_string(),
-        "invalid .loombc at byte 8: unsupported format version 2.0 (this decoder reads 1.0 to 1.0)"
+        "invalid .loombc at byte 8: unsupported format version 2.1 (this decoder reads 1.0 to 1.1)"
     );
     let mut b = good.clone();
-    b[10] = 1; // minor 1: newer than ours
+    b[10] = 2; // minor 2: newer than ours
     fix_digest(&mut b);
     assert_eq!(
         kind(&b),
-        DecodeErrorKind::UnsupportedVersion { major: 1, minor: 1 }
+        DecodeErrorKind::UnsupportedVersion { major: 1, minor: 2 }
     );
 
     let mut b = good.clone();
@@ -241,11 +316,11 @@ fn rejects_non_canonical_encodings() {
 
     // an unknown section, and a second strings section, after the last one
     let mut b = good[..good.len() - 32].to_vec();
-    b.extend_from_slice(&[9, 0]);
+    b.extend_from_slice(&[10, 0]);
     b.extend_from_slice(&Sha256::digest(&b));
     assert!(matches!(
         kind(&b),
-        DecodeErrorKind::UnknownSection { id: 9 }
+        DecodeErrorKind::UnknownSection { id: 10 }
     ));
     let mut b = good[..good.len() - 32].to_vec();
     b.extend_from_slice(&[1, 0]);

@@ -471,6 +471,7 @@ pub fn sample_module() -> Module {
         records,
         consts,
         funcs: vec![f, g, h, double],
+        device: Vec::new(),
     };
     number_locs(&mut m);
     m
