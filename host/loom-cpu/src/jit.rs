@@ -1,0 +1,1661 @@
+//! Cranelift lowering of one specialized kernel into one native function that runs **one program instance**:
+//!
+//! ```text
+//! extern "C" fn(pid0: i64, pid1: i64, pid2: i64, desc: *const [ptr: u64, len: u64; params], scratch: *mut u8) -> i32
+//! ```
+//!
+//! * Scalars are Cranelift variables in a storage class: `f32` (for f32, f16 and bf16 values, which stay
+//!   rounded to their dtype), `f64`, or `i64` (every integer type, kept sign- or zero-extended and wrapped to
+//!   its width, `i1` as 0/1).
+//! * Tiles live in the instance's scratch memory at offsets assigned here (64-byte aligned, a bump allocator
+//!   after a 64-byte error header); each tile op is a loop over its elements (f32 add/sub/mul/div use f32x4).
+//!   `expand_dims`/`reshape` alias their operand's storage; broadcast and transpose are index remaps;
+//!   reductions, casts, transcendental functions, `tile.dot` and quantised reads call the helpers in
+//!   [`crate::rt`].
+//! * Loads and stores: every buffer access is either checked per element or proven in range. A checked load
+//!   first validates every index, dimension by dimension (the same order as the reference, so the reported
+//!   index matches), and then runs unchecked; a masked access whose index tiles all come from `tile.range`
+//!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element.
+//! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
+//!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive.
+
+use cranelift_codegen::Context;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, Type, UserFuncName, Value, types,
+};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
+use loom_ir::Loc;
+use loom_ir::kernel::{
+    Access, BinOp, CmpOp, DType, KImm, KOp, KOpKind, KOperand, KRegion, KType, KValue, Kernel,
+    MAX_TILE_ELEMENTS, UnOp,
+};
+
+use crate::rt::{self, dtype_code};
+
+/// Bytes at the start of scratch reserved for error details.
+pub(crate) const HEADER: u32 = 64;
+pub(crate) const ST_OK: i32 = 0;
+pub(crate) const ST_OOR: i32 = 1;
+pub(crate) const ST_DIV0: i32 = 2;
+pub(crate) const ST_STEP: i32 = 3;
+const MAX_DEPTH: u32 = 64;
+/// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
+const MAX_SCRATCH: u32 = 1 << 30;
+
+pub(crate) type KernelFn = unsafe extern "C" fn(i64, i64, i64, *const u64, *mut u8) -> i32;
+
+/// Why lowering failed, before the caller adds the kernel and location.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Bad(String),
+    Unsupported(String),
+}
+type R<T> = Result<T, Fail>;
+
+macro_rules! bad {
+    ($($t:tt)*) => { Fail::Bad(format!($($t)*)) };
+}
+
+/// Helper symbols: name, address, parameter and result types (`P` = pointer-sized integer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+enum H {
+    UnaryTile,
+    UnaryScalar,
+    RoundTile,
+    RoundScalar,
+    Fmod,
+    HalfToF32,
+    F32ToHalf,
+    CastScalar,
+    CastTile,
+    Reduce,
+    Dot,
+    Dequant,
+}
+
+const I32: Type = types::I32;
+const I64: Type = types::I64;
+const F32: Type = types::F32;
+const F64: Type = types::F64;
+
+fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
+    vec![
+        ("loom_unary_tile", rt::loom_unary_tile as *const u8, vec![I32, I32, I64, I64, I64], vec![]),
+        ("loom_unary_scalar", rt::loom_unary_scalar as *const u8, vec![I32, I32, F64], vec![F64]),
+        ("loom_round_tile", rt::loom_round_tile as *const u8, vec![I32, I64, I64], vec![]),
+        ("loom_round_scalar", rt::loom_round_scalar as *const u8, vec![I32, F32], vec![F32]),
+        ("loom_fmod", rt::loom_fmod as *const u8, vec![F64, F64], vec![F64]),
+        ("loom_half_to_f32", rt::loom_half_to_f32 as *const u8, vec![I32, I32], vec![F32]),
+        ("loom_f32_to_half", rt::loom_f32_to_half as *const u8, vec![I32, F32], vec![I32]),
+        ("loom_cast_scalar", rt::loom_cast_scalar as *const u8, vec![I32, I32, I64], vec![I64]),
+        ("loom_cast_tile", rt::loom_cast_tile as *const u8, vec![I32, I32, I64, I64, I64], vec![]),
+        ("loom_reduce", rt::loom_reduce as *const u8, vec![I32, I32, I64, I64, I64, I64, I64], vec![]),
+        ("loom_dot", rt::loom_dot as *const u8, vec![I32, I64, I64, I64, I64, I64, I64, I64], vec![]),
+        ("loom_dequant", rt::loom_dequant as *const u8, vec![I32, I64, I64], vec![F32]),
+    ]
+}
+
+/// Storage class of a dtype's values.
+fn cty(d: DType) -> Type {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => F32,
+        DType::F64 => F64,
+        _ => I64,
+    }
+}
+
+fn csize(d: DType) -> u32 {
+    if cty(d) == F32 { 4 } else { 8 }
+}
+
+fn is_half(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// Options for one lowering.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Opts {
+    /// A write-only parameter that may also be loaded from (the GEMM epilogue re-reads its output).
+    pub(crate) allow_load: Option<u32>,
+}
+
+/// The result of lowering one kernel.
+#[derive(Debug)]
+pub(crate) struct Lowered {
+    pub(crate) id: FuncId,
+    /// Scratch bytes one instance needs (header included).
+    pub(crate) scratch: usize,
+    /// Op locations indexed by the site number in the error header.
+    pub(crate) sites: Vec<Loc>,
+}
+
+/// A JIT module collecting the functions of one stage.
+pub(crate) struct Jit {
+    module: JITModule,
+    helpers: Vec<FuncId>,
+    ctx: Context,
+    fctx: FunctionBuilderContext,
+}
+
+impl std::fmt::Debug for Jit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Jit")
+    }
+}
+
+impl Jit {
+    pub(crate) fn new() -> Result<Jit, String> {
+        let mut flags = settings::builder();
+        let set = |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| e.to_string());
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        set(&mut flags, "is_pic", "false")?;
+        set(&mut flags, "opt_level", "speed")?;
+        let isa = cranelift_native::builder()
+            .map_err(|e| format!("host not supported by Cranelift: {e}"))?
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())?;
+        if isa.pointer_type() != I64 {
+            return Err("only 64-bit hosts are supported".into());
+        }
+        let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+        let table = helper_table();
+        for (name, ptr, _, _) in &table {
+            builder.symbol(*name, *ptr);
+        }
+        let mut module = JITModule::new(builder);
+        let mut helpers = Vec::new();
+        for (name, _, params, rets) in &table {
+            let mut sig = module.make_signature();
+            sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+            sig.returns.extend(rets.iter().map(|&t| AbiParam::new(t)));
+            let id = module
+                .declare_function(name, Linkage::Import, &sig)
+                .map_err(|e| e.to_string())?;
+            helpers.push(id);
+        }
+        let ctx = module.make_context();
+        Ok(Jit {
+            module,
+            helpers,
+            ctx,
+            fctx: FunctionBuilderContext::new(),
+        })
+    }
+
+    /// Lowers `kernel` into a new function of this module (finalised later by [`Jit::finish`]).
+    pub(crate) fn lower(&mut self, kernel: &Kernel, opts: Opts, fname: &str) -> Result<Lowered, (Fail, Loc)> {
+        let jerr = |e: String| (Fail::Unsupported(format!("Cranelift: {e}")), Loc::default());
+        let mut sig = self.module.make_signature();
+        for _ in 0..5 {
+            sig.params.push(AbiParam::new(I64));
+        }
+        sig.returns.push(AbiParam::new(I32));
+        let id = self
+            .module
+            .declare_function(fname, Linkage::Local, &sig)
+            .map_err(|e| jerr(e.to_string()))?;
+        self.module.clear_context(&mut self.ctx);
+        self.ctx.func.signature = sig;
+        self.ctx.func.name = UserFuncName::user(0, id.as_u32());
+        let (scratch, sites) = {
+            let mut b = FunctionBuilder::new(&mut self.ctx.func, &mut self.fctx);
+            let fr: Vec<FuncRef> = self
+                .helpers
+                .iter()
+                .map(|&h| self.module.declare_func_in_func(h, b.func))
+                .collect();
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            let p = b.block_params(entry).to_vec();
+            let mut l = Lower {
+                k: kernel,
+                b,
+                env: vec![None; kernel.values.len()],
+                top: HEADER,
+                pid: [p[0], p[1], p[2]],
+                desc: p[3],
+                base: p[4],
+                fr,
+                sites: Vec::new(),
+                loc: Loc::default(),
+                opts,
+                depth: 0,
+            };
+            let r = l.body();
+            let loc = l.loc;
+            if let Err(f) = r {
+                // Leave the builder in a finishable state is unnecessary: the context is cleared on reuse.
+                return Err((f, loc));
+            }
+            l.b.seal_all_blocks();
+            let (top, sites) = (l.top, std::mem::take(&mut l.sites));
+            l.b.finalize(self.module.target_config());
+            (top as usize, sites)
+        };
+        self.module
+            .define_function(id, &mut self.ctx)
+            .map_err(|e| jerr(format!("{e:?}")))?;
+        self.module.clear_context(&mut self.ctx);
+        Ok(Lowered { id, scratch, sites })
+    }
+
+    /// Links everything and returns the module (which owns the code) and a lookup for function addresses.
+    pub(crate) fn finish(mut self) -> Result<JITModule, String> {
+        self.module.finalize_definitions().map_err(|e| e.to_string())?;
+        Ok(self.module)
+    }
+}
+
+/// The address of a finalised function.
+pub(crate) fn func_ptr(module: &JITModule, id: FuncId) -> KernelFn {
+    let p = module.get_finalized_function(id);
+    // SAFETY: `id` was defined with the signature (i64, i64, i64, i64, i64) -> i32 in the platform's C ABI,
+    // which is what `KernelFn` describes (pointers are 64-bit, checked in `Jit::new`).
+    unsafe { std::mem::transmute::<*const u8, KernelFn>(p) }
+}
+
+#[derive(Clone, Debug)]
+struct TileV {
+    off: u32,
+    shape: Vec<u32>,
+    dtype: DType,
+    /// For tiles made by `tile.range`: the variable holding the start (the tile is start, start+1, ...).
+    range: Option<Variable>,
+}
+
+impl TileV {
+    fn n(&self) -> u32 {
+        self.shape.iter().product()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Val {
+    Scalar(Variable, DType),
+    Tile(TileV),
+}
+
+/// An operand ready for use: a scalar SSA value or a tile in scratch.
+#[derive(Clone, Debug)]
+enum Opnd {
+    S(Value, DType),
+    T(TileV),
+}
+
+impl Opnd {
+    fn dtype(&self) -> DType {
+        match self {
+            Opnd::S(_, d) => *d,
+            Opnd::T(t) => t.dtype,
+        }
+    }
+}
+
+/// One load/store index.
+#[derive(Clone, Debug)]
+enum Ix {
+    S(Value),
+    T(TileV),
+}
+
+struct Lower<'k, 'f> {
+    k: &'k Kernel,
+    b: FunctionBuilder<'f>,
+    env: Vec<Option<Val>>,
+    top: u32,
+    pid: [Value; 3],
+    desc: Value,
+    base: Value,
+    fr: Vec<FuncRef>,
+    sites: Vec<Loc>,
+    loc: Loc,
+    opts: Opts,
+    depth: u32,
+}
+
+fn flags_buf() -> MemFlagsData {
+    // Buffers are byte vectors: no alignment promise; in-range accesses never trap.
+    MemFlagsData::new().with_notrap()
+}
+
+fn flags_scratch() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+impl Lower<'_, '_> {
+    fn body(&mut self) -> R<()> {
+        let ys = self.region(&self.k.body)?;
+        if !ys.is_empty() {
+            return Err(bad!("the kernel body must end in an empty `yield`"));
+        }
+        let z = self.b.ins().iconst(I32, i64::from(ST_OK));
+        self.b.ins().return_(&[z]);
+        Ok(())
+    }
+
+    fn region(&mut self, r: &KRegion) -> R<Vec<KOperand>> {
+        if self.depth >= MAX_DEPTH {
+            return Err(bad!("regions nested deeper than {MAX_DEPTH}"));
+        }
+        self.depth += 1;
+        let Some((last, ops)) = r.ops.split_last() else {
+            return Err(bad!("empty region (every region ends in `yield`)"));
+        };
+        for op in ops {
+            self.loc = op.loc;
+            self.op(op)?;
+        }
+        self.loc = last.loc;
+        self.depth -= 1;
+        match &last.kind {
+            KOpKind::Yield(v) if last.results.is_empty() => Ok(v.clone()),
+            _ => Err(bad!("region does not end in `yield`")),
+        }
+    }
+
+    // ---- small builders ----
+
+    fn iconst(&mut self, x: i64) -> Value {
+        self.b.ins().iconst(I64, x)
+    }
+    fn i32c(&mut self, x: u32) -> Value {
+        self.b.ins().iconst(I32, i64::from(x))
+    }
+    fn call(&mut self, h: H, args: &[Value]) -> Option<Value> {
+        let inst = self.b.ins().call(self.fr[h as usize], args);
+        self.b.inst_results(inst).first().copied()
+    }
+    fn sptr(&mut self, off: u32) -> Value {
+        self.b.ins().iadd_imm_s(self.base, i64::from(off))
+    }
+    /// Scratch element `i` of a tile at `off` with elements of `ty`.
+    fn ld(&mut self, ty: Type, off: u32, i: Value) -> Value {
+        let sz = i64::from(ty.bytes());
+        let t = self.b.ins().imul_imm_s(i, sz);
+        let a = self.b.ins().iadd(self.base, t);
+        self.b.ins().load(ty, flags_scratch(), a, off as i32)
+    }
+    /// A vector of `ty` starting at f32 element `i` of a tile.
+    fn ldv(&mut self, ty: Type, off: u32, i: Value) -> Value {
+        let bo = self.b.ins().imul_imm_s(i, 4);
+        let a = self.b.ins().iadd(self.base, bo);
+        self.b.ins().load(ty, flags_scratch(), a, off as i32)
+    }
+    fn st(&mut self, x: Value, off: u32, i: Value) {
+        let ty = self.b.func.dfg.value_type(x);
+        let sz = i64::from(ty.bytes());
+        let t = self.b.ins().imul_imm_s(i, sz);
+        let a = self.b.ins().iadd(self.base, t);
+        self.b.ins().store(flags_scratch(), x, a, off as i32);
+    }
+
+    /// `for i in lo..hi step step { body(i) }` over i64 (step > 0 known at compile time).
+    fn for_range(
+        &mut self,
+        lo: i64,
+        hi: Value,
+        step: i64,
+        body: &mut dyn FnMut(&mut Self, Value) -> R<()>,
+    ) -> R<()> {
+        let header = self.b.create_block();
+        let i = self.b.append_block_param(header, I64);
+        let bb = self.b.create_block();
+        let exit = self.b.create_block();
+        let lo = self.iconst(lo);
+        self.b.ins().jump(header, &[BlockArg::Value(lo)]);
+        self.b.switch_to_block(header);
+        let c = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
+        self.b.ins().brif(c, bb, &[], exit, &[]);
+        self.b.switch_to_block(bb);
+        body(self, i)?;
+        let n = self.b.ins().iadd_imm_s(i, step);
+        self.b.ins().jump(header, &[BlockArg::Value(n)]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    fn for_n(&mut self, n: u32, body: &mut dyn FnMut(&mut Self, Value) -> R<()>) -> R<()> {
+        let hi = self.iconst(i64::from(n));
+        self.for_range(0, hi, 1, body)
+    }
+
+    /// Branches to an error exit returning `status` unless `ok`; `fill` writes the header in the error block.
+    fn guard(&mut self, ok: Value, status: i32, fill: &mut dyn FnMut(&mut Self)) {
+        let err = self.b.create_block();
+        let cont = self.b.create_block();
+        self.b.ins().brif(ok, cont, &[], err, &[]);
+        self.b.switch_to_block(err);
+        self.b.set_cold_block(err);
+        fill(self);
+        let s = self.b.ins().iconst(I32, i64::from(status));
+        self.b.ins().return_(&[s]);
+        self.b.switch_to_block(cont);
+    }
+
+    fn site(&mut self) -> u32 {
+        self.sites.push(self.loc);
+        (self.sites.len() - 1) as u32
+    }
+
+    fn alloc(&mut self, shape: &[u32], dtype: DType) -> R<TileV> {
+        let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(u64::from(d)));
+        let n = match n {
+            Some(n) if n <= MAX_TILE_ELEMENTS => n as u32,
+            _ => return Err(Fail::Unsupported(format!("tile {shape:?} exceeds {MAX_TILE_ELEMENTS} elements"))),
+        };
+        let off = self.top.div_ceil(64) * 64;
+        let end = u64::from(off) + u64::from(n.max(1)) * u64::from(csize(dtype));
+        if end > u64::from(MAX_SCRATCH) {
+            return Err(Fail::Unsupported("kernel needs more than 1 GiB of tile scratch".into()));
+        }
+        self.top = end as u32;
+        Ok(TileV {
+            off,
+            shape: shape.to_vec(),
+            dtype,
+            range: None,
+        })
+    }
+
+    // ---- values ----
+
+    fn decl(&self, v: KValue) -> R<&KType> {
+        self.k
+            .values
+            .get(v.0 as usize)
+            .map(|d| &d.ty)
+            .ok_or_else(|| bad!("value #{} does not exist", v.0))
+    }
+
+    fn name(&self, v: KValue) -> String {
+        self.k.values.get(v.0 as usize).map(|d| d.name.clone()).unwrap_or_default()
+    }
+
+    fn def_scalar(&mut self, v: KValue, x: Value, dtype: DType) -> R<()> {
+        if *self.decl(v)? != KType::Scalar(dtype) {
+            return Err(bad!("%{} is declared {} but its operation produces {dtype}", self.name(v), self.decl(v)?));
+        }
+        let var = match self.env[v.0 as usize] {
+            Some(Val::Scalar(var, d)) if d == dtype => var,
+            _ => self.b.declare_var(cty(dtype)),
+        };
+        self.b.def_var(var, x);
+        self.env[v.0 as usize] = Some(Val::Scalar(var, dtype));
+        Ok(())
+    }
+
+    fn def_tile(&mut self, v: KValue, t: TileV) -> R<()> {
+        let want = KType::Tile {
+            shape: t.shape.clone(),
+            dtype: t.dtype,
+        };
+        if *self.decl(v)? != want {
+            return Err(bad!("%{} is declared {} but its operation produces {want}", self.name(v), self.decl(v)?));
+        }
+        self.env[v.0 as usize] = Some(Val::Tile(t));
+        Ok(())
+    }
+
+    fn operand(&mut self, o: &KOperand) -> R<Opnd> {
+        match o {
+            KOperand::Value(v) => match self.env.get(v.0 as usize) {
+                Some(Some(Val::Scalar(var, d))) => {
+                    let (var, d) = (*var, *d);
+                    Ok(Opnd::S(self.b.use_var(var), d))
+                }
+                Some(Some(Val::Tile(t))) => Ok(Opnd::T(t.clone())),
+                Some(None) => Err(bad!("%{} is used before it is defined", self.name(*v))),
+                None => Err(bad!("value #{} does not exist", v.0)),
+            },
+            KOperand::Imm(imm, d) => {
+                let d = *d;
+                if d.is_quantized() {
+                    return Err(bad!("{d} is a buffer layout, not a value type"));
+                }
+                let x = match (*imm, cty(d)) {
+                    (KImm::F64(x), F32) if d.is_float() => self.b.ins().f32const(rt::round_to(d, x) as f32),
+                    (KImm::I64(x), F32) if d.is_float() => {
+                        // Integer immediates to a float dtype: one rounding from the integer (as the reference).
+                        let bits = rt::loom_cast_scalar(dtype_code(DType::I64), dtype_code(d), x as u64);
+                        self.b.ins().f32const(f32::from_bits(bits as u32))
+                    }
+                    (KImm::F64(x), F64) if d == DType::F64 => self.b.ins().f64const(x),
+                    (KImm::I64(x), F64) if d == DType::F64 => self.b.ins().f64const(x as f64),
+                    (KImm::I64(x), I64) if rt::wrap(d, x) == x => self.iconst(x),
+                    (KImm::I1(b), I64) if d == DType::I1 => self.iconst(i64::from(b)),
+                    _ => return Err(bad!("immediate {imm:?} is not a {d} value")),
+                };
+                Ok(Opnd::S(x, d))
+            }
+        }
+    }
+
+    fn scalar_i64(&mut self, o: &KOperand, what: &str) -> R<Value> {
+        match self.operand(o)? {
+            Opnd::S(x, DType::I64) => Ok(x),
+            other => Err(bad!("{what} must be an i64 scalar, got {:?}", other.dtype())),
+        }
+    }
+
+    fn wrap(&mut self, d: DType, x: Value) -> Value {
+        let ins = |b: &mut FunctionBuilder<'_>, t: Type, signed: bool| {
+            let r = b.ins().ireduce(t, x);
+            if signed { b.ins().sextend(I64, r) } else { b.ins().uextend(I64, r) }
+        };
+        match d {
+            DType::I32 => ins(&mut self.b, I32, true),
+            DType::U32 => ins(&mut self.b, I32, false),
+            DType::I16 => ins(&mut self.b, types::I16, true),
+            DType::U16 => ins(&mut self.b, types::I16, false),
+            DType::I8 => ins(&mut self.b, types::I8, true),
+            DType::U8 => ins(&mut self.b, types::I8, false),
+            DType::I1 => self.b.ins().band_imm_s(x, 1),
+            _ => x,
+        }
+    }
+
+    // ---- ops ----
+
+    fn op(&mut self, op: &KOp) -> R<()> {
+        use KOpKind as K;
+        let one = |op: &KOp| -> R<KValue> {
+            match op.results[..] {
+                [r] => Ok(r),
+                _ => Err(bad!("operation has {} results, expected 1", op.results.len())),
+            }
+        };
+        match &op.kind {
+            K::Yield(_) => Err(bad!("`yield` before the end of its region")),
+            K::ProgramId { axis } => {
+                let p = *self.pid.get(usize::from(*axis)).ok_or_else(|| bad!("program_id axis {axis} (0..3)"))?;
+                self.def_scalar(one(op)?, p, DType::I64)
+            }
+            K::Binary { op: bop, a, b } => {
+                let (a, b) = (self.operand(a)?, self.operand(b)?);
+                self.binary(one(op)?, *bop, a, b)
+            }
+            K::Unary { op: uop, a } => {
+                let a = self.operand(a)?;
+                self.unary(one(op)?, *uop, a)
+            }
+            K::Cmp { op: cop, a, b } => {
+                let (a, b) = (self.operand(a)?, self.operand(b)?);
+                if a.dtype() != b.dtype() {
+                    return Err(bad!("comparison of {} and {}", a.dtype(), b.dtype()));
+                }
+                let d = a.dtype();
+                let cop = *cop;
+                self.elementwise(one(op)?, DType::I1, &[a, b], false, &mut |l, v| Ok(l.cmp_val(cop, d, v[0], v[1])))
+            }
+            K::Select { cond, a, b } => {
+                let (c, a, b) = (self.operand(cond)?, self.operand(a)?, self.operand(b)?);
+                if c.dtype() != DType::I1 || a.dtype() != b.dtype() {
+                    return Err(bad!("select needs an i1 condition and operands of one type"));
+                }
+                let d = a.dtype();
+                self.elementwise(one(op)?, d, &[c, a, b], false, &mut |l, v| Ok(l.b.ins().select(v[0], v[1], v[2])))
+            }
+            K::Cast { a, to } => {
+                let a = self.operand(a)?;
+                self.cast(one(op)?, a, *to)
+            }
+            K::Range { start, len } => {
+                let s = self.scalar_i64(start, "range start")?;
+                let t = self.alloc(&[*len], DType::I64)?;
+                let off = t.off;
+                self.for_n(*len, &mut |l, i| {
+                    let x = l.b.ins().iadd(s, i);
+                    l.st(x, off, i);
+                    Ok(())
+                })?;
+                let var = self.b.declare_var(I64);
+                self.b.def_var(var, s);
+                self.def_tile(one(op)?, TileV { range: Some(var), ..t })
+            }
+            K::Full { value, shape, dtype } => {
+                let x = match self.operand(value)? {
+                    Opnd::S(x, d) if d == *dtype => x,
+                    _ => return Err(bad!("full value must be a {dtype} scalar")),
+                };
+                let t = self.alloc(shape, *dtype)?;
+                self.fill(&t, x)?;
+                self.def_tile(one(op)?, t)
+            }
+            K::Broadcast { a, shape } => {
+                let a = self.operand(a)?;
+                self.broadcast(one(op)?, a, shape)
+            }
+            K::ExpandDims { a, axis } => {
+                let a = self.operand(a)?;
+                let t = self.as_tile(a)?;
+                let axis = usize::from(*axis);
+                if axis > t.shape.len() {
+                    return Err(bad!("expand_dims axis {axis} of a rank-{} tile", t.shape.len()));
+                }
+                let mut shape = t.shape.clone();
+                shape.insert(axis, 1);
+                self.def_tile(one(op)?, TileV { shape, range: None, ..t })
+            }
+            K::Reshape { a, shape } => {
+                let a = self.operand(a)?;
+                let t = self.as_tile(a)?;
+                let n: u64 = shape.iter().map(|&d| u64::from(d)).product();
+                if n != u64::from(t.n()) {
+                    return Err(bad!("cannot reshape {:?} to {shape:?}", t.shape));
+                }
+                self.def_tile(one(op)?, TileV { shape: shape.clone(), range: None, ..t })
+            }
+            K::Transpose { a } => {
+                let Opnd::T(t) = self.operand(a)? else {
+                    return Err(bad!("transpose needs a 2-D tile"));
+                };
+                let [r, c] = t.shape[..] else {
+                    return Err(bad!("transpose needs a 2-D tile, got {:?}", t.shape));
+                };
+                let o = self.alloc(&[c, r], t.dtype)?;
+                let ty = cty(t.dtype);
+                let (so, d) = (t.off, o.off);
+                self.nest2(&[c, r], &[1, i64::from(c)], &mut |l, src, dst| {
+                    let x = l.ld(ty, so, src);
+                    l.st(x, d, dst);
+                    Ok(())
+                })?;
+                self.def_tile(one(op)?, o)
+            }
+            K::Reduce { op: rop, a, axis } => {
+                let Opnd::T(t) = self.operand(a)? else {
+                    return Err(bad!("reduce needs a tile"));
+                };
+                let axis = usize::from(*axis);
+                if axis >= t.shape.len() {
+                    return Err(bad!("reduce axis {axis} of {:?}", t.shape));
+                }
+                let outer: u32 = t.shape[..axis].iter().product();
+                let len = t.shape[axis];
+                let inner: u32 = t.shape[axis + 1..].iter().product();
+                let mut shape = t.shape.clone();
+                shape.remove(axis);
+                if shape.is_empty() {
+                    shape.push(1);
+                }
+                let o = self.alloc(&shape, t.dtype)?;
+                let args = [
+                    self.i32c(rt::reduce_code(*rop)),
+                    self.i32c(dtype_code(t.dtype)),
+                    self.sptr(t.off),
+                    self.sptr(o.off),
+                    self.iconst(i64::from(outer)),
+                    self.iconst(i64::from(len)),
+                    self.iconst(i64::from(inner)),
+                ];
+                self.call(H::Reduce, &args);
+                self.def_tile(one(op)?, o)
+            }
+            K::Dot { a, b, acc } => {
+                let (a, b, c) = (self.operand(a)?, self.operand(b)?, self.operand(acc)?);
+                let (Opnd::T(a), Opnd::T(b), Opnd::T(c)) = (a, b, c) else {
+                    return Err(bad!("dot operands must be 2-D tiles"));
+                };
+                let ([m, k], [k2, n]) = (&a.shape[..], &b.shape[..]) else {
+                    return Err(bad!("dot operands must be 2-D tiles"));
+                };
+                let (m, k, n) = (*m, *k, *n);
+                if k != *k2 || c.shape != [m, n] || !a.dtype.is_float() || a.dtype != b.dtype || c.dtype != DType::F32 {
+                    return Err(bad!("dot shapes or types do not line up"));
+                }
+                let o = self.alloc(&[m, n], DType::F32)?;
+                let args = [
+                    self.i32c(u32::from(a.dtype == DType::F64)),
+                    self.sptr(a.off),
+                    self.sptr(b.off),
+                    self.sptr(c.off),
+                    self.sptr(o.off),
+                    self.iconst(i64::from(m)),
+                    self.iconst(i64::from(k)),
+                    self.iconst(i64::from(n)),
+                ];
+                self.call(H::Dot, &args);
+                self.def_tile(one(op)?, o)
+            }
+            K::Load { param, indices, fill } => {
+                let r = one(op)?;
+                self.load(r, *param, indices, fill.as_ref())
+            }
+            K::Store { param, indices, value } => {
+                if !op.results.is_empty() {
+                    return Err(bad!("store has no results"));
+                }
+                self.store(*param, indices, value)
+            }
+            K::For { lo, hi, step, iv, iters, inits, body } => self.for_op(op, lo, hi, step, *iv, iters, inits, body),
+            K::If { cond, then_region, else_region } => self.if_op(op, cond, then_region, else_region),
+        }
+    }
+
+    fn as_tile(&mut self, a: Opnd) -> R<TileV> {
+        match a {
+            Opnd::T(t) => Ok(t),
+            Opnd::S(x, d) => {
+                // A scalar used as a 1-element tile.
+                let t = self.alloc(&[], d)?;
+                let z = self.iconst(0);
+                self.st(x, t.off, z);
+                Ok(t)
+            }
+        }
+    }
+
+    fn fill(&mut self, t: &TileV, x: Value) -> R<()> {
+        let off = t.off;
+        self.for_n(t.n(), &mut |l, i| {
+            l.st(x, off, i);
+            Ok(())
+        })
+    }
+
+    /// Nested loops over `dims` (row-major); `sa` are source strides; the destination index is row-major.
+    fn nest2(&mut self, dims: &[u32], sa: &[i64], body: &mut dyn FnMut(&mut Self, Value, Value) -> R<()>) -> R<()> {
+        let z = self.iconst(0);
+        self.nest2_at(dims, sa, 0, z, z, body)
+    }
+
+    fn nest2_at(
+        &mut self,
+        dims: &[u32],
+        sa: &[i64],
+        level: usize,
+        src: Value,
+        dst: Value,
+        body: &mut dyn FnMut(&mut Self, Value, Value) -> R<()>,
+    ) -> R<()> {
+        if level == dims.len() {
+            return body(self, src, dst);
+        }
+        let len = dims[level];
+        let st = sa[level];
+        self.for_n(len, &mut |l, j| {
+            let s1 = l.b.ins().imul_imm_s(j, st);
+            let s = l.b.ins().iadd(src, s1);
+            let d0 = l.b.ins().imul_imm_s(dst, i64::from(len));
+            let d = l.b.ins().iadd(d0, j);
+            l.nest2_at(dims, sa, level + 1, s, d, body)
+        })
+    }
+
+    /// An elementwise op: scalars broadcast over tiles of one shape; `f` computes one element.
+    fn elementwise(
+        &mut self,
+        res: KValue,
+        out: DType,
+        ins: &[Opnd],
+        round: bool,
+        f: &mut dyn FnMut(&mut Self, &[Value]) -> R<Value>,
+    ) -> R<()> {
+        let mut shape: Option<Vec<u32>> = None;
+        for o in ins {
+            if let Opnd::T(t) = o {
+                match &shape {
+                    None => shape = Some(t.shape.clone()),
+                    Some(s) if *s == t.shape => {}
+                    Some(s) => return Err(bad!("elementwise operands {s:?} and {:?} differ in shape", t.shape)),
+                }
+            }
+        }
+        let Some(shape) = shape else {
+            let v: Vec<Value> = ins.iter().map(|o| if let Opnd::S(x, _) = o { *x } else { unreachable!() }).collect();
+            let mut r = f(self, &v)?;
+            if round && is_half(out) {
+                let c = self.i32c(dtype_code(out));
+                r = self.call(H::RoundScalar, &[c, r]).unwrap_or(r);
+            }
+            return self.def_scalar(res, r, out);
+        };
+        let t = self.alloc(&shape, out)?;
+        let off = t.off;
+        self.for_n(t.n(), &mut |l, i| {
+            let v: Vec<Value> = ins
+                .iter()
+                .map(|o| match o {
+                    Opnd::S(x, _) => *x,
+                    Opnd::T(s) => l.ld(cty(s.dtype), s.off, i),
+                })
+                .collect();
+            let r = f(l, &v)?;
+            l.st(r, off, i);
+            Ok(())
+        })?;
+        if round && is_half(out) {
+            let args = [self.i32c(dtype_code(out)), self.sptr(off), self.iconst(i64::from(t.n()))];
+            self.call(H::RoundTile, &args);
+        }
+        self.def_tile(res, t)
+    }
+
+    fn binary(&mut self, res: KValue, op: BinOp, a: Opnd, b: Opnd) -> R<()> {
+        if a.dtype() != b.dtype() {
+            return Err(bad!("`{op:?}`: operand types {} and {} differ (cast explicitly)", a.dtype(), b.dtype()));
+        }
+        let d = a.dtype();
+        if d.is_float() && !matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem | BinOp::Min | BinOp::Max) {
+            return Err(bad!("`{op:?}` is not defined on {d}"));
+        }
+        // f32 add/sub/mul/div over tiles: four lanes at a time.
+        if d == DType::F32 && matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div) {
+            if let Some(shape) = match (&a, &b) {
+                (Opnd::T(x), Opnd::T(y)) if x.shape == y.shape => Some(x.shape.clone()),
+                (Opnd::T(x), Opnd::S(..)) | (Opnd::S(..), Opnd::T(x)) => Some(x.shape.clone()),
+                _ => None,
+            } {
+                return self.binary_f32x4(res, op, &shape, a, b);
+            }
+        }
+        let site = if matches!(op, BinOp::Div | BinOp::Rem) && !d.is_float() { self.site() } else { 0 };
+        self.elementwise(res, d, &[a, b], true, &mut |l, v| l.bin_val(op, d, v[0], v[1], site))
+    }
+
+    fn binary_f32x4(&mut self, res: KValue, op: BinOp, shape: &[u32], a: Opnd, b: Opnd) -> R<()> {
+        let t = self.alloc(shape, DType::F32)?;
+        let n = t.n();
+        let n4 = n / 4 * 4;
+        let v4 = types::F32X4;
+        let splat = |l: &mut Self, o: &Opnd| match o {
+            Opnd::S(x, _) => Some(l.b.ins().splat(v4, *x)),
+            Opnd::T(_) => None,
+        };
+        let (sa, sb) = (splat(self, &a), splat(self, &b));
+        let off = t.off;
+        let apply = |l: &mut Self, x: Value, y: Value| match op {
+            BinOp::Add => l.b.ins().fadd(x, y),
+            BinOp::Sub => l.b.ins().fsub(x, y),
+            BinOp::Mul => l.b.ins().fmul(x, y),
+            _ => l.b.ins().fdiv(x, y),
+        };
+        let hi = self.iconst(i64::from(n4));
+        // `i` counts elements; a vector is 16 bytes, so the byte offset is i * 4.
+        self.for_range(0, hi, 4, &mut |l, i| {
+            let get = |l: &mut Self, o: &Opnd, s: Option<Value>| match (o, s) {
+                (_, Some(s)) => s,
+                (Opnd::T(t), None) => l.ldv(v4, t.off, i),
+                _ => unreachable!(),
+            };
+            let x = get(l, &a, sa);
+            let y = get(l, &b, sb);
+            let r = apply(l, x, y);
+            let bo = l.b.ins().imul_imm_s(i, 4);
+            let ad = l.b.ins().iadd(l.base, bo);
+            l.b.ins().store(flags_scratch(), r, ad, off as i32);
+            Ok(())
+        })?;
+        if n4 < n {
+            let hi = self.iconst(i64::from(n));
+            self.for_range(i64::from(n4), hi, 1, &mut |l, i| {
+                let get = |l: &mut Self, o: &Opnd| match o {
+                    Opnd::S(x, _) => *x,
+                    Opnd::T(t) => l.ld(F32, t.off, i),
+                };
+                let (x, y) = (get(l, &a), get(l, &b));
+                let r = apply(l, x, y);
+                l.st(r, off, i);
+                Ok(())
+            })?;
+        }
+        self.def_tile(res, t)
+    }
+
+    fn bin_val(&mut self, op: BinOp, d: DType, x: Value, y: Value, site: u32) -> R<Value> {
+        let ty = cty(d);
+        if ty != I64 {
+            let ins = self.b.ins();
+            return Ok(match op {
+                BinOp::Add => ins.fadd(x, y),
+                BinOp::Sub => ins.fsub(x, y),
+                BinOp::Mul => ins.fmul(x, y),
+                BinOp::Div => ins.fdiv(x, y),
+                BinOp::Rem => {
+                    let (x, y) = if ty == F32 {
+                        (self.b.ins().fpromote(F64, x), self.b.ins().fpromote(F64, y))
+                    } else {
+                        (x, y)
+                    };
+                    let r = self.call(H::Fmod, &[x, y]).unwrap_or(x);
+                    if ty == F32 { self.b.ins().fdemote(F32, r) } else { r }
+                }
+                // IEEE minNum/maxNum: a NaN operand is ignored.
+                BinOp::Min | BinOp::Max => {
+                    let cc = if op == BinOp::Min { FloatCC::LessThan } else { FloatCC::GreaterThan };
+                    let c = self.b.ins().fcmp(cc, y, x);
+                    let r = self.b.ins().select(c, y, x);
+                    let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+                    self.b.ins().select(nan, y, r)
+                }
+                _ => return Err(bad!("`{op:?}` is not defined on {d}")),
+            });
+        }
+        let r = match op {
+            BinOp::Add => self.b.ins().iadd(x, y),
+            BinOp::Sub => self.b.ins().isub(x, y),
+            BinOp::Mul => self.b.ins().imul(x, y),
+            BinOp::Div | BinOp::Rem => {
+                let nz = self.b.ins().icmp_imm_s(IntCC::NotEqual, y, 0);
+                self.guard(nz, ST_DIV0, &mut |l| {
+                    let s = l.i32c(site);
+                    l.b.ins().store(flags_scratch(), s, l.base, 0);
+                });
+                // x / -1 is computed as a negation: `sdiv` would trap on MIN / -1, which wraps here.
+                let m1 = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+                let one = self.iconst(1);
+                let ys = self.b.ins().select(m1, one, y);
+                if op == BinOp::Div {
+                    let q = self.b.ins().sdiv(x, ys);
+                    let neg = self.b.ins().ineg(x);
+                    self.b.ins().select(m1, neg, q)
+                } else {
+                    let q = self.b.ins().srem(x, ys);
+                    let z = self.iconst(0);
+                    self.b.ins().select(m1, z, q)
+                }
+            }
+            BinOp::Min | BinOp::Max => {
+                let cc = if op == BinOp::Min { IntCC::SignedLessThan } else { IntCC::SignedGreaterThan };
+                let c = self.b.ins().icmp(cc, x, y);
+                self.b.ins().select(c, x, y)
+            }
+            BinOp::And => self.b.ins().band(x, y),
+            BinOp::Or => self.b.ins().bor(x, y),
+            BinOp::Xor => self.b.ins().bxor(x, y),
+            BinOp::Shl | BinOp::Shr => {
+                let bits: i64 = match d {
+                    DType::I32 | DType::U32 => 32,
+                    DType::I16 | DType::U16 => 16,
+                    DType::I8 | DType::U8 => 8,
+                    DType::I1 => 1,
+                    _ => 64,
+                };
+                let amt = self.b.ins().band_imm_s(y, bits - 1);
+                if op == BinOp::Shl { self.b.ins().ishl(x, amt) } else { self.b.ins().sshr(x, amt) }
+            }
+        };
+        Ok(self.wrap(d, r))
+    }
+
+    fn cmp_val(&mut self, op: CmpOp, d: DType, x: Value, y: Value) -> Value {
+        let c = if cty(d) == I64 {
+            let cc = match op {
+                CmpOp::Eq => IntCC::Equal,
+                CmpOp::Ne => IntCC::NotEqual,
+                CmpOp::Lt => IntCC::SignedLessThan,
+                CmpOp::Le => IntCC::SignedLessThanOrEqual,
+                CmpOp::Gt => IntCC::SignedGreaterThan,
+                CmpOp::Ge => IntCC::SignedGreaterThanOrEqual,
+            };
+            self.b.ins().icmp(cc, x, y)
+        } else {
+            // IEEE: everything but `Ne` is false with a NaN (Cranelift's NotEqual is "unordered or unequal").
+            let cc = match op {
+                CmpOp::Eq => FloatCC::Equal,
+                CmpOp::Ne => FloatCC::NotEqual,
+                CmpOp::Lt => FloatCC::LessThan,
+                CmpOp::Le => FloatCC::LessThanOrEqual,
+                CmpOp::Gt => FloatCC::GreaterThan,
+                CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+            };
+            self.b.ins().fcmp(cc, x, y)
+        };
+        self.b.ins().uextend(I64, c)
+    }
+
+    fn unary(&mut self, res: KValue, op: UnOp, a: Opnd) -> R<()> {
+        let d = a.dtype();
+        if cty(d) == I64 {
+            if !matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Not) {
+                return Err(bad!("`{op:?}` is not defined on {d}"));
+            }
+            return self.elementwise(res, d, &[a], false, &mut |l, v| {
+                let r = match op {
+                    UnOp::Neg => l.b.ins().ineg(v[0]),
+                    UnOp::Abs => l.b.ins().iabs(v[0]),
+                    _ => l.b.ins().bnot(v[0]),
+                };
+                Ok(l.wrap(d, r))
+            });
+        }
+        match op {
+            UnOp::Not => Err(bad!("`Not` is not defined on {d}")),
+            UnOp::Neg | UnOp::Abs | UnOp::Sqrt => self.elementwise(res, d, &[a], true, &mut |l, v| {
+                Ok(match op {
+                    UnOp::Neg => l.b.ins().fneg(v[0]),
+                    UnOp::Abs => l.b.ins().fabs(v[0]),
+                    _ => l.b.ins().sqrt(v[0]),
+                })
+            }),
+            _ => match a {
+                Opnd::S(x, _) => {
+                    let x64 = if cty(d) == F32 { self.b.ins().fpromote(F64, x) } else { x };
+                    let args = [self.i32c(rt::unop_code(op)), self.i32c(dtype_code(d)), x64];
+                    let r = self.call(H::UnaryScalar, &args).unwrap_or(x64);
+                    let r = if cty(d) == F32 { self.b.ins().fdemote(F32, r) } else { r };
+                    self.def_scalar(res, r, d)
+                }
+                Opnd::T(t) => {
+                    let o = self.alloc(&t.shape, d)?;
+                    let args = [
+                        self.i32c(rt::unop_code(op)),
+                        self.i32c(dtype_code(d)),
+                        self.sptr(t.off),
+                        self.sptr(o.off),
+                        self.iconst(i64::from(t.n())),
+                    ];
+                    self.call(H::UnaryTile, &args);
+                    self.def_tile(res, o)
+                }
+            },
+        }
+    }
+
+    fn to_bits(&mut self, x: Value, d: DType) -> Value {
+        match cty(d) {
+            F32 => {
+                let b = self.b.ins().bitcast(I32, MemFlagsData::new(), x);
+                self.b.ins().uextend(I64, b)
+            }
+            F64 => self.b.ins().bitcast(I64, MemFlagsData::new(), x),
+            _ => x,
+        }
+    }
+
+    fn from_bits(&mut self, x: Value, d: DType) -> Value {
+        match cty(d) {
+            F32 => {
+                let b = self.b.ins().ireduce(I32, x);
+                self.b.ins().bitcast(F32, MemFlagsData::new(), b)
+            }
+            F64 => self.b.ins().bitcast(F64, MemFlagsData::new(), x),
+            _ => x,
+        }
+    }
+
+    fn cast(&mut self, res: KValue, a: Opnd, to: DType) -> R<()> {
+        if to.is_quantized() {
+            return Err(bad!("cast to quantised type {to}"));
+        }
+        let from = a.dtype();
+        match a {
+            Opnd::S(x, _) => {
+                let bits = self.to_bits(x, from);
+                let args = [self.i32c(dtype_code(from)), self.i32c(dtype_code(to)), bits];
+                let r = self.call(H::CastScalar, &args).unwrap_or(bits);
+                let r = self.from_bits(r, to);
+                self.def_scalar(res, r, to)
+            }
+            Opnd::T(t) => {
+                let o = self.alloc(&t.shape, to)?;
+                if from == DType::F32 && to == DType::F32 {
+                    let (s, d) = (t.off, o.off);
+                    self.for_n(t.n(), &mut |l, i| {
+                        let x = l.ld(F32, s, i);
+                        l.st(x, d, i);
+                        Ok(())
+                    })?;
+                } else {
+                    let args = [
+                        self.i32c(dtype_code(from)),
+                        self.i32c(dtype_code(to)),
+                        self.sptr(t.off),
+                        self.sptr(o.off),
+                        self.iconst(i64::from(t.n())),
+                    ];
+                    self.call(H::CastTile, &args);
+                }
+                self.def_tile(res, o)
+            }
+        }
+    }
+
+    fn broadcast(&mut self, res: KValue, a: Opnd, target: &[u32]) -> R<()> {
+        let t = match a {
+            Opnd::S(x, d) => {
+                let o = self.alloc(target, d)?;
+                self.fill(&o, x)?;
+                return self.def_tile(res, o);
+            }
+            Opnd::T(t) => t,
+        };
+        if t.shape.len() > target.len() {
+            return Err(bad!("cannot broadcast {:?} to a lower rank {target:?}", t.shape));
+        }
+        let off = target.len() - t.shape.len();
+        let mut src = vec![0i64; t.shape.len()];
+        for d in (0..t.shape.len()).rev() {
+            src[d] = if d + 1 == t.shape.len() { 1 } else { src[d + 1] * i64::from(t.shape[d + 1]) };
+        }
+        let mut st = vec![0i64; target.len()];
+        for (i, &d) in t.shape.iter().enumerate() {
+            if d == target[off + i] {
+                st[off + i] = src[i];
+            } else if d != 1 {
+                return Err(bad!("cannot broadcast {:?} to {target:?}", t.shape));
+            }
+        }
+        let o = self.alloc(target, t.dtype)?;
+        let ty = cty(t.dtype);
+        let (so, d) = (t.off, o.off);
+        self.nest2(target, &st, &mut |l, s, di| {
+            let x = l.ld(ty, so, s);
+            l.st(x, d, di);
+            Ok(())
+        })?;
+        self.def_tile(res, o)
+    }
+
+    // ---- buffers ----
+
+    fn buf_ptr(&mut self, param: u32) -> Value {
+        self.b.ins().load(I64, flags_scratch(), self.desc, (param * 16) as i32)
+    }
+
+    fn buf_addr(&mut self, ptr: Value, g: Value, size: i64) -> Value {
+        let o = self.b.ins().imul_imm_s(g, size);
+        self.b.ins().iadd(ptr, o)
+    }
+
+    /// Reads element `g` of a buffer of `dtype` as its storage-class value.
+    fn read_buf(&mut self, dtype: DType, ptr: Value, g: Value) -> Value {
+        let f = flags_buf();
+        if dtype.is_quantized() {
+            let c = self.i32c(dtype_code(dtype));
+            return self.call(H::Dequant, &[c, ptr, g]).unwrap_or(g);
+        }
+        let size = dtype.size().unwrap_or(1) as i64;
+        let a = self.buf_addr(ptr, g, size);
+        let ins = self.b.ins();
+        match dtype {
+            DType::F32 => ins.load(F32, f, a, 0),
+            DType::F64 => ins.load(F64, f, a, 0),
+            DType::BF16 => {
+                let h = ins.uload16(I32, f, a, 0);
+                let s = self.b.ins().ishl_imm_s(h, 16);
+                self.b.ins().bitcast(F32, MemFlagsData::new(), s)
+            }
+            DType::F16 => {
+                let h = ins.uload16(I32, f, a, 0);
+                let c = self.i32c(dtype_code(dtype));
+                self.call(H::HalfToF32, &[c, h]).unwrap_or(h)
+            }
+            DType::I64 => ins.load(I64, f, a, 0),
+            DType::I32 => ins.sload32(f, a, 0),
+            DType::U32 => ins.uload32(f, a, 0),
+            DType::I16 => ins.sload16(I64, f, a, 0),
+            DType::U16 => ins.uload16(I64, f, a, 0),
+            DType::I8 => ins.sload8(I64, f, a, 0),
+            DType::U8 => ins.uload8(I64, f, a, 0),
+            _ => {
+                let x = ins.uload8(I64, f, a, 0);
+                let c = self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0);
+                self.b.ins().uextend(I64, c)
+            }
+        }
+    }
+
+    fn write_buf(&mut self, dtype: DType, ptr: Value, g: Value, x: Value) {
+        let f = flags_buf();
+        let size = dtype.size().unwrap_or(1) as i64;
+        let a = self.buf_addr(ptr, g, size);
+        match dtype {
+            DType::F32 | DType::F64 | DType::I64 => {
+                self.b.ins().store(f, x, a, 0);
+            }
+            DType::F16 | DType::BF16 => {
+                let c = self.i32c(dtype_code(dtype));
+                let h = self.call(H::F32ToHalf, &[c, x]).unwrap_or(c);
+                self.b.ins().istore16(f, h, a, 0);
+            }
+            DType::I32 | DType::U32 => {
+                self.b.ins().istore32(f, x, a, 0);
+            }
+            DType::I16 | DType::U16 => {
+                self.b.ins().istore16(f, x, a, 0);
+            }
+            _ => {
+                self.b.ins().istore8(f, x, a, 0);
+            }
+        }
+    }
+
+    fn indices(&mut self, param: u32, indices: &[KOperand]) -> R<(Vec<Ix>, Vec<u32>)> {
+        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?;
+        if indices.len() != p.shape.len() {
+            return Err(bad!("`{}` has {} dimensions but {} indices are given", p.name, p.shape.len(), indices.len()));
+        }
+        let mut ixs = Vec::new();
+        let mut shape = Vec::new();
+        for (d, o) in indices.iter().enumerate() {
+            match self.operand(o)? {
+                Opnd::S(x, DType::I64) => ixs.push(Ix::S(x)),
+                Opnd::T(t) if t.dtype == DType::I64 && t.shape.len() == 1 => {
+                    shape.push(t.shape[0]);
+                    ixs.push(Ix::T(t));
+                }
+                _ => return Err(bad!("index {d} of `{}` must be an i64 scalar or 1-D i64 tile", p.name)),
+            }
+        }
+        let n: u64 = shape.iter().map(|&d| u64::from(d)).product();
+        if n > MAX_TILE_ELEMENTS {
+            return Err(Fail::Unsupported(format!("access of {n} elements exceeds the tile limit")));
+        }
+        Ok((ixs, shape))
+    }
+
+    /// Visits every accessed element: `leaf(g, ok, r)` with the flat buffer index `g`, an in-range flag
+    /// (`None` when every index is proven in range) and the row-major result index `r`.
+    ///
+    /// `mode`: 0 = proven (indices checked before), 1 = fast (range tiles, bounds tested once: offsets come
+    /// from the range starts), 2 = masked per element.
+    fn visit(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        mode: u8,
+        leaf: &mut dyn FnMut(&mut Self, Value, Option<Value>, Value) -> R<()>,
+    ) -> R<()> {
+        let z = self.iconst(0);
+        self.visit_at(ixs, strides, extents, mode, 0, z, None, z, leaf)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn visit_at(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        mode: u8,
+        d: usize,
+        g: Value,
+        ok: Option<Value>,
+        r: Value,
+        leaf: &mut dyn FnMut(&mut Self, Value, Option<Value>, Value) -> R<()>,
+    ) -> R<()> {
+        if d == ixs.len() {
+            return leaf(self, g, ok, r);
+        }
+        let (st, ext) = (strides[d], extents[d] as i64);
+        let step = |l: &mut Self, v: Value, g: Value, ok: Option<Value>| {
+            let c = l.b.ins().imul_imm_s(v, st);
+            let g = l.b.ins().iadd(g, c);
+            let ok = if mode == 2 {
+                let e = l.iconst(ext);
+                let inr = l.b.ins().icmp(IntCC::UnsignedLessThan, v, e);
+                Some(match ok {
+                    Some(o) => l.b.ins().band(o, inr),
+                    None => inr,
+                })
+            } else {
+                ok
+            };
+            (g, ok)
+        };
+        match &ixs[d] {
+            Ix::S(v) => {
+                let (g, ok) = step(self, *v, g, ok);
+                self.visit_at(ixs, strides, extents, mode, d + 1, g, ok, r, leaf)
+            }
+            Ix::T(t) => {
+                let t = t.clone();
+                let len = t.shape[0];
+                let start = if mode == 1 { t.range.map(|v| self.b.use_var(v)) } else { None };
+                self.for_n(len, &mut |l, j| {
+                    let v = match start {
+                        Some(s) => l.b.ins().iadd(s, j),
+                        None => l.ld(I64, t.off, j),
+                    };
+                    let (g, ok) = step(l, v, g, ok);
+                    let r0 = l.b.ins().imul_imm_s(r, i64::from(len));
+                    let r = l.b.ins().iadd(r0, j);
+                    l.visit_at(ixs, strides, extents, mode, d + 1, g, ok, r, leaf)
+                })
+            }
+        }
+    }
+
+    /// Runs `body(mode)` in the fast mode when every tile index is a range whose bounds are inside the buffer
+    /// (one test), otherwise in the masked mode.
+    fn fast_or_masked(&mut self, ixs: &[Ix], extents: &[u64], body: &mut dyn FnMut(&mut Self, u8) -> R<()>) -> R<()> {
+        let ranged = ixs.iter().all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()));
+        if !ranged || ixs.iter().all(|ix| matches!(ix, Ix::S(_))) {
+            return body(self, 2);
+        }
+        let mut all = self.b.ins().iconst(types::I8, 1);
+        for (ix, &ext) in ixs.iter().zip(extents) {
+            let ext = ext as i64;
+            let c = match ix {
+                Ix::S(v) => {
+                    let e = self.iconst(ext);
+                    self.b.ins().icmp(IntCC::UnsignedLessThan, *v, e)
+                }
+                Ix::T(t) => {
+                    let len = i64::from(t.shape[0]);
+                    if len > ext {
+                        self.b.ins().iconst(types::I8, 0)
+                    } else {
+                        // 0 <= start <= ext - len  <=>  start <=u ext - len
+                        let s = self.b.use_var(t.range.unwrap_or_else(|| unreachable!()));
+                        let lim = self.iconst(ext - len);
+                        self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, s, lim)
+                    }
+                }
+            };
+            all = self.b.ins().band(all, c);
+        }
+        let fast = self.b.create_block();
+        let slow = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().brif(all, fast, &[], slow, &[]);
+        self.b.switch_to_block(fast);
+        body(self, 1)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(slow);
+        body(self, 2)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+        Ok(())
+    }
+
+    fn geometry(&self, param: u32) -> (Vec<i64>, Vec<u64>) {
+        let shape = &self.k.params[param as usize].shape;
+        let mut st = vec![1i64; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            // Buffer sizes are validated against their shapes, so these products fit.
+            st[d] = st[d + 1].saturating_mul(shape[d + 1] as i64);
+        }
+        (st, shape.clone())
+    }
+
+    fn load(&mut self, res: KValue, param: u32, indices: &[KOperand], fill: Option<&KOperand>) -> R<()> {
+        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?.clone();
+        if p.access == Access::Write && self.opts.allow_load != Some(param) {
+            return Err(bad!("load from write-only parameter `{}`", p.name));
+        }
+        let dtype = if p.dtype.is_quantized() { DType::F32 } else { p.dtype };
+        let fill = match fill {
+            Some(f) => match self.operand(f)? {
+                Opnd::S(x, d) if d == dtype => Some(x),
+                _ => return Err(bad!("load fill must be a {dtype} scalar")),
+            },
+            None => None,
+        };
+        let (ixs, shape) = self.indices(param, indices)?;
+        let (strides, extents) = self.geometry(param);
+        let ptr = self.buf_ptr(param);
+        let out = if shape.is_empty() { None } else { Some(self.alloc(&shape, dtype)?) };
+        let var = self.b.declare_var(cty(dtype));
+        let mut leaf = |l: &mut Self, g: Value, ok: Option<Value>, r: Value| -> R<()> {
+            let put = |l: &mut Self, x: Value| match &out {
+                Some(t) => l.st(x, t.off, r),
+                None => l.b.def_var(var, x),
+            };
+            match (ok, fill) {
+                (Some(ok), Some(fv)) => {
+                    let inb = l.b.create_block();
+                    let oob = l.b.create_block();
+                    let join = l.b.create_block();
+                    l.b.ins().brif(ok, inb, &[], oob, &[]);
+                    l.b.switch_to_block(inb);
+                    let x = l.read_buf(p.dtype, ptr, g);
+                    put(l, x);
+                    l.b.ins().jump(join, &[]);
+                    l.b.switch_to_block(oob);
+                    put(l, fv);
+                    l.b.ins().jump(join, &[]);
+                    l.b.switch_to_block(join);
+                }
+                _ => {
+                    let x = l.read_buf(p.dtype, ptr, g);
+                    put(l, x);
+                }
+            }
+            Ok(())
+        };
+        if fill.is_none() {
+            // Checked: validate every index in the reference's order, then read unchecked.
+            for (d, ix) in ixs.iter().enumerate() {
+                let ext = extents[d] as i64;
+                let check = |l: &mut Self, v: Value| {
+                    let e = l.iconst(ext);
+                    let inr = l.b.ins().icmp(IntCC::UnsignedLessThan, v, e);
+                    l.guard(inr, ST_OOR, &mut |l| {
+                        let pc = l.i32c(param);
+                        let dc = l.i32c(d as u32);
+                        let e = l.iconst(ext);
+                        l.b.ins().store(flags_scratch(), pc, l.base, 0);
+                        l.b.ins().store(flags_scratch(), dc, l.base, 4);
+                        l.b.ins().store(flags_scratch(), v, l.base, 8);
+                        l.b.ins().store(flags_scratch(), e, l.base, 16);
+                    });
+                };
+                match ix {
+                    Ix::S(v) => check(self, *v),
+                    Ix::T(t) => {
+                        let off = t.off;
+                        self.for_n(t.shape[0], &mut |l, j| {
+                            let v = l.ld(I64, off, j);
+                            check(l, v);
+                            Ok(())
+                        })?;
+                    }
+                }
+            }
+            self.visit(&ixs, &strides, &extents, 0, &mut leaf)?;
+        } else {
+            self.fast_or_masked(&ixs, &extents, &mut |l, mode| l.visit(&ixs, &strides, &extents, mode, &mut leaf))?;
+        }
+        match out {
+            Some(t) => self.def_tile(res, t),
+            None => {
+                let x = self.b.use_var(var);
+                self.def_scalar(res, x, dtype)
+            }
+        }
+    }
+
+    fn store(&mut self, param: u32, indices: &[KOperand], value: &KOperand) -> R<()> {
+        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?.clone();
+        if p.access == Access::Read {
+            return Err(bad!("store to read-only parameter `{}`", p.name));
+        }
+        if p.dtype.is_quantized() {
+            return Err(bad!("store to `{}`: quantised buffers are read-only", p.name));
+        }
+        let (ixs, shape) = self.indices(param, indices)?;
+        let v = self.operand(value)?;
+        let ok_shape = match &v {
+            Opnd::S(..) => shape.is_empty(),
+            Opnd::T(t) => t.shape == shape,
+        };
+        if v.dtype() != p.dtype || !ok_shape {
+            return Err(bad!("store to `{}` needs a {}{shape:?} value", p.name, p.dtype));
+        }
+        let (strides, extents) = self.geometry(param);
+        let ptr = self.buf_ptr(param);
+        let dtype = p.dtype;
+        let mut leaf = |l: &mut Self, g: Value, ok: Option<Value>, r: Value| -> R<()> {
+            let get = |l: &mut Self| match &v {
+                Opnd::S(x, _) => *x,
+                Opnd::T(t) => l.ld(cty(t.dtype), t.off, r),
+            };
+            match ok {
+                Some(ok) => {
+                    let inb = l.b.create_block();
+                    let join = l.b.create_block();
+                    l.b.ins().brif(ok, inb, &[], join, &[]);
+                    l.b.switch_to_block(inb);
+                    let x = get(l);
+                    l.write_buf(dtype, ptr, g, x);
+                    l.b.ins().jump(join, &[]);
+                    l.b.switch_to_block(join);
+                }
+                None => {
+                    let x = get(l);
+                    l.write_buf(dtype, ptr, g, x);
+                }
+            }
+            Ok(())
+        };
+        self.fast_or_masked(&ixs, &extents, &mut |l, mode| l.visit(&ixs, &strides, &extents, mode, &mut leaf))
+    }
+
+    // ---- structured control flow ----
+
+    /// Storage for a loop-carried or branch-result value shaped like `o`.
+    fn carrier(&mut self, o: &Opnd) -> R<Val> {
+        Ok(match o {
+            Opnd::S(_, d) => Val::Scalar(self.b.declare_var(cty(*d)), *d),
+            Opnd::T(t) => Val::Tile(self.alloc(&t.shape, t.dtype)?),
+        })
+    }
+
+    /// Moves `o` into carrier `c` (tile copies are skipped when `o` already lives there).
+    fn assign(&mut self, c: &Val, o: Opnd) -> R<()> {
+        match (c, o) {
+            (Val::Scalar(var, d), Opnd::S(x, d2)) if *d == d2 => {
+                self.b.def_var(*var, x);
+                Ok(())
+            }
+            (Val::Tile(t), Opnd::T(s)) if t.shape == s.shape && t.dtype == s.dtype => {
+                if t.off != s.off {
+                    let ty = cty(t.dtype);
+                    let (so, d) = (s.off, t.off);
+                    self.for_n(t.n(), &mut |l, i| {
+                        let x = l.ld(ty, so, i);
+                        l.st(x, d, i);
+                        Ok(())
+                    })?;
+                }
+                Ok(())
+            }
+            _ => Err(bad!("a yielded value does not match its loop or branch result type")),
+        }
+    }
+
+    fn bind(&mut self, v: KValue, c: &Val) -> R<()> {
+        match c {
+            Val::Scalar(var, d) => {
+                let x = self.b.use_var(*var);
+                self.def_scalar(v, x, *d)
+            }
+            Val::Tile(t) => self.def_tile(v, t.clone()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn for_op(
+        &mut self,
+        op: &KOp,
+        lo: &KOperand,
+        hi: &KOperand,
+        step: &KOperand,
+        iv: KValue,
+        iters: &[KValue],
+        inits: &[KOperand],
+        body: &KRegion,
+    ) -> R<()> {
+        let lo = self.scalar_i64(lo, "loop lower bound")?;
+        let hi = self.scalar_i64(hi, "loop upper bound")?;
+        let step = self.scalar_i64(step, "loop step")?;
+        if inits.len() != iters.len() || op.results.len() != iters.len() {
+            return Err(bad!("loop iteration values, initial values and results differ in number"));
+        }
+        let site = self.site();
+        let pos = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, step, 0);
+        self.guard(pos, ST_STEP, &mut |l| {
+            let s = l.i32c(site);
+            l.b.ins().store(flags_scratch(), s, l.base, 0);
+            l.b.ins().store(flags_scratch(), step, l.base, 8);
+        });
+        let mut carriers = Vec::new();
+        for init in inits {
+            let o = self.operand(init)?;
+            let c = self.carrier(&o)?;
+            self.assign(&c, o)?;
+            carriers.push(c);
+        }
+        let header = self.b.create_block();
+        let i = self.b.append_block_param(header, I64);
+        let bb = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[BlockArg::Value(lo)]);
+        self.b.switch_to_block(header);
+        let c = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
+        self.b.ins().brif(c, bb, &[], exit, &[]);
+        self.b.switch_to_block(bb);
+        self.def_scalar(iv, i, DType::I64)?;
+        for (v, c) in iters.iter().zip(&carriers) {
+            self.bind(*v, c)?;
+        }
+        let ys = self.region(body)?;
+        self.loc = op.loc;
+        if ys.len() != carriers.len() {
+            return Err(bad!("loop body yields {} values for {} iteration values", ys.len(), carriers.len()));
+        }
+        let yv = ys.iter().map(|y| self.operand(y)).collect::<R<Vec<_>>>()?;
+        // A yielded tile that is another carrier of this loop would be overwritten before it is copied.
+        for (k, y) in yv.iter().enumerate() {
+            if let Opnd::T(t) = y {
+                if carriers.iter().enumerate().any(|(j, c)| j != k && matches!(c, Val::Tile(ct) if ct.off == t.off)) {
+                    return Err(Fail::Unsupported("a loop yields one iteration tile into another".into()));
+                }
+            }
+        }
+        for (c, y) in carriers.iter().zip(yv) {
+            self.assign(c, y)?;
+        }
+        let next = self.b.ins().iadd(i, step);
+        // Past i64::MAX the loop is over (as in the reference).
+        let wrapped = self.b.ins().icmp(IntCC::SignedLessThan, next, i);
+        self.b.ins().brif(wrapped, exit, &[], header, &[BlockArg::Value(next)]);
+        self.b.switch_to_block(exit);
+        for (v, c) in op.results.iter().zip(&carriers) {
+            self.bind(*v, c)?;
+        }
+        Ok(())
+    }
+
+    fn if_op(&mut self, op: &KOp, cond: &KOperand, then_r: &KRegion, else_r: &KRegion) -> R<()> {
+        let c = match self.operand(cond)? {
+            Opnd::S(x, DType::I1) => x,
+            _ => return Err(bad!("`if` condition must be an i1 scalar")),
+        };
+        let tb = self.b.create_block();
+        let eb = self.b.create_block();
+        let join = self.b.create_block();
+        self.b.ins().brif(c, tb, &[], eb, &[]);
+        let mut carriers: Option<Vec<Val>> = None;
+        for (blk, region) in [(tb, then_r), (eb, else_r)] {
+            self.b.switch_to_block(blk);
+            let ys = self.region(region)?;
+            self.loc = op.loc;
+            if ys.len() != op.results.len() {
+                return Err(bad!("`if` branch yields {} values for {} results", ys.len(), op.results.len()));
+            }
+            let yv = ys.iter().map(|y| self.operand(y)).collect::<R<Vec<_>>>()?;
+            if carriers.is_none() {
+                carriers = Some(yv.iter().map(|o| self.carrier(o)).collect::<R<Vec<_>>>()?);
+            }
+            let cs = carriers.clone().unwrap_or_default();
+            for (cv, y) in cs.iter().zip(yv) {
+                self.assign(cv, y)?;
+            }
+            self.b.ins().jump(join, &[]);
+        }
+        self.b.switch_to_block(join);
+        for (v, cv) in op.results.iter().zip(carriers.unwrap_or_default()) {
+            self.bind(*v, &cv)?;
+        }
+        Ok(())
+    }
+}

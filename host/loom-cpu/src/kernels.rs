@@ -1,0 +1,99 @@
+//! The contraction provider: f32 GEMM through the `gemm` crate (its AVX-512 microkernels with `x86-v4`),
+//! split over rows for several threads.
+
+/// `c[m, n] (+)= a[m, k] @ b[k, n]`, row-major with the given row strides (in elements); with `accumulate`
+/// the product is added to `c`, otherwise it overwrites it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                // SAFETY: row i of c has n elements at stride ldc (caller's contract).
+                unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+            }
+        }
+        return;
+    }
+    // SAFETY: the caller passes non-aliasing, f32-aligned matrices of the stated shapes and strides; the
+    // gemm crate only reads a/b and writes c inside those extents. dst := 1*dst + 1*a@b (alpha applies to
+    // the destination when read_dst is set, beta to the product).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            accumulate,
+            a,
+            1,
+            lda as isize,
+            b,
+            1,
+            ldb as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Raw pointers that may cross into the worker threads of [`sgemm_threads`].
+#[derive(Clone, Copy)]
+struct Ptrs(*mut f32, *const f32, *const f32);
+// SAFETY: each worker gets disjoint row blocks of c and only reads a and b.
+unsafe impl Send for Ptrs {}
+
+/// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c` (no accumulation).
+pub(crate) fn sgemm_threads(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    threads: usize,
+) {
+    // Below ~2 MFLOP per thread the spawn costs more than it saves.
+    let threads = threads.clamp(1, m.max(1)).min((m * n * k / (1 << 20)).max(1));
+    if threads <= 1 {
+        sgemm(m, n, k, c, n, a, k, b, n, false);
+        return;
+    }
+    // Row blocks rounded up to 16 rows keep the microkernel's M panels full.
+    let rows = m.div_ceil(threads).div_ceil(16) * 16;
+    let p = Ptrs(c, a, b);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let r0 = t * rows;
+            if r0 >= m {
+                break;
+            }
+            let r = rows.min(m - r0);
+            s.spawn(move || {
+                let p = p;
+                // SAFETY: rows r0..r0+r are inside m; offsets stay inside the matrices.
+                let (c, a) = unsafe { (p.0.add(r0 * n), p.1.add(r0 * k)) };
+                sgemm(r, n, k, c, n, a, k, p.2, n, false);
+            });
+        }
+    });
+}

@@ -1,0 +1,562 @@
+//! The CPU lowering of Loom kernels and stages (`loom_ir::kernel`): the library the `hal-cpu` plugin wraps.
+//!
+//! [`compile_stage`] turns a specialized [`Stage`] into a [`CpuStage`] whose [`CpuStage::run`] has the same
+//! contract as `loom_reference::run_stage` (buffer counts and sizes, poisoned workspace, dispatches in order,
+//! checked loads reported as [`Error::IndexOutOfRange`] naming kernel, parameter and index, never a wild read or
+//! write). The reference interpreter is this crate's oracle: the tests run both on the same random inputs.
+//!
+//! # Lowering
+//!
+//! * Every kernel becomes one Cranelift-compiled function that runs **one program instance** (see
+//!   `jit.rs`): grid coordinates as arguments, a pointer to the buffer-descriptor table (`[ptr, len]` per
+//!   kernel parameter) and a pointer to the instance's tile scratch; it returns a status code.
+//! * Scalars are Cranelift values; tiles live in scratch at offsets fixed at compile time (a bump allocator,
+//!   64-byte aligned, after a 64-byte error header; storage is f32 for f32/f16/bf16, f64, or i64 for every
+//!   integer type). Tile ops are loops (f32 `+ - * /` four lanes at a time); reductions, casts, `exp`-style
+//!   functions, quantised reads and `tile.dot` call Rust helpers (`rt.rs`), `tile.dot` through the `gemm`
+//!   crate's microkernels.
+//! * A kernel that is exactly a tiled GEMM over full buffers (`pattern.rs`) runs as one `gemm` call over the
+//!   whole matrices (split over rows between threads) plus a JIT-compiled epilogue kernel for bias or
+//!   activation.
+//!
+//! # Threading
+//!
+//! The grid loop runs in Rust: instances in row-major order are cut into `threads` contiguous chunks, each run
+//! by a scoped thread with its own scratch. Instances are independent by the IR's contract; if several fail,
+//! the error of the first failing instance in row-major order is reported (what the sequential reference
+//! reports).
+//!
+//! # Safety argument
+//!
+//! `unsafe` is confined to: calling JIT code (`run_grid`), the raw-pointer helpers the JIT code calls
+//! (`rt.rs`), the `gemm` call (`kernels.rs`) and freeing the JIT memory. The JIT code only touches (a) its
+//! scratch, at offsets the compiler assigned inside the size it reports, and (b) buffers through the
+//! descriptor table, at flat indices built from per-dimension indices that are each either checked against
+//! the parameter's extent (per element, or once for a whole `tile.range`) or validated before the access
+//! (checked loads). Buffer byte sizes are checked against every parameter's dtype and shape before anything
+//! runs, so an in-range index is an in-bounds address. Stores only go to parameters bound to outputs or
+//! workspace (checked at compile time), and the descriptor table hands out pointers to those buffers only
+//! while `run` holds them mutably borrowed.
+
+#![allow(unsafe_code)]
+
+mod jit;
+mod kernels;
+mod pattern;
+mod quant;
+mod rt;
+
+use std::time::{Duration, Instant};
+
+use loom_ir::Loc;
+use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
+
+/// The byte workspace buffers are filled with before a stage runs (as the reference does).
+pub const POISON_BYTE: u8 = 0xff;
+
+/// Why a stage could not be compiled or run. The run-time variants mirror `loom_reference::Error`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error("{buffer}: {actual} bytes, but {dtype}{shape:?} needs {expected}")]
+    SizeMismatch {
+        buffer: String,
+        dtype: DType,
+        shape: Vec<u64>,
+        expected: u64,
+        actual: usize,
+    },
+    #[error("{what}: {actual} buffers given, {expected} expected")]
+    BufferCount {
+        what: String,
+        expected: usize,
+        actual: usize,
+    },
+    #[error(
+        "kernel `{kernel}`: checked load from `{param}`: index {index} is outside dimension {dim} \
+         (extent {extent}) in program {program_id:?}"
+    )]
+    IndexOutOfRange {
+        kernel: String,
+        param: String,
+        index: i64,
+        dim: usize,
+        extent: u64,
+        program_id: [u64; 3],
+    },
+    #[error("kernel `{kernel}` at {}:{}: integer division by zero in program {program_id:?}", .loc.line, .loc.col)]
+    DivisionByZero {
+        kernel: String,
+        loc: Loc,
+        program_id: [u64; 3],
+    },
+    #[error("malformed IR: {at}: {message}")]
+    Malformed { at: String, message: String },
+    /// Valid IR this backend does not lower (yet), or a JIT failure.
+    #[error("kernel `{kernel}`: not supported by the CPU backend: {message}")]
+    Unsupported { kernel: String, message: String },
+}
+
+fn malformed(at: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::Malformed {
+        at: at.into(),
+        message: message.into(),
+    }
+}
+
+fn kernel_at(kernel: &Kernel, loc: Loc) -> String {
+    if loc == Loc::default() {
+        format!("kernel `{}`", kernel.name)
+    } else {
+        format!("kernel `{}` at {}:{}", kernel.name, loc.line, loc.col)
+    }
+}
+
+/// How one kernel was compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelReport {
+    pub name: String,
+    /// `"jit"` or `"gemm"` (whole-kernel GEMM, with `"gemm+epilogue"` when an epilogue kernel runs after it).
+    pub path: &'static str,
+    pub scratch_bytes: usize,
+    pub compile_time: Duration,
+}
+
+/// Compile times of a stage: per kernel, and in total (including linking).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompileReport {
+    pub kernels: Vec<KernelReport>,
+    pub total: Duration,
+}
+
+/// A compiled kernel: its per-instance function and what the error statuses refer to.
+#[derive(Debug, Clone)]
+struct Func {
+    f: jit::KernelFn,
+    scratch: usize,
+    sites: Vec<Loc>,
+}
+
+#[derive(Debug)]
+struct GemmPlan {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: u32,
+    b: u32,
+    c: u32,
+    epilogue: Option<(Kernel, Func)>,
+}
+
+#[derive(Debug)]
+struct KPlan {
+    kernel: Kernel,
+    func: Func,
+    gemm: Option<GemmPlan>,
+}
+
+/// Owns the JIT code; freed on drop.
+struct Code(Option<cranelift_jit::JITModule>);
+
+impl std::fmt::Debug for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Code")
+    }
+}
+
+impl Drop for Code {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            // SAFETY: the function pointers into this module live in the `CpuStage` being dropped; nothing
+            // can call them afterwards.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// A stage compiled for this CPU.
+#[derive(Debug)]
+pub struct CpuStage {
+    stage: Stage,
+    plans: Vec<KPlan>,
+    /// Per dispatch: for each kernel parameter, its slot (inputs, outputs, workspace, parameters).
+    maps: Vec<Vec<usize>>,
+    report: CompileReport,
+    _code: std::sync::Mutex<Code>,
+}
+
+fn lowering_error(kernel: &Kernel, f: jit::Fail, loc: Loc) -> Error {
+    match f {
+        jit::Fail::Bad(message) => malformed(kernel_at(kernel, loc), message),
+        jit::Fail::Unsupported(message) => Error::Unsupported {
+            kernel: kernel.name.clone(),
+            message,
+        },
+    }
+}
+
+fn byte_size(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize, Error> {
+    dtype
+        .bytes_for(shape)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| {
+            malformed(
+                at,
+                format!("`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"),
+            )
+        })
+}
+
+/// Compilation switches (the defaults are what a server wants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Run kernels that are exactly a tiled GEMM as one `gemm` call (plus epilogue); `false` JIT-compiles them
+    /// like any other kernel (tests use this to check both paths).
+    pub match_gemm: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { match_gemm: true }
+    }
+}
+
+/// Compiles every kernel of `stage` (each once, however often it is dispatched) and checks every dispatch's
+/// bindings, so that [`CpuStage::run`] only has to check the buffers it is given.
+pub fn compile_stage(stage: &Stage) -> Result<CpuStage, Error> {
+    compile_stage_with(stage, Options::default())
+}
+
+/// [`compile_stage`] with explicit [`Options`].
+pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, Error> {
+    let t0 = Instant::now();
+    let at = format!("stage `{}`", stage.name);
+    let mut jit = jit::Jit::new().map_err(|message| Error::Unsupported {
+        kernel: String::new(),
+        message,
+    })?;
+    let mut lowered = Vec::new();
+    let mut reports = Vec::new();
+    for (ki, k) in stage.kernels.iter().enumerate() {
+        let tk = Instant::now();
+        for p in &k.params {
+            byte_size(&kernel_at(k, Loc::default()), &p.name, p.dtype, &p.shape)?;
+        }
+        let main = jit
+            .lower(k, jit::Opts::default(), &format!("k{ki}"))
+            .map_err(|(f, loc)| lowering_error(k, f, loc))?;
+        let gm = if options.match_gemm { pattern::match_gemm(k) } else { None };
+        let epi = match gm.as_ref().and_then(|g| g.epilogue.clone().map(|e| (e, g.c))) {
+            Some((e, c)) => {
+                let opts = jit::Opts {
+                    allow_load: Some(c),
+                };
+                let l = jit
+                    .lower(&e, opts, &format!("k{ki}e"))
+                    .map_err(|(f, loc)| lowering_error(&e, f, loc))?;
+                Some((e, l))
+            }
+            None => None,
+        };
+        reports.push(KernelReport {
+            name: k.name.clone(),
+            path: match (&gm, &epi) {
+                (None, _) => "jit",
+                (Some(_), None) => "gemm",
+                (Some(_), Some(_)) => "gemm+epilogue",
+            },
+            scratch_bytes: main.scratch,
+            compile_time: tk.elapsed(),
+        });
+        lowered.push((main, gm, epi));
+    }
+    let maps = bind_dispatches(stage, &at)?;
+    let module = jit.finish().map_err(|message| Error::Unsupported {
+        kernel: String::new(),
+        message,
+    })?;
+    let func = |l: jit::Lowered| Func {
+        f: jit::func_ptr(&module, l.id),
+        scratch: l.scratch,
+        sites: l.sites,
+    };
+    let plans = stage
+        .kernels
+        .iter()
+        .zip(lowered)
+        .map(|(k, (main, gm, epi))| KPlan {
+            kernel: k.clone(),
+            func: func(main),
+            gemm: gm.map(|g| GemmPlan {
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                a: g.a,
+                b: g.b,
+                c: g.c,
+                epilogue: epi.map(|(e, l)| (e, func(l))),
+            }),
+        })
+        .collect();
+    Ok(CpuStage {
+        stage: stage.clone(),
+        plans,
+        maps,
+        report: CompileReport {
+            kernels: reports,
+            total: t0.elapsed(),
+        },
+        _code: std::sync::Mutex::new(Code(Some(module))),
+    })
+}
+
+/// Resolves every dispatch argument to a slot and checks it the way `loom_reference::run_stage` does.
+fn bind_dispatches(stage: &Stage, at: &str) -> Result<Vec<Vec<usize>>, Error> {
+    let (n_in, n_out, n_ws) = (stage.inputs.len(), stage.outputs.len(), stage.workspace.len());
+    let mut maps = Vec::new();
+    for (di, d) in stage.dispatches.iter().enumerate() {
+        let here = format!("{at} dispatch {di}");
+        let kernel = stage
+            .kernels
+            .get(d.kernel as usize)
+            .ok_or_else(|| malformed(&here, format!("kernel #{} does not exist", d.kernel)))?;
+        let here = format!("{here} (kernel `{}`)", kernel.name);
+        if d.args.len() != kernel.params.len() {
+            let msg = format!("{} arguments for {} parameters", d.args.len(), kernel.params.len());
+            return Err(malformed(&here, msg));
+        }
+        let mut map = Vec::new();
+        for (p, arg) in kernel.params.iter().zip(&d.args) {
+            let sb = |b: &loom_ir::kernel::StageBuffer| (b.name.clone(), b.dtype, b.shape.clone());
+            let (slot, (name, dtype, shape), writable) = match *arg {
+                BufRef::Input(i) => stage.inputs.get(i as usize).map(|b| (i as usize, sb(b), false)),
+                BufRef::Output(i) => stage.outputs.get(i as usize).map(|b| (n_in + i as usize, sb(b), true)),
+                BufRef::Workspace(i) => stage.workspace.get(i as usize).map(|b| (n_in + n_out + i as usize, sb(b), true)),
+                BufRef::Param(i) => stage
+                    .params
+                    .get(i as usize)
+                    .map(|b| (n_in + n_out + n_ws + i as usize, (b.name.clone(), b.dtype, b.shape.clone()), false)),
+            }
+            .ok_or_else(|| malformed(&here, format!("argument {arg:?} does not exist")))?;
+            let want = byte_size(&here, &p.name, p.dtype, &p.shape)?;
+            let have = byte_size(&here, &name, dtype, &shape)?;
+            if dtype != p.dtype || want != have {
+                let msg = format!(
+                    "`{name}` ({dtype}{shape:?}, {have} bytes) cannot bind parameter `{}` ({}{:?}, {want} bytes)",
+                    p.name, p.dtype, p.shape
+                );
+                return Err(malformed(&here, msg));
+            }
+            if p.access != Access::Read && !writable {
+                return Err(malformed(&here, format!("parameter `{}` writes read-only `{name}`", p.name)));
+            }
+            map.push(slot);
+        }
+        maps.push(map);
+    }
+    Ok(maps)
+}
+
+fn check_count(what: String, expected: usize, actual: usize) -> Result<(), Error> {
+    if expected != actual {
+        return Err(Error::BufferCount {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn check_size(buffer: String, dtype: DType, shape: &[u64], actual: usize) -> Result<(), Error> {
+    let expected = byte_size(&buffer, &buffer, dtype, shape)?;
+    if expected != actual {
+        return Err(Error::SizeMismatch {
+            buffer,
+            dtype,
+            shape: shape.to_vec(),
+            expected: expected as u64,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Raw buffer pointers shared with the worker threads.
+#[derive(Clone, Copy)]
+struct Shared(*const u64);
+// SAFETY: the descriptor table is read-only while the workers run; the buffers it points to are written
+// only by JIT code at disjoint elements per instance (the IR's independence contract).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+/// The scratch unit: 64-byte aligned so that the JIT's aligned scratch accesses are aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A failed instance: its row-major index, program id, status and error header.
+struct Failure {
+    at: u64,
+    pid: [u64; 3],
+    status: i32,
+    header: [u8; 64],
+}
+
+/// Runs every instance of `func` over `grid` on `threads` threads.
+fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result<(), Failure> {
+    let total = grid[0].saturating_mul(grid[1]).saturating_mul(grid[2]);
+    if total == 0 {
+        return Ok(());
+    }
+    let threads = (threads.max(1) as u64).min(total);
+    let chunk = total.div_ceil(threads);
+    let d = Shared(desc.as_ptr());
+    let f = func.f;
+    let lines = func.scratch.div_ceil(64).max(1);
+    let work = move |lo: u64, hi: u64| -> Result<(), Failure> {
+        let d = d;
+        let mut scratch = vec![Line([0; 64]); lines];
+        let sp = scratch.as_mut_ptr() as *mut u8;
+        for at in lo..hi {
+            let pid = [at / (grid[1] * grid[2]), at / grid[2] % grid[1], at % grid[2]];
+            // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
+            // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
+            // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
+            // crate doc's safety argument for why the code stays inside them.
+            let status = unsafe { f(pid[0] as i64, pid[1] as i64, pid[2] as i64, d.0, sp) };
+            if status != jit::ST_OK {
+                let mut header = [0u8; 64];
+                header.copy_from_slice(&scratch[0].0);
+                return Err(Failure { at, pid, status, header });
+            }
+        }
+        Ok(())
+    };
+    if threads == 1 {
+        return work(0, total);
+    }
+    let results: Vec<Result<(), Failure>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (lo, hi) = (t * chunk, ((t + 1) * chunk).min(total));
+                s.spawn(move || work(lo, hi))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or(Err(Failure {
+                    at: 0,
+                    pid: [0; 3],
+                    status: -1,
+                    header: [0; 64],
+                }))
+            })
+            .collect()
+    });
+    results
+        .into_iter()
+        .filter_map(Result::err)
+        .min_by_key(|f| f.at)
+        .map_or(Ok(()), Err)
+}
+
+fn failure_error(kernel: &Kernel, func: &Func, f: Failure) -> Error {
+    let u32_at = |o: usize| u32::from_le_bytes(f.header[o..o + 4].try_into().unwrap_or([0; 4]));
+    let i64_at = |o: usize| i64::from_le_bytes(f.header[o..o + 8].try_into().unwrap_or([0; 8]));
+    let site = |s: u32| func.sites.get(s as usize).copied().unwrap_or_default();
+    match f.status {
+        jit::ST_OOR => Error::IndexOutOfRange {
+            kernel: kernel.name.clone(),
+            param: kernel.params.get(u32_at(0) as usize).map(|p| p.name.clone()).unwrap_or_default(),
+            index: i64_at(8),
+            dim: u32_at(4) as usize,
+            extent: i64_at(16) as u64,
+            program_id: f.pid,
+        },
+        jit::ST_DIV0 => Error::DivisionByZero {
+            kernel: kernel.name.clone(),
+            loc: site(u32_at(0)),
+            program_id: f.pid,
+        },
+        jit::ST_STEP => malformed(
+            kernel_at(kernel, site(u32_at(0))),
+            format!("loop step must be positive, got {}", i64_at(8)),
+        ),
+        s => Error::Unsupported {
+            kernel: kernel.name.clone(),
+            message: format!("a worker thread failed (status {s})"),
+        },
+    }
+}
+
+impl CpuStage {
+    /// How long compiling took, per kernel and in total, and which path each kernel takes.
+    pub fn compile_report(&self) -> &CompileReport {
+        &self.report
+    }
+
+    /// Runs the stage with `loom_reference::run_stage`'s contract, over `threads` worker threads.
+    pub fn run(
+        &self,
+        inputs: &[&[u8]],
+        params: &[&[u8]],
+        outputs: &mut [Vec<u8>],
+        threads: usize,
+    ) -> Result<(), Error> {
+        let stage = &self.stage;
+        let at = format!("stage `{}`", stage.name);
+        check_count(format!("{at} inputs"), stage.inputs.len(), inputs.len())?;
+        check_count(format!("{at} parameters"), stage.params.len(), params.len())?;
+        check_count(format!("{at} outputs"), stage.outputs.len(), outputs.len())?;
+        for (b, d) in stage.inputs.iter().zip(inputs) {
+            check_size(format!("{at} input `{}`", b.name), b.dtype, &b.shape, d.len())?;
+        }
+        for (b, d) in stage.params.iter().zip(params) {
+            check_size(format!("{at} parameter `{}`", b.name), b.dtype, &b.shape, d.len())?;
+        }
+        for (b, d) in stage.outputs.iter().zip(outputs.iter()) {
+            check_size(format!("{at} output `{}`", b.name), b.dtype, &b.shape, d.len())?;
+        }
+        let mut workspace = Vec::new();
+        for b in &stage.workspace {
+            let n = byte_size(&at, &b.name, b.dtype, &b.shape)?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|_| malformed(&at, format!("cannot allocate {n} bytes")))?;
+            v.resize(n, POISON_BYTE);
+            workspace.push(v);
+        }
+        // One slot table (pointer, length) in the reference's order: inputs, outputs, workspace, parameters.
+        let mut slots: Vec<(u64, u64)> = Vec::new();
+        slots.extend(inputs.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
+        slots.extend(outputs.iter_mut().map(|b| (b.as_mut_ptr() as u64, b.len() as u64)));
+        slots.extend(workspace.iter_mut().map(|b| (b.as_mut_ptr() as u64, b.len() as u64)));
+        slots.extend(params.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
+        for (d, map) in stage.dispatches.iter().zip(&self.maps) {
+            let plan = &self.plans[d.kernel as usize];
+            let desc: Vec<u64> = map.iter().flat_map(|&s| [slots[s].0, slots[s].1]).collect();
+            if let Some(g) = &plan.gemm {
+                let (sa, sb, sc) = (map[g.a as usize], map[g.b as usize], map[g.c as usize]);
+                let aligned = [sa, sb, sc].iter().all(|&s| slots[s].0 % 4 == 0);
+                if sc != sa && sc != sb && aligned {
+                    kernels::sgemm_threads(
+                        g.m,
+                        g.n,
+                        g.k,
+                        slots[sc].0 as *mut f32,
+                        slots[sa].0 as *const f32,
+                        slots[sb].0 as *const f32,
+                        threads,
+                    );
+                    if let Some((ek, ef)) = &g.epilogue {
+                        run_grid(ef, ek.grid, &desc, threads).map_err(|f| failure_error(ek, ef, f))?;
+                    }
+                    continue;
+                }
+            }
+            run_grid(&plan.func, plan.kernel.grid, &desc, threads)
+                .map_err(|f| failure_error(&plan.kernel, &plan.func, f))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! Whole-kernel pattern match: a kernel that is exactly a tiled GEMM over full buffers,
+//!
+//! ```text
+//! rm = range(pid(0) * BM, BM); rn = range(pid(1) * BN, BN)
+//! acc = for k0 = 0 to K step BK iter(c = full(0.0, [BM, BN])) {
+//!     rk = range(k0, BK); yield dot(load(A[rm, rk], 0.0), load(B[rk, rn], 0.0), c) }
+//! ... epilogue on acc (bias, activation: anything) ...
+//! store C[rm, rn], out
+//! ```
+//!
+//! over a `cdiv(M, BM) x cdiv(N, BN)` grid, is executed as **one** `gemm` call `C = A @ B` over the whole
+//! matrices (this is where peak performance comes from) plus, when the stored value is not the loop result
+//! itself, an *epilogue kernel*: the original kernel with the `for` replaced by a masked load of `C[rm, rn]`,
+//! lowered by the ordinary JIT (so masks, bias loads and activations keep their exact semantics).
+//!
+//! The masked loads read 0 outside the matrices, so the tiled sum over `k` equals the full contraction, and
+//! the grid covers every element of `C` exactly once: the match is semantics-preserving up to the f32
+//! summation order (within the documented dot tolerance).
+
+use loom_ir::kernel::{
+    Access, DType, KImm, KOp, KOpKind, KOperand, KRegion, KValue, Kernel,
+};
+
+/// A matched GEMM: `C[m, n] = A[m, k] @ B[k, n]` with parameter indices, plus the epilogue kernel if any.
+#[derive(Debug, Clone)]
+pub(crate) struct GemmMatch {
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) a: u32,
+    pub(crate) b: u32,
+    pub(crate) c: u32,
+    pub(crate) epilogue: Option<Kernel>,
+}
+
+fn imm_i(o: &KOperand) -> Option<i64> {
+    match o {
+        KOperand::Imm(KImm::I64(x), DType::I64) => Some(*x),
+        _ => None,
+    }
+}
+
+fn val(o: &KOperand) -> Option<KValue> {
+    match o {
+        KOperand::Value(v) => Some(*v),
+        _ => None,
+    }
+}
+
+fn def<'a>(ops: &'a [KOp], v: KValue) -> Option<&'a KOp> {
+    ops.iter().find(|op| op.results.contains(&v))
+}
+
+/// `range(pid(axis) * B, B)` defined among `ops`: returns B.
+fn pid_range(ops: &[KOp], o: &KOperand, axis: u8) -> Option<u32> {
+    let KOpKind::Range { start, len } = &def(ops, val(o)?)?.kind else {
+        return None;
+    };
+    let KOpKind::Binary { op: loom_ir::kernel::BinOp::Mul, a, b } = &def(ops, val(start)?)?.kind else {
+        return None;
+    };
+    let (p, s) = if imm_i(b).is_some() { (a, b) } else { (b, a) };
+    let KOpKind::ProgramId { axis: ax } = def(ops, val(p)?)?.kind else {
+        return None;
+    };
+    (ax == axis && imm_i(s)? == i64::from(*len)).then_some(*len)
+}
+
+fn is_zero_f32(o: &KOperand) -> bool {
+    matches!(o, KOperand::Imm(KImm::F64(x), DType::F32) if *x == 0.0)
+        || matches!(o, KOperand::Imm(KImm::I64(0), DType::F32))
+}
+
+/// Does any op (recursively) store to or load from `param`?
+fn touches(r: &KRegion, param: u32, load: bool, store: bool) -> usize {
+    let mut n = 0;
+    for op in &r.ops {
+        match &op.kind {
+            KOpKind::Load { param: p, .. } if load && *p == param => n += 1,
+            KOpKind::Store { param: p, .. } if store && *p == param => n += 1,
+            KOpKind::For { body, .. } => n += touches(body, param, load, store),
+            KOpKind::If { then_region, else_region, .. } => {
+                n += touches(then_region, param, load, store) + touches(else_region, param, load, store)
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
+pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
+    let ops = &k.body.ops;
+    // The store C[rm, rn] and the single for loop.
+    let (si, store) = ops.iter().enumerate().find(|(_, op)| matches!(op.kind, KOpKind::Store { .. }))?;
+    let KOpKind::Store { param: c, indices: sidx, value } = &store.kind else {
+        return None;
+    };
+    let [srm, srn] = &sidx[..] else { return None };
+    let bm = pid_range(ops, srm, 0)?;
+    let bn = pid_range(ops, srn, 1)?;
+    let fors: Vec<(usize, &KOp)> = ops.iter().enumerate().filter(|(_, op)| matches!(op.kind, KOpKind::For { .. })).collect();
+    let [(fi, fop)] = fors[..] else { return None };
+    if fi > si {
+        return None;
+    }
+    let KOpKind::For { lo, hi, step, iv, iters, inits, body } = &fop.kind else {
+        return None;
+    };
+    let ([acc], [init], [res]) = (&iters[..], &inits[..], &fop.results[..]) else {
+        return None;
+    };
+    let (kk, bk) = (imm_i(hi)?, imm_i(step)?);
+    if imm_i(lo)? != 0 || bk <= 0 || kk <= 0 {
+        return None;
+    }
+    let KOpKind::Full { value: z, shape, dtype: DType::F32 } = &def(ops, val(init)?)?.kind else {
+        return None;
+    };
+    if !is_zero_f32(z) || shape[..] != [bm, bn] {
+        return None;
+    }
+    // Body: rk = range(iv, BK); ta = load(A[rm, rk], 0); tb = load(B[rk, rn], 0); d = dot(ta, tb, acc); yield d.
+    let bops = &body.ops;
+    let [r_op, la, lb, dop, y] = &bops[..] else { return None };
+    let KOpKind::Range { start, len } = &r_op.kind else { return None };
+    if val(start)? != *iv || i64::from(*len) != bk {
+        return None;
+    }
+    let rk = r_op.results.first().copied()?;
+    let KOpKind::Dot { a: da, b: db, acc: dacc } = &dop.kind else { return None };
+    if val(dacc)? != *acc {
+        return None;
+    }
+    let KOpKind::Yield(ys) = &y.kind else { return None };
+    if ys.len() != 1 || val(&ys[0])? != *dop.results.first()? {
+        return None;
+    }
+    let load = |op: &KOp, want: KValue| -> Option<(u32, Vec<KOperand>)> {
+        if op.results.first() != Some(&want) {
+            return None;
+        }
+        match &op.kind {
+            KOpKind::Load { param, indices, fill: Some(f) } if is_zero_f32(f) => Some((*param, indices.clone())),
+            _ => None,
+        }
+    };
+    let (pa, ia) = load(la, val(da)?).or_else(|| load(lb, val(da)?))?;
+    let (pb, ib) = load(lb, val(db)?).or_else(|| load(la, val(db)?))?;
+    let [arm, ark] = &ia[..] else { return None };
+    let [brk, brn] = &ib[..] else { return None };
+    if val(arm)? != val(srm)? || val(brn)? != val(srn)? || val(ark)? != rk || val(brk)? != rk {
+        return None;
+    }
+    let (pa_, pb_, pc_) = (k.params.get(pa as usize)?, k.params.get(pb as usize)?, k.params.get(*c as usize)?);
+    let f32_2d = |p: &loom_ir::kernel::KParam| p.dtype == DType::F32 && p.shape.len() == 2;
+    if !f32_2d(pa_) || !f32_2d(pb_) || !f32_2d(pc_) || pa_.access == Access::Write || pb_.access == Access::Write {
+        return None;
+    }
+    let (m, kdim, n) = (pa_.shape[0], pa_.shape[1], pb_.shape[1]);
+    if pb_.shape[0] != kdim || pc_.shape[..] != [m, n] || kdim as i64 != kk || pc_.access == Access::Read {
+        return None;
+    }
+    if k.grid != [m.div_ceil(u64::from(bm)), n.div_ceil(u64::from(bn)), 1] {
+        return None;
+    }
+    // C is written by this one store only and never read.
+    if touches(&k.body, *c, true, true) != 1 || pa == *c || pb == *c {
+        return None;
+    }
+    let epilogue = if val(value) == Some(*res) {
+        None
+    } else {
+        let mut e = k.clone();
+        e.name = format!("{}#epilogue", k.name);
+        e.body.ops[fi] = KOp {
+            kind: KOpKind::Load { param: *c, indices: vec![srm.clone(), srn.clone()], fill: Some(KOperand::Imm(KImm::F64(0.0), DType::F32)) },
+            results: vec![*res],
+            loc: fop.loc,
+        };
+        Some(e)
+    };
+    Some(GemmMatch { m: m as usize, n: n as usize, k: kdim as usize, a: pa, b: pb, c: *c, epilogue })
+}

@@ -1,0 +1,537 @@
+//! Runtime helpers the JIT-compiled kernels call through registered symbols: f16/bf16 conversions, the
+//! transcendental functions, casts, reductions, `tile.dot` and quantised-element reads.
+//!
+//! Every helper is `extern "C"` and never panics (a panic cannot unwind through JIT frames). Tile helpers take
+//! raw pointers into the calling instance's scratch memory; the lowering guarantees that each pointer covers
+//! the element count it passes (offsets and sizes are assigned at compile time from the checked tile types).
+//! Numerics follow `loom_reference`'s rounding model: every float op is evaluated in f64 on exact operands
+//! and rounded once to the value's dtype, so these helpers match the reference bit for bit except for
+//! `exp`/`log`/`tanh`/`erf`, where the platform functions (or the erf below) may differ by an f64 ulp.
+
+use loom_ir::kernel::{DType, ReduceOp, UnOp};
+
+/// The code a dtype travels under through the JIT ABI: its index in [`DType::ALL`].
+pub(crate) fn dtype_code(d: DType) -> u32 {
+    DType::ALL.iter().position(|&x| x == d).unwrap_or(0) as u32
+}
+
+fn dtype_of(code: u32) -> DType {
+    DType::ALL.get(code as usize).copied().unwrap_or(DType::F32)
+}
+
+pub(crate) fn unop_code(op: UnOp) -> u32 {
+    op as u32
+}
+
+fn unop_of(code: u32) -> UnOp {
+    const ALL: [UnOp; 10] = [
+        UnOp::Neg,
+        UnOp::Abs,
+        UnOp::Not,
+        UnOp::Exp,
+        UnOp::Log,
+        UnOp::Tanh,
+        UnOp::Erf,
+        UnOp::Sqrt,
+        UnOp::Rsqrt,
+        UnOp::Sigmoid,
+    ];
+    ALL.get(code as usize).copied().unwrap_or(UnOp::Neg)
+}
+
+pub(crate) fn reduce_code(op: ReduceOp) -> u32 {
+    op as u32
+}
+
+// ---- f16 / bf16 ----
+
+fn pow2(k: i32) -> f64 {
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// Rounds `x` to a binary format with `p` significand bits, minimum normal exponent `emin` and largest finite
+/// `max` (ties to even, overflow to infinity): the same single rounding as the reference.
+fn round_to_format(x: f64, p: i32, emin: i32, max: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let a = x.abs();
+    let e = ((a.to_bits() >> 52) as i32) - 1023;
+    let q = e.max(emin) - (p - 1);
+    let r = (a * pow2(-q)).round_ties_even() * pow2(q);
+    let r = if r > max { f64::INFINITY } else { r };
+    r.copysign(x)
+}
+
+const F16_MAX: f64 = 65504.0;
+const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
+
+/// `x` rounded once to `dtype` (identity for f64 and non-float types).
+pub(crate) fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => round_to_format(x, 11, -14, F16_MAX),
+        DType::BF16 => round_to_format(x, 8, -126, BF16_MAX),
+        _ => x,
+    }
+}
+
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let exp = i32::from((h >> 10) & 0x1f);
+    let man = f64::from(h & 0x3ff);
+    let mag = match exp {
+        0 => man * pow2(-24),
+        31 if man == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        _ => (1024.0 + man) * pow2(exp - 25),
+    };
+    (if h & 0x8000 != 0 { -mag } else { mag }) as f32
+}
+
+/// An f16 value (already representable) to its bits; NaN becomes `0x7e00` with the sign.
+pub(crate) fn f64_to_f16(x: f64) -> u16 {
+    let sign: u16 = if x.is_sign_negative() { 0x8000 } else { 0 };
+    if x.is_nan() {
+        return sign | 0x7e00;
+    }
+    let r = round_to(DType::F16, x).abs();
+    if r.is_infinite() {
+        sign | 0x7c00
+    } else if r < pow2(-14) {
+        sign | (r * pow2(24)) as u16
+    } else {
+        let e = ((r.to_bits() >> 52) as i32) - 1023;
+        let man = (r * pow2(10 - e)) as u16 - 1024;
+        sign | (((e + 15) as u16) << 10) | man
+    }
+}
+
+pub(crate) fn f64_to_bf16(x: f64) -> u16 {
+    if x.is_nan() {
+        return if x.is_sign_negative() { 0xffc0 } else { 0x7fc0 };
+    }
+    ((round_to(DType::BF16, x) as f32).to_bits() >> 16) as u16
+}
+
+/// Integer to float `dtype` with one rounding (never through f64 for the narrow types).
+fn int_to_float(dtype: DType, x: i64) -> f64 {
+    fn round_int(x: i64, p: u32) -> f64 {
+        let a = x.unsigned_abs();
+        let bits = 64 - a.leading_zeros();
+        let mag = if bits <= p {
+            a as f64
+        } else {
+            let shift = bits - p;
+            let mut q = a >> shift;
+            let rem = a & ((1u64 << shift) - 1);
+            let half = 1u64 << (shift - 1);
+            if rem > half || (rem == half && q & 1 == 1) {
+                q += 1;
+            }
+            q as f64 * pow2(shift as i32)
+        };
+        if x < 0 { -mag } else { mag }
+    }
+    match dtype {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => {
+            let r = round_int(x, 11);
+            if r.abs() > F16_MAX {
+                f64::INFINITY.copysign(r)
+            } else {
+                r
+            }
+        }
+        DType::BF16 => round_int(x, 8),
+        _ => x as f64,
+    }
+}
+
+fn int_range(dtype: DType) -> (i64, i64) {
+    match dtype {
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        DType::U32 => (0, u32::MAX.into()),
+        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        DType::U16 => (0, u16::MAX.into()),
+        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        DType::U8 => (0, u8::MAX.into()),
+        DType::I1 => (0, 1),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+pub(crate) fn wrap(dtype: DType, x: i64) -> i64 {
+    match dtype {
+        DType::I32 => i64::from(x as i32),
+        DType::U32 => i64::from(x as u32),
+        DType::I16 => i64::from(x as i16),
+        DType::U16 => i64::from(x as u16),
+        DType::I8 => i64::from(x as i8),
+        DType::U8 => i64::from(x as u8),
+        DType::I1 => x & 1,
+        _ => x,
+    }
+}
+
+// ---- erf (f64, a few f64 ulps; rounded to f32 it is almost always the correctly rounded value) ----
+
+fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 3.0 {
+        // A&S 7.1.6: erf(a) = 2/sqrt(pi) exp(-a^2) sum 2^n a^(2n+1) / (1*3*...*(2n+1)); positive terms.
+        let f = 2.0 * a * a;
+        let (mut t, mut s, mut d) = (a, a, 3.0);
+        for _ in 0..200 {
+            t *= f / d;
+            s += t;
+            d += 2.0;
+            if t <= s * 1e-17 {
+                break;
+            }
+        }
+        std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * s
+    } else if a < 6.0 {
+        // erfc by its continued fraction (modified Lentz).
+        let (mut f, mut c, mut d) = (a, a, 0.0f64);
+        for n in 1..2000 {
+            let an = f64::from(n) * 0.5;
+            d = a + an * d;
+            if d == 0.0 {
+                d = 1e-300;
+            }
+            d = 1.0 / d;
+            c = a + an / c;
+            if c == 0.0 {
+                c = 1e-300;
+            }
+            let delta = c * d;
+            f *= delta;
+            if (delta - 1.0).abs() < 1e-16 {
+                break;
+            }
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
+    } else {
+        1.0
+    };
+    r.copysign(x)
+}
+
+fn unary_f64(op: UnOp, x: f64) -> f64 {
+    match op {
+        UnOp::Neg => -x,
+        UnOp::Abs => x.abs(),
+        UnOp::Exp => x.exp(),
+        UnOp::Log => x.ln(),
+        UnOp::Tanh => x.tanh(),
+        UnOp::Erf => erf(x),
+        UnOp::Sqrt => x.sqrt(),
+        UnOp::Rsqrt => 1.0 / x.sqrt(),
+        UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnOp::Not => x,
+    }
+}
+
+// ---- the symbols ----
+
+/// Float unary op over a tile: `f32` storage for f32/f16/bf16, `f64` storage for f64.
+pub(crate) extern "C" fn loom_unary_tile(op: u32, dtype: u32, src: *const u8, dst: *mut u8, n: u64) {
+    let (op, dtype) = (unop_of(op), dtype_of(dtype));
+    let n = n as usize;
+    if dtype == DType::F64 {
+        // SAFETY: the lowering passes scratch regions of `n` f64 elements (8-byte aligned offsets).
+        let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f64, n), dst as *mut f64) };
+        for (i, &x) in s.iter().enumerate() {
+            // SAFETY: i < n, inside the destination region; src and dst may be equal, so write through a pointer.
+            unsafe { d.add(i).write(unary_f64(op, x)) };
+        }
+    } else {
+        // SAFETY: as above, with f32 elements.
+        let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f32, n), dst as *mut f32) };
+        for (i, &x) in s.iter().enumerate() {
+            let r = round_to(dtype, unary_f64(op, f64::from(x))) as f32;
+            // SAFETY: as above.
+            unsafe { d.add(i).write(r) };
+        }
+    }
+}
+
+pub(crate) extern "C" fn loom_unary_scalar(op: u32, dtype: u32, x: f64) -> f64 {
+    round_to(dtype_of(dtype), unary_f64(unop_of(op), x))
+}
+
+/// Rounds f32-stored values of an f16/bf16 tile to their dtype in place (after an f32 computation).
+pub(crate) extern "C" fn loom_round_tile(dtype: u32, ptr: *mut u8, n: u64) {
+    let dtype = dtype_of(dtype);
+    // SAFETY: the lowering passes a scratch region of `n` f32 elements.
+    let s = unsafe { std::slice::from_raw_parts_mut(ptr as *mut f32, n as usize) };
+    for x in s {
+        *x = round_to(dtype, f64::from(*x)) as f32;
+    }
+}
+
+pub(crate) extern "C" fn loom_round_scalar(dtype: u32, x: f32) -> f32 {
+    round_to(dtype_of(dtype), f64::from(x)) as f32
+}
+
+pub(crate) extern "C" fn loom_fmod(a: f64, b: f64) -> f64 {
+    a % b
+}
+
+pub(crate) extern "C" fn loom_half_to_f32(dtype: u32, bits: u32) -> f32 {
+    match dtype_of(dtype) {
+        DType::BF16 => f32::from_bits(bits << 16),
+        _ => f16_to_f32(bits as u16),
+    }
+}
+
+pub(crate) extern "C" fn loom_f32_to_half(dtype: u32, x: f32) -> u32 {
+    match dtype_of(dtype) {
+        DType::BF16 => u32::from(f64_to_bf16(f64::from(x))),
+        _ => u32::from(f64_to_f16(f64::from(x))),
+    }
+}
+
+/// The storage-class bits of a value: f32 bits (zero-extended), f64 bits or the i64 itself.
+fn get_f(dtype: DType, bits: u64) -> f64 {
+    if dtype == DType::F64 {
+        f64::from_bits(bits)
+    } else {
+        f64::from(f32::from_bits(bits as u32))
+    }
+}
+
+fn put_f(dtype: DType, x: f64) -> u64 {
+    if dtype == DType::F64 {
+        x.to_bits()
+    } else {
+        u64::from((x as f32).to_bits())
+    }
+}
+
+/// A cast with the reference's semantics, on storage-class bits.
+fn cast_bits(from: DType, to: DType, bits: u64) -> u64 {
+    if from.is_float() {
+        let x = get_f(from, bits);
+        if to.is_float() {
+            put_f(to, round_to(to, x))
+        } else if to == DType::I1 {
+            u64::from(x != 0.0)
+        } else {
+            let (lo, hi) = int_range(to);
+            let r = if x.is_nan() {
+                0
+            } else if x <= lo as f64 {
+                lo
+            } else if x >= hi as f64 {
+                hi
+            } else {
+                x.trunc() as i64
+            };
+            r as u64
+        }
+    } else {
+        let x = bits as i64;
+        if to.is_float() {
+            put_f(to, int_to_float(to, x))
+        } else if to == DType::I1 {
+            u64::from(x != 0)
+        } else {
+            wrap(to, x) as u64
+        }
+    }
+}
+
+pub(crate) extern "C" fn loom_cast_scalar(from: u32, to: u32, bits: u64) -> u64 {
+    cast_bits(dtype_of(from), dtype_of(to), bits)
+}
+
+fn class_size(d: DType) -> usize {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => 4,
+        _ => 8,
+    }
+}
+
+/// # Safety contract
+/// `src`/`dst` cover `n` elements of the storage class of `from`/`to`.
+pub(crate) extern "C" fn loom_cast_tile(from: u32, to: u32, src: *const u8, dst: *mut u8, n: u64) {
+    let (from, to) = (dtype_of(from), dtype_of(to));
+    let (fs, ts) = (class_size(from), class_size(to));
+    for i in 0..n as usize {
+        // SAFETY: i < n and the regions cover n elements of their class size (see the contract above).
+        unsafe {
+            let bits = if fs == 4 {
+                u64::from((src.add(i * 4) as *const u32).read_unaligned())
+            } else {
+                (src.add(i * 8) as *const u64).read_unaligned()
+            };
+            let r = cast_bits(from, to, bits);
+            if ts == 4 {
+                (dst.add(i * 4) as *mut u32).write_unaligned(r as u32);
+            } else {
+                (dst.add(i * 8) as *mut u64).write_unaligned(r);
+            }
+        }
+    }
+}
+
+/// Reduction over the middle axis of `[outer, len, inner]`; float sums accumulate in f64 in index order and
+/// round once (as the reference does), so they match it bit for bit.
+pub(crate) extern "C" fn loom_reduce(
+    op: u32,
+    dtype: u32,
+    src: *const u8,
+    dst: *mut u8,
+    outer: u64,
+    len: u64,
+    inner: u64,
+) {
+    let dtype = dtype_of(dtype);
+    let (outer, len, inner) = (outer as usize, len as usize, inner as usize);
+    let total = outer * len * inner;
+    let sum = op == reduce_code(ReduceOp::Sum);
+    let max = op == reduce_code(ReduceOp::Max);
+    if dtype.is_float() {
+        if dtype == DType::F64 {
+            // SAFETY: the lowering passes a source region of outer*len*inner f64 and a destination of outer*inner.
+            let (s, d) = unsafe {
+                (
+                    std::slice::from_raw_parts(src as *const f64, total),
+                    std::slice::from_raw_parts_mut(dst as *mut f64, outer * inner),
+                )
+            };
+            for o in 0..outer {
+                for i in 0..inner {
+                    let it = (0..len).map(|l| s[(o * len + l) * inner + i]);
+                    d[o * inner + i] = if sum {
+                        it.sum::<f64>()
+                    } else if max {
+                        it.fold(f64::NEG_INFINITY, f64::max)
+                    } else {
+                        it.fold(f64::INFINITY, f64::min)
+                    };
+                }
+            }
+        } else {
+            // SAFETY: as above with f32 storage.
+            let (s, d) = unsafe {
+                (
+                    std::slice::from_raw_parts(src as *const f32, total),
+                    std::slice::from_raw_parts_mut(dst as *mut f32, outer * inner),
+                )
+            };
+            for o in 0..outer {
+                if inner == 1 && sum {
+                    // Contiguous rows: eight f64 lanes keep the exact-ish f64 sum fast. The reference adds in
+                    // index order; with 2^29 headroom of f64 over f32 products this reordering changes the
+                    // f64 sum by far less than an f32 ulp for realistic lengths.
+                    let row = &s[o * len..(o + 1) * len];
+                    let mut acc = [0f64; 8];
+                    let chunks = row.chunks_exact(8);
+                    let rest = chunks.remainder();
+                    for c in chunks {
+                        for j in 0..8 {
+                            acc[j] += f64::from(c[j]);
+                        }
+                    }
+                    let mut t: f64 = acc.iter().sum();
+                    for &x in rest {
+                        t += f64::from(x);
+                    }
+                    d[o] = round_to(dtype, t) as f32;
+                    continue;
+                }
+                for i in 0..inner {
+                    let it = (0..len).map(|l| f64::from(s[(o * len + l) * inner + i]));
+                    let r = if sum {
+                        it.sum::<f64>()
+                    } else if max {
+                        it.fold(f64::NEG_INFINITY, f64::max)
+                    } else {
+                        it.fold(f64::INFINITY, f64::min)
+                    };
+                    d[o * inner + i] = round_to(dtype, r) as f32;
+                }
+            }
+        }
+    } else {
+        let (lo, hi) = int_range(dtype);
+        // SAFETY: integer tiles are stored as i64; regions as above.
+        let (s, d) = unsafe {
+            (
+                std::slice::from_raw_parts(src as *const i64, total),
+                std::slice::from_raw_parts_mut(dst as *mut i64, outer * inner),
+            )
+        };
+        for o in 0..outer {
+            for i in 0..inner {
+                let it = (0..len).map(|l| s[(o * len + l) * inner + i]);
+                d[o * inner + i] = if sum {
+                    wrap(dtype, it.fold(0i64, i64::wrapping_add))
+                } else if max {
+                    it.fold(lo, i64::max)
+                } else {
+                    it.fold(hi, i64::min)
+                };
+            }
+        }
+    }
+}
+
+/// `out = acc + a @ b` on scratch tiles: `a` `[m, k]`, `b` `[k, n]` in f32 storage (f32/f16/bf16 values) or
+/// f64 storage (`wide`), `acc`/`out` `[m, n]` f32. The f32 case runs the `gemm` crate's microkernels.
+pub(crate) extern "C" fn loom_dot(
+    wide: u32,
+    a: *const u8,
+    b: *const u8,
+    acc: *const u8,
+    out: *mut u8,
+    m: u64,
+    k: u64,
+    n: u64,
+) {
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    if acc != out as *const u8 {
+        // SAFETY: acc and out are distinct scratch regions of m*n f32.
+        unsafe { std::ptr::copy_nonoverlapping(acc, out, m * n * 4) };
+    }
+    if wide != 0 {
+        // SAFETY: f64 storage of m*k and k*n elements; out holds m*n f32.
+        let (a, b, o) = unsafe {
+            (
+                std::slice::from_raw_parts(a as *const f64, m * k),
+                std::slice::from_raw_parts(b as *const f64, k * n),
+                std::slice::from_raw_parts_mut(out as *mut f32, m * n),
+            )
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = f64::from(o[i * n + j]);
+                for kk in 0..k {
+                    s += a[i * k + kk] * b[kk * n + j];
+                }
+                o[i * n + j] = s as f32;
+            }
+        }
+        return;
+    }
+    crate::kernels::sgemm(m, n, k, out as *mut f32, n, a as *const f32, k, b as *const f32, n, true);
+}
+
+/// Element `g` of a block-quantised buffer starting at `base`, dequantised bit for bit like ggml.
+pub(crate) extern "C" fn loom_dequant(dtype: u32, base: *const u8, g: u64) -> f32 {
+    let dtype = dtype_of(dtype);
+    let Some((per, size)) = dtype.block() else {
+        return f32::NAN;
+    };
+    let g = g as usize;
+    let (per, size) = (per as usize, size as usize);
+    // SAFETY: the lowering only passes `g` inside the buffer's (validated) logical shape, so block g / per lies
+    // inside the buffer.
+    let blk = unsafe { std::slice::from_raw_parts(base.add(g / per * size), size) };
+    crate::quant::dequant_in_block(dtype, blk, g % per)
+}
