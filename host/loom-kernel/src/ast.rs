@@ -1,0 +1,231 @@
+//! The kernel AST: what [`crate::parse`] builds from a device item's token trees.
+//!
+//! One expression type serves constant expressions (shapes, grids, template arguments) and kernel operands:
+//! the specializer evaluates each expression to a compile-time value when it can and emits IR otherwise, so
+//! `mul(program_id(0), BM)` and `cdiv(M, BM)` use the same machinery.
+
+use loom_syntax::Span;
+use loom_syntax::ast::TParam;
+
+pub use loom_ir::DeviceKind;
+
+/// A name (without its sigil) and where it was written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Name {
+    pub text: String,
+    pub span: Span,
+}
+
+/// One parsed device item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    pub kind: DeviceKind,
+    pub exported: bool,
+    pub name: Name,
+    pub tparams: Vec<TParam>,
+    pub header: Header,
+    pub body: Block,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Header {
+    /// `grid(e, ...) (%x: buffer<T, [dims]> mode, ...)`
+    Kernel {
+        grid: Vec<Expr>,
+        params: Vec<BufDecl>,
+    },
+    /// `(%x: tile<S, T>, %s: f32) -> type`
+    Kfunc {
+        params: Vec<(Name, TypeExpr)>,
+        results: Vec<TypeExpr>,
+    },
+    /// `(%x: buffer<T, [dims]> input|output, ...) params @domain(inputs: N) { bindings }`
+    Stage {
+        buffers: Vec<BufDecl>,
+        params: Option<ParamBlock>,
+    },
+}
+
+/// `%x: buffer<f32, [M, K]> read`: a kernel parameter (`read`/`write`/`readwrite`) or a stage buffer
+/// (`input`/`output`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufDecl {
+    pub name: Name,
+    pub dtype: Expr,
+    pub dims: Vec<Expr>,
+    pub mode: Name,
+    pub span: Span,
+}
+
+/// `params @dense(inputs: 1) { ... }`
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamBlock {
+    pub domain: Name,
+    pub inputs: Expr,
+    pub bindings: Vec<Binding>,
+}
+
+/// `%w: f32[H, H] = weights(0, "proj.weight") layout(packed_b)`
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binding {
+    pub name: Name,
+    pub dtype: Expr,
+    pub dims: Vec<Expr>,
+    pub input: Expr,
+    pub key: String,
+    pub layout: Option<String>,
+    pub span: Span,
+}
+
+/// A written type: a scalar dtype, or `tile<SHAPE, DTYPE>` (SHAPE a list or a `shape` parameter).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TypeExpr {
+    Scalar(Expr),
+    Tile {
+        shape: Expr,
+        dtype: Expr,
+        span: Span,
+    },
+}
+
+impl TypeExpr {
+    pub fn span(&self) -> Span {
+        match self {
+            TypeExpr::Scalar(e) => e.span(),
+            TypeExpr::Tile { span, .. } => *span,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    pub stmts: Vec<Stmt>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `%a, %b = op` or a bare `op`.
+    Let {
+        results: Vec<Name>,
+        op: Op,
+        span: Span,
+    },
+    /// `yield a, b` (regions) or `return a, b` (kfunc bodies).
+    Yield { values: Vec<Expr>, span: Span },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `name a, b : T` (flat form).
+    Simple {
+        name: Name,
+        operands: Vec<Expr>,
+        annotation: Option<TypeExpr>,
+        span: Span,
+    },
+    /// `call @kfunc<N = 4>(args)` or `call F(args)` (a `func` template parameter).
+    Call {
+        callee: Expr,
+        targs: Vec<(Name, Expr)>,
+        args: Vec<Expr>,
+        span: Span,
+    },
+    If {
+        cond: Expr,
+        results: Vec<TypeExpr>,
+        then_block: Block,
+        else_block: Option<Block>,
+        span: Span,
+    },
+    For {
+        var: Name,
+        lo: Expr,
+        hi: Expr,
+        step: Option<Expr>,
+        iters: Vec<(Name, Expr, TypeExpr)>,
+        results: Vec<TypeExpr>,
+        body: Block,
+        span: Span,
+    },
+    /// Stage bodies: `alloc f32[B * T, H]`.
+    Alloc {
+        dtype: Expr,
+        dims: Vec<Expr>,
+        span: Span,
+    },
+    /// Stage bodies: `dispatch @kernel<M = B * T>(%a, %b)`.
+    Dispatch {
+        kernel: Name,
+        targs: Vec<(Name, Expr)>,
+        args: Vec<Expr>,
+        span: Span,
+    },
+}
+
+impl Op {
+    pub fn span(&self) -> Span {
+        match self {
+            Op::Simple { span, .. }
+            | Op::Call { span, .. }
+            | Op::If { span, .. }
+            | Op::For { span, .. }
+            | Op::Alloc { span, .. }
+            | Op::Dispatch { span, .. } => *span,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// `%x`
+    Value(Name),
+    /// `%buf[i, j]`: only as the first operand of `tile.load` / `tile.store`.
+    Index {
+        buf: Name,
+        indices: Vec<Expr>,
+        span: Span,
+    },
+    Int(i64, Span),
+    Float(f64, Span),
+    Str(String, Span),
+    Bool(bool, Span),
+    /// A template parameter or a dtype name.
+    Word(Name),
+    /// `@kfunc`
+    Symbol(Name),
+    /// `[a, b]`: a shape.
+    List(Vec<Expr>, Span),
+    /// Nested operation `op(a, b)` (also `cdiv`, `min`, `max` in constant expressions).
+    Call {
+        name: Name,
+        args: Vec<Expr>,
+        span: Span,
+    },
+    /// `a + b` etc.; `op` is one of `+ - * / %`.
+    Binary {
+        op: char,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+        span: Span,
+    },
+    Neg(Box<Expr>, Span),
+}
+
+impl Expr {
+    pub fn span(&self) -> Span {
+        match self {
+            Expr::Value(n) | Expr::Word(n) | Expr::Symbol(n) => n.span,
+            Expr::Index { span, .. }
+            | Expr::Int(_, span)
+            | Expr::Float(_, span)
+            | Expr::Str(_, span)
+            | Expr::Bool(_, span)
+            | Expr::List(_, span)
+            | Expr::Call { span, .. }
+            | Expr::Binary { span, .. }
+            | Expr::Neg(_, span) => *span,
+        }
+    }
+}
