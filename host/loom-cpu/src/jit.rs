@@ -328,7 +328,10 @@ fn flags_scratch() -> MemFlagsData {
     MemFlagsData::trusted()
 }
 
-impl Lower<'_, '_> {
+/// The per-element callback of a buffer access: flat buffer index, in-range flag, result index.
+type Leaf<'c, 'k, 'f> = dyn FnMut(&mut Lower<'k, 'f>, Value, Option<Value>, Value) -> R<()> + 'c;
+
+impl<'k, 'f> Lower<'k, 'f> {
     fn body(&mut self) -> R<()> {
         let ys = self.region(&self.k.body)?;
         if !ys.is_empty() {
@@ -1058,7 +1061,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn to_bits(&mut self, x: Value, d: DType) -> Value {
+    fn bits_of(&mut self, x: Value, d: DType) -> Value {
         match cty(d) {
             F32 => {
                 let b = self.b.ins().bitcast(I32, MemFlagsData::new(), x);
@@ -1069,7 +1072,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn from_bits(&mut self, x: Value, d: DType) -> Value {
+    fn of_bits(&mut self, x: Value, d: DType) -> Value {
         match cty(d) {
             F32 => {
                 let b = self.b.ins().ireduce(I32, x);
@@ -1087,10 +1090,10 @@ impl Lower<'_, '_> {
         let from = a.dtype();
         match a {
             Opnd::S(x, _) => {
-                let bits = self.to_bits(x, from);
+                let bits = self.bits_of(x, from);
                 let args = [self.i32c(dtype_code(from)), self.i32c(dtype_code(to)), bits];
                 let r = self.call(H::CastScalar, &args).unwrap_or(bits);
-                let r = self.from_bits(r, to);
+                let r = self.of_bits(r, to);
                 self.def_scalar(res, r, to)
             }
             Opnd::T(t) => {
@@ -1262,7 +1265,7 @@ impl Lower<'_, '_> {
         strides: &[i64],
         extents: &[u64],
         mode: u8,
-        leaf: &mut dyn FnMut(&mut Self, Value, Option<Value>, Value) -> R<()>,
+        leaf: &mut Leaf<'_, 'k, 'f>,
     ) -> R<()> {
         let z = self.iconst(0);
         self.visit_at(ixs, strides, extents, mode, 0, z, None, z, leaf)
@@ -1279,7 +1282,7 @@ impl Lower<'_, '_> {
         g: Value,
         ok: Option<Value>,
         r: Value,
-        leaf: &mut dyn FnMut(&mut Self, Value, Option<Value>, Value) -> R<()>,
+        leaf: &mut Leaf<'_, 'k, 'f>,
     ) -> R<()> {
         if d == ixs.len() {
             return leaf(self, g, ok, r);

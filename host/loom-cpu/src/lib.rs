@@ -537,7 +537,7 @@ impl CpuStage {
             let desc: Vec<u64> = map.iter().flat_map(|&s| [slots[s].0, slots[s].1]).collect();
             if let Some(g) = &plan.gemm {
                 let (sa, sb, sc) = (map[g.a as usize], map[g.b as usize], map[g.c as usize]);
-                let aligned = [sa, sb, sc].iter().all(|&s| slots[s].0 % 4 == 0);
+                let aligned = [sa, sb, sc].iter().all(|&s| slots[s].0.is_multiple_of(4));
                 if sc != sa && sc != sb && aligned {
                     kernels::sgemm_threads(
                         g.m,

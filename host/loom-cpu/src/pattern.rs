@@ -47,7 +47,7 @@ fn val(o: &KOperand) -> Option<KValue> {
     }
 }
 
-fn def<'a>(ops: &'a [KOp], v: KValue) -> Option<&'a KOp> {
+fn def(ops: &[KOp], v: KValue) -> Option<&KOp> {
     ops.iter().find(|op| op.results.contains(&v))
 }
 

@@ -495,7 +495,7 @@ pub(crate) extern "C" fn loom_dot(
     n: u64,
 ) {
     let (m, k, n) = (m as usize, k as usize, n as usize);
-    if acc != out as *const u8 {
+    if !std::ptr::eq(acc, out) {
         // SAFETY: acc and out are distinct scratch regions of m*n f32.
         unsafe { std::ptr::copy_nonoverlapping(acc, out, m * n * 4) };
     }

@@ -1,0 +1,441 @@
+//! Differential tests: the CPU backend against `loom_reference` on fresh deterministic random inputs, at shapes
+//! that are and are not multiples of the tile, with poisoned outputs, on 1 and 2 threads, with and without the
+//! whole-kernel GEMM match. Tolerances are stated at each check:
+//! * bit-exact where the rounding model makes the backend's arithmetic identical (copies, gathers, casts,
+//!   `+ - * /`, `neg abs sqrt`, max/min, integer ops, dequantisation);
+//! * relative 1e-5 for f32 dot products of length <= 4096 (positive inputs: no cancellation);
+//! * relative 1e-6 for f32 sums (the backend sums in f64 in eight lanes and rounds once);
+//! * 2 ulp for transcendental functions (f64 functions rounded once; `erf` is this crate's own series).
+
+mod common;
+
+use common::*;
+use loom_ir::kernel::{BinOp, BufRef, CmpOp, DType, ReduceOp, UnOp};
+
+use DType::{F32, I32, I64};
+
+fn masked_copy(r: u64, c: u64, br: u32, bc: u32) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("copy", [cdiv(r, br as u64), cdiv(c, bc as u64), 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let y = kb.param("y", F32, &[r, c], WRITE);
+    let (p0, p1) = (kb.pid(0), kb.pid(1));
+    let r0 = kb.mul(p0, i(br as i64));
+    let rr = kb.range(r0, br);
+    let c0 = kb.mul(p1, i(bc as i64));
+    let rc = kb.range(c0, bc);
+    let t = kb.load(x, vec![rr.clone(), rc.clone()], Some(f(0.0)));
+    kb.store(y, vec![rr, rc], t);
+    kb.finish()
+}
+
+#[test]
+fn masked_copy_is_exact_at_ragged_shapes() {
+    let mut rng = Rng::new(1);
+    for (r, c, br, bc) in [(5, 7, 4, 4), (64, 64, 16, 32), (33, 130, 8, 64), (1, 1, 4, 8)] {
+        let st = one_kernel_stage(masked_copy(r, c, br, bc));
+        // Exact: a copy.
+        diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)], Tol::Exact);
+    }
+}
+
+fn gather(v: u64, h: u64, rows: u64) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("gather_rows", [rows, 1, 1]);
+    let emb = kb.param("emb", F32, &[v, h], READ);
+    let ids = kb.param("ids", I32, &[rows], READ);
+    let out = kb.param("out", F32, &[rows, h], WRITE);
+    let p = kb.pid(0);
+    let id = kb.load(ids, vec![p.clone()], None);
+    let id = kb.cast(id, I64);
+    let rc = kb.range(i(0), h as u32);
+    let row = kb.load(emb, vec![id, rc.clone()], None);
+    kb.store(out, vec![p, rc], row);
+    kb.finish()
+}
+
+#[test]
+fn row_gather_and_out_of_range_id() {
+    let mut rng = Rng::new(2);
+    let (v, h, rows) = (50u64, 37u64, 9u64);
+    let st = one_kernel_stage(gather(v, h, rows));
+    let emb = rand_f32(&mut rng, (v * h) as usize, -1.0, 1.0);
+    let ids: Vec<i32> = (0..rows).map(|_| rng.below(v) as i32).collect();
+    // Exact: a gather.
+    diff(&st, &[emb.clone(), i32_bytes(&ids)], Tol::Exact);
+
+    let mut bad = ids.clone();
+    bad[3] = v as i32; // id == vocabulary size
+    bad[6] = -1;
+    let bad_ids = i32_bytes(&bad);
+    let ins = [&emb[..], &bad_ids[..]];
+    let mut want = loom_reference::alloc_outputs(&st).unwrap();
+    let we = loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap_err();
+    let cs = loom_cpu::compile_stage(&st).unwrap();
+    for threads in [1, 2] {
+        let mut got = loom_reference::alloc_outputs(&st).unwrap();
+        let ge = cs.run(&ins, &[], &mut got, threads).unwrap_err();
+        assert!(matches!(ge, loom_cpu::Error::IndexOutOfRange { index: 50, dim: 0, extent: 50, .. }), "{ge}");
+        assert_eq!(ge.to_string(), we.to_string());
+        assert_eq!(got[0].len(), want[0].len());
+        let row = (h * 4) as usize;
+        for (r, chunk) in got[0].chunks(row).enumerate() {
+            if threads == 1 {
+                assert_eq!(chunk, &want[0][r * row..(r + 1) * row], "row {r}");
+            }
+            // Rows of failed instances are untouched (still poison); others hold their embedding row.
+            if r == 3 || r == 6 {
+                assert!(chunk.iter().all(|&b| b == 0xff), "row {r} was written");
+            } else if chunk[0] != 0xff || threads == 1 && r < 3 {
+                let id = bad[r] as usize;
+                assert_eq!(chunk, &emb[id * row..(id + 1) * row], "row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn tiled_gemm_with_and_without_epilogue() {
+    let mut rng = Rng::new(3);
+    for (m, n, k, bm, bn, bk, epi) in [
+        (64, 64, 64, 32, 32, 16, false),
+        (37, 50, 29, 16, 16, 8, false),
+        (37, 50, 29, 16, 16, 8, true),
+        (128, 96, 200, 64, 32, 32, true),
+        (5, 3, 300, 4, 4, 64, false),
+    ] {
+        let st = one_kernel_stage(gemm_kernel(m, n, k, bm, bn, bk, epi));
+        let mut ins = vec![
+            rand_f32(&mut rng, (m * k) as usize, 0.5, 1.5),
+            rand_f32(&mut rng, (k * n) as usize, 0.5, 1.5),
+        ];
+        if epi {
+            ins.push(rand_f32(&mut rng, n as usize, -1.0, 1.0));
+        }
+        // Relative 1e-5: f32 dot products of length <= 4096 over positive values.
+        diff(&st, &ins, Tol::Rel(1e-5, 1e-6));
+        let rep = loom_cpu::compile_stage(&st).unwrap();
+        let path = rep.compile_report().kernels[0].path;
+        assert_eq!(path, if epi { "gemm+epilogue" } else { "gemm" });
+    }
+}
+
+/// Row-wise softmax: one program per `br` rows, the full row in one tile (masked to -inf past `c`).
+fn softmax(r: u64, c: u64, br: u32, bc: u32) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("softmax", [cdiv(r, br as u64), 1, 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let y = kb.param("y", F32, &[r, c], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(br as i64));
+    let rr = kb.range(r0, br);
+    let rc = kb.range(i(0), bc);
+    let t = kb.load(x, vec![rr.clone(), rc.clone()], Some(f(f64::NEG_INFINITY)));
+    let m = kb.reduce(ReduceOp::Max, t.clone(), 1);
+    let m = kb.expand_dims(m, 1);
+    let m = kb.broadcast(m, &[br, bc]);
+    let d = kb.sub(t, m);
+    let e = kb.un(UnOp::Exp, d);
+    let s = kb.reduce(ReduceOp::Sum, e.clone(), 1);
+    let s = kb.expand_dims(s, 1);
+    let s = kb.broadcast(s, &[br, bc]);
+    let o = kb.div(e, s);
+    kb.store(y, vec![rr, rc], o);
+    kb.finish()
+}
+
+#[test]
+fn softmax_over_rows() {
+    let mut rng = Rng::new(4);
+    for (r, c, br, bc) in [(7, 10, 4, 16), (64, 128, 8, 128), (3, 1000, 2, 1024)] {
+        let st = one_kernel_stage(softmax(r, c, br, bc));
+        // Relative 1e-6: exp is rounded once like the reference; the row sum is f64 in eight lanes.
+        diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -5.0, 5.0)], Tol::Rel(1e-6, 0.0));
+    }
+}
+
+pub fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("layernorm", [cdiv(r, br as u64), 1, 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let g = kb.param("gamma", F32, &[c], READ);
+    let b = kb.param("beta", F32, &[c], READ);
+    let y = kb.param("y", F32, &[r, c], WRITE);
+    let c32 = c as u32;
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(br as i64));
+    let rr = kb.range(r0, br);
+    let rc = kb.range(i(0), c32);
+    let t = kb.load(x, vec![rr.clone(), rc.clone()], Some(f(0.0)));
+    let s = kb.reduce(ReduceOp::Sum, t.clone(), 1);
+    let mean = kb.div(s, f(c as f64));
+    let mean = kb.expand_dims(mean, 1);
+    let mean = kb.broadcast(mean, &[br, c32]);
+    let xc = kb.sub(t, mean);
+    let sq = kb.mul(xc.clone(), xc.clone());
+    let v = kb.reduce(ReduceOp::Sum, sq, 1);
+    let v = kb.div(v, f(c as f64));
+    let v = kb.add(v, f(1e-5));
+    let inv = kb.un(UnOp::Rsqrt, v);
+    let inv = kb.expand_dims(inv, 1);
+    let inv = kb.broadcast(inv, &[br, c32]);
+    let n = kb.mul(xc, inv);
+    let gv = kb.load(g, vec![rc.clone()], None);
+    let gv = kb.expand_dims(gv, 0);
+    let gv = kb.broadcast(gv, &[br, c32]);
+    let bv = kb.load(b, vec![rc.clone()], None);
+    let bv = kb.expand_dims(bv, 0);
+    let bv = kb.broadcast(bv, &[br, c32]);
+    let o = kb.mul(n, gv);
+    let o = kb.add(o, bv);
+    kb.store(y, vec![rr, rc], o);
+    kb.finish()
+}
+
+#[test]
+fn layernorm_over_rows() {
+    let mut rng = Rng::new(5);
+    for (r, c, br) in [(5, 12, 4), (64, 384, 8), (9, 1000, 2)] {
+        let st = one_kernel_stage(layernorm(r, c, br));
+        let ins = [
+            rand_f32(&mut rng, (r * c) as usize, -3.0, 3.0),
+            rand_f32(&mut rng, c as usize, 0.5, 1.5),
+            rand_f32(&mut rng, c as usize, -1.0, 1.0),
+        ];
+        // Relative 1e-5 (absolute 1e-6 near zero): sums of <= 1000 terms and a handful of f32 ops.
+        diff(&st, &ins, Tol::Rel(1e-5, 1e-6));
+    }
+}
+
+/// A one-program kernel: load all of `x`, apply `body`, store to `y`.
+fn tile_fn(
+    in_dtype: DType,
+    in_shape: &[u64],
+    out_dtype: DType,
+    out_shape: &[u64],
+    body: impl FnOnce(&mut KB, KOperand) -> KOperand,
+) -> loom_ir::kernel::Stage {
+    let mut kb = KB::new("tile_fn", [1, 1, 1]);
+    let x = kb.param("x", in_dtype, in_shape, READ);
+    let y = kb.param("y", out_dtype, out_shape, WRITE);
+    let idx: Vec<KOperand> = in_shape.iter().map(|&d| kb.range(i(0), d as u32)).collect();
+    let t = kb.load(x, idx, None);
+    let r = body(&mut kb, t);
+    let idx: Vec<KOperand> = out_shape.iter().map(|&d| kb.range(i(0), d as u32)).collect();
+    kb.store(y, idx, r);
+    one_kernel_stage(kb.finish())
+}
+
+use loom_ir::kernel::KOperand;
+
+#[test]
+fn reductions() {
+    let mut rng = Rng::new(6);
+    for (r, c) in [(3u64, 5u64), (16, 33), (1, 200)] {
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for axis in [0u8, 1] {
+                let out = if axis == 0 { c } else { r };
+                let st = tile_fn(F32, &[r, c], F32, &[out], |kb, t| kb.reduce(op, t, axis));
+                // Sum: relative 1e-6 (f64 accumulation rounded once); max/min: exact.
+                let tol = if op == ReduceOp::Sum { Tol::Rel(1e-6, 0.0) } else { Tol::Exact };
+                diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)], tol);
+                let st = tile_fn(I32, &[r, c], I32, &[out], |kb, t| kb.reduce(op, t, axis));
+                let v: Vec<i32> = (0..r * c).map(|_| rng.next_u64() as i32).collect();
+                // Integer reductions wrap: exact.
+                diff(&st, &[i32_bytes(&v)], Tol::Exact);
+            }
+        }
+    }
+}
+
+fn special_f32s(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut v = rng.f32s(n, -70000.0, 70000.0);
+    let specials = [0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-8, -3e-6, 65519.0, 65520.0, 2.5, -2.5, 3.0e38, 1.0e-40, 0.5, 1.5];
+    for (i, s) in specials.iter().enumerate() {
+        v[i] = *s;
+    }
+    for x in v.iter_mut().skip(specials.len()).step_by(3) {
+        *x = rng.uniform(-4.0, 4.0) as f32;
+    }
+    v
+}
+
+#[test]
+fn casts_including_f16_and_bf16() {
+    let mut rng = Rng::new(7);
+    let n = 257u64;
+    let x = f32_bytes(&special_f32s(&mut rng, n as usize));
+    // Every cast is exact (one rounding, as the reference).
+    for to in [DType::F16, DType::BF16, DType::F64, I32, DType::U8, DType::I1, DType::I16, I64] {
+        let st = tile_fn(F32, &[n], to, &[n], |kb, t| kb.cast(t, to));
+        diff(&st, std::slice::from_ref(&x), Tol::Exact);
+    }
+    // Back from the narrow types, and integer to narrow floats.
+    for from in [DType::F16, DType::BF16] {
+        let st = tile_fn(F32, &[n], F32, &[n], |kb, t| {
+            let h = kb.cast(t, from);
+            let h2 = kb.add(h.clone(), h);
+            kb.cast(h2, F32)
+        });
+        diff(&st, std::slice::from_ref(&x), Tol::Exact);
+    }
+    let ints: Vec<i32> = (0..n).map(|_| (rng.next_u64() as i32) >> (rng.below(31) as u32)).collect();
+    for to in [F32, DType::F16, DType::BF16, DType::U8, DType::I1] {
+        let st = tile_fn(I32, &[n], to, &[n], |kb, t| kb.cast(t, to));
+        diff(&st, &[i32_bytes(&ints)], Tol::Exact);
+    }
+}
+
+#[test]
+fn every_unary_op() {
+    let mut rng = Rng::new(8);
+    let n = 300u64;
+    let x = rng.f32s(n as usize, -6.0, 6.0);
+    let pos: Vec<f32> = x.iter().map(|v| v.abs() + 1e-3).collect();
+    for op in [UnOp::Neg, UnOp::Abs, UnOp::Exp, UnOp::Log, UnOp::Tanh, UnOp::Erf, UnOp::Sqrt, UnOp::Rsqrt, UnOp::Sigmoid] {
+        let input = if matches!(op, UnOp::Log | UnOp::Sqrt | UnOp::Rsqrt) { &pos } else { &x };
+        let st = tile_fn(F32, &[n], F32, &[n], |kb, t| kb.un(op, t));
+        // neg/abs/sqrt: exact (IEEE); the others: 2 ulp (f64 function rounded once; erf is our own series).
+        let tol = if matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt) { Tol::Exact } else { Tol::Ulp(2) };
+        diff(&st, &[f32_bytes(input)], tol);
+    }
+    // f16 arithmetic: computed in f32 and rounded once to f16 is exact for + and sqrt.
+    let st = tile_fn(F32, &[n], F32, &[n], |kb, t| {
+        let h = kb.cast(t, DType::F16);
+        let a = kb.un(UnOp::Abs, h);
+        let s = kb.un(UnOp::Sqrt, a);
+        let e = kb.un(UnOp::Exp, s);
+        kb.cast(e, F32)
+    });
+    diff(&st, &[f32_bytes(&x)], Tol::Exact);
+}
+
+#[test]
+fn integer_ops_and_division_by_zero() {
+    let mut rng = Rng::new(9);
+    let n = 64u64;
+    let v: Vec<i32> = (0..2 * n).map(|i| if i == 5 { i32::MIN } else { (rng.next_u64() as i32) >> rng.below(28) }).collect();
+    let mut w = v.clone();
+    w[n as usize + 5] = -1;
+    for k in 0..n as usize {
+        if w[n as usize + k] == 0 {
+            w[n as usize + k] = 3;
+        }
+    }
+    for op in [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr] {
+        let st = tile_fn(I32, &[2, n], I32, &[n], |kb, t| {
+            let a = kb.reshape(t, &[2 * n as u32]);
+            let lo = kb.range(i(0), n as u32);
+            let _ = lo;
+            let t2 = kb.reshape(a, &[2, n as u32]);
+            let tt = kb.transpose(t2);
+            let x = kb.reduce(ReduceOp::Max, tt.clone(), 1);
+            let y = kb.reduce(ReduceOp::Min, tt, 1);
+            kb.bin(op, x, y)
+        });
+        // Integer arithmetic wraps: exact.
+        diff(&st, &[i32_bytes(&w)], Tol::Exact);
+    }
+    // Division by a zero element is an error naming the op, as in the reference.
+    let st = tile_fn(I32, &[n], I32, &[n], |kb, t| {
+        let z = kb.full(imm_i(0, I32), &[n as u32], I32);
+        let c = kb.cmp(CmpOp::Gt, t.clone(), z.clone());
+        let d = kb.select(c, t.clone(), z);
+        kb.div(t, d)
+    });
+    let ins = i32_bytes(&v[..n as usize]);
+    let mut want = loom_reference::alloc_outputs(&st).unwrap();
+    let we = loom_reference::run_stage(&st, &[&ins], &[], &mut want).unwrap_err();
+    let mut got = loom_reference::alloc_outputs(&st).unwrap();
+    let ge = loom_cpu::compile_stage(&st).unwrap().run(&[&ins], &[], &mut got, 1).unwrap_err();
+    assert_eq!(ge.to_string(), we.to_string());
+}
+
+#[test]
+fn loops_and_branches() {
+    // Per row block: sum over column blocks in a `for`, doubled in odd programs by an `if`.
+    let mut rng = Rng::new(10);
+    let (r, c, br, bc) = (13u64, 70u64, 4u32, 16u32);
+    let mut kb = KB::new("rowsum", [cdiv(r, br as u64), 1, 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let y = kb.param("y", F32, &[r], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p.clone(), i(br as i64));
+    let rr = kb.range(r0, br);
+    let z = kb.full(f(0.0), &[br], F32);
+    let rr2 = rr.clone();
+    let res = kb.for_(i(0), i(c as i64), i(bc as i64), vec![z], move |kb, k0, it| {
+        let rc = kb.range(k0, bc);
+        let t = kb.load(x, vec![rr2, rc], Some(f(0.0)));
+        let s = kb.reduce(ReduceOp::Sum, t, 1);
+        vec![kb.add(it[0].clone(), s)]
+    });
+    let odd = kb.bin(BinOp::And, p, i(1));
+    let c1 = kb.cmp(CmpOp::Eq, odd, i(1));
+    let ty = tile(&[br], F32);
+    let acc = res[0].clone();
+    let (a1, a2) = (acc.clone(), acc);
+    let out = kb.if_(c1, vec![ty], move |kb| vec![kb.mul(a1, f(2.0))], move |_| vec![a2]);
+    kb.store(y, vec![rr], out[0].clone());
+    let st = one_kernel_stage(kb.finish());
+    // Relative 1e-6: per-block f64 sums rounded to f32, then f32 adds (identical order on both sides).
+    diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -1.0, 1.0)], Tol::Rel(1e-6, 0.0));
+}
+
+/// Random quantised blocks with sane f16 scales (0.01..1) so that no value is NaN or infinite.
+fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
+    let (_, size) = dtype.block().unwrap();
+    let mut b: Vec<u8> = (0..blocks * size as usize).map(|_| rng.next_u64() as u8).collect();
+    let half = |rng: &mut Rng| loom_reference::float::f32_to_f16(rng.uniform(0.01, 1.0) as f32).to_le_bytes();
+    for blk in b.chunks_mut(size as usize) {
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 => blk[0..2].copy_from_slice(&half(rng)),
+            DType::Q4_1 | DType::Q4K => {
+                blk[0..2].copy_from_slice(&half(rng));
+                blk[2..4].copy_from_slice(&half(rng));
+            }
+            _ => blk[208..210].copy_from_slice(&half(rng)),
+        }
+    }
+    b
+}
+
+#[test]
+fn quantised_loads_dequantise_exactly() {
+    let mut rng = Rng::new(11);
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K] {
+        let per = dtype.block().unwrap().0;
+        let (rows, cols) = (3u64, per * 2);
+        let data = random_blocks(&mut rng, dtype, (rows * cols / per) as usize);
+        let mut kb = KB::new("deq", [rows, 1, 1]);
+        let w = kb.param("w", dtype, &[rows, cols], READ);
+        let y = kb.param("y", F32, &[rows, cols], WRITE);
+        let p = kb.pid(0);
+        let rc = kb.range(i(0), 64);
+        // Column blocks of 64 through a loop, masked: checks fast and masked paths of quantised reads.
+        let p2 = p.clone();
+        kb.for_(i(0), i(cols as i64), i(64), vec![], move |kb, k0, _| {
+            let rc2 = kb.range(k0, 64);
+            let t = kb.load(w, vec![p2.clone(), rc2.clone()], Some(f(0.0)));
+            kb.store(y, vec![p2, rc2], t);
+            vec![]
+        });
+        let _ = rc;
+        let st = one_kernel_stage(kb.finish());
+        // Exact: the same f32 operations as ggml's dequantize_row_*.
+        diff(&st, &[data], Tol::Exact);
+    }
+}
+
+#[test]
+fn stage_contract_checks_buffers() {
+    let st = one_kernel_stage(masked_copy(4, 4, 4, 4));
+    let cs = loom_cpu::compile_stage(&st).unwrap();
+    let mut out = loom_reference::alloc_outputs(&st).unwrap();
+    let e = cs.run(&[&[0u8; 60]], &[], &mut out, 1).unwrap_err();
+    assert!(matches!(e, loom_cpu::Error::SizeMismatch { expected: 64, actual: 60, .. }), "{e}");
+    let e = cs.run(&[], &[], &mut out, 1).unwrap_err();
+    assert!(matches!(e, loom_cpu::Error::BufferCount { .. }), "{e}");
+    // A write parameter bound to an input is refused at compile time.
+    let mut bad = st.clone();
+    bad.dispatches[0].args[1] = BufRef::Input(0);
+    assert!(matches!(loom_cpu::compile_stage(&bad), Err(loom_cpu::Error::Malformed { .. })));
+    // Report: one kernel, timed.
+    assert_eq!(cs.compile_report().kernels.len(), 1);
+}
