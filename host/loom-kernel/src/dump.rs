@@ -229,3 +229,56 @@ fn region(o: &mut String, k: &Kernel, r: &KRegion, depth: usize) {
         let _ = writeln!(o, "{ind}{lhs}{}{ann}", body.trim_end());
     }
 }
+
+/// Reflection as text: buffers and sizes, workspace liveness and offsets, parameter bindings, grids, barriers.
+pub fn dump_reflection(r: &crate::Reflection) -> String {
+    let mut o = String::new();
+    for b in &r.inputs {
+        let _ = writeln!(
+            o,
+            "input %{}: {}{:?} ({} bytes)",
+            b.name, b.dtype, b.shape, b.bytes
+        );
+    }
+    for b in &r.outputs {
+        let _ = writeln!(
+            o,
+            "output %{}: {}{:?} ({} bytes)",
+            b.name, b.dtype, b.shape, b.bytes
+        );
+    }
+    let _ = writeln!(o, "workspace: {} bytes", r.workspace_bytes);
+    for w in &r.workspace {
+        let b = &w.buffer;
+        let live = match w.live {
+            Some((s, e)) => format!("live dispatches {s}..={e}, offset {}", w.offset),
+            None => "unused".to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "  %{}: {}{:?} ({} bytes), {live}",
+            b.name, b.dtype, b.shape, b.bytes
+        );
+    }
+    if let Some(d) = &r.param_domain {
+        let _ = writeln!(o, "params @{d}:");
+    }
+    for p in &r.params {
+        let b = &p.buffer;
+        let layout = p
+            .layout
+            .as_ref()
+            .map(|l| format!(" layout({l})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "  %{}: {}{:?} ({} bytes) = weights({}, {:?}){layout}",
+            b.name, b.dtype, b.shape, b.bytes, p.input, p.key
+        );
+    }
+    for (i, d) in r.dispatches.iter().enumerate() {
+        let barrier = if d.barrier_before { "barrier, " } else { "" };
+        let _ = writeln!(o, "dispatch {i}: {barrier}grid {:?} {}", d.grid, d.kernel);
+    }
+    o
+}

@@ -14,7 +14,7 @@ pub mod parse;
 mod reflect;
 mod spec;
 
-pub use dump::{dump_kernel, dump_stage};
+pub use dump::{dump_kernel, dump_reflection, dump_stage};
 pub use parse::{ItemSource, MAX_DEPTH, parse_item};
 pub use reflect::{
     BufferInfo, DispatchInfo, ParamInfo, Reflection, WORKSPACE_ALIGN, WorkspaceInfo, reflect,

@@ -509,6 +509,10 @@ pub(crate) fn kernel(
         }
     }
     cx.params = kparams.clone();
+    // why: values and parameters print in one namespace (`%y`); keep value names distinct from parameters
+    for k in &kparams {
+        cx.names.insert(k.name.clone(), 1);
+    }
     cx.regions.push(Vec::new());
     let body = p.item.body.clone();
     let y = cx.block(&body)?;
@@ -1072,7 +1076,7 @@ impl<'s, 'c> KCx<'s, 'c> {
             (c, d) => {
                 return Err(self.err(
                     span,
-                    format!("{} cannot be used as a {d} value", c.describe()),
+                    format!("{} cannot be used as a value of type {d}", c.describe()),
                 ));
             }
         };
