@@ -228,3 +228,41 @@ fn report_shows_layouts() {
         "{s}"
     );
 }
+
+#[test]
+fn report_lists_device_items_and_reflects_a_stage() {
+    let out = loomc(&[
+        "report",
+        "packages/motifs/gemm.loom",
+        "--stage",
+        "dense",
+        "--config",
+        "M=100",
+        "--config",
+        "ACT=gelu_tanh",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("  export kernel @gemm_bias<M, N, K, EPI, BM = 32, BN = 32, BK = 32>"),
+        "{s}"
+    );
+    assert!(s.contains("  input %x: f32[100, 64] (25600 bytes)"), "{s}");
+    assert!(
+        s.contains(
+            "dispatch 0: grid [4, 2, 1] motifs.gemm.gemm_bias<M=100,N=64,K=64,EPI=@gelu_tanh"
+        ),
+        "{s}"
+    );
+    assert!(s.contains(" us"), "{s}");
+    // a wrong config is a diagnostic, not a crash
+    let out = loomc(&[
+        "report",
+        "packages/motifs/gemm.loom",
+        "--stage",
+        "dense",
+        "--config",
+        "M=x",
+    ]);
+    assert!(!out.status.success());
+}
