@@ -1,1 +1,221 @@
-fn main() {}
+//! CPU backend benchmarks (`cargo bench -p loom-cpu`): f32 GEMM stages against this machine's measured FMA
+//! peak and numpy/OpenBLAS, softmax and layernorm over rows against memcpy bandwidth. Prints one table.
+
+#![allow(unsafe_code)]
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code, unreachable_pub, unused_imports)]
+mod common;
+
+use std::time::Instant;
+
+use common::*;
+use loom_ir::kernel::{DType, ReduceOp, UnOp};
+
+
+/// Best-of-`reps` seconds of `f`.
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// A tight AVX-512 FMA loop on 12 independent accumulators: GFLOP/s of one thread.
+#[cfg(target_arch = "x86_64")]
+fn fma_peak_1() -> f64 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn kernel(iters: u64) -> f32 {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_set1_ps(0.0); 12];
+        let a = _mm512_set1_ps(1.000_000_1);
+        let b = _mm512_set1_ps(0.999_999_9);
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut s = _mm512_set1_ps(0.0);
+        for x in acc {
+            s = _mm512_add_ps(s, x);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+    if !is_x86_feature_detected!("avx512f") {
+        return f64::NAN;
+    }
+    let iters = 50_000_000u64;
+    let t = Instant::now();
+    // SAFETY: avx512f was detected just above.
+    let r = unsafe { kernel(iters) };
+    std::hint::black_box(r);
+    (iters * 12 * 16 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn fma_peak(threads: usize) -> f64 {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads).map(|_| s.spawn(fma_peak_1)).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+fn memcpy_gbs(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let t = best(10, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    });
+    (2 * bytes) as f64 / t / 1e9
+}
+
+fn numpy_gflops(m: u64, n: u64, k: u64) -> Option<f64> {
+    let code = format!(
+        "import numpy as np, time\n\
+         a=np.random.rand({m},{k}).astype(np.float32); b=np.random.rand({k},{n}).astype(np.float32)\n\
+         a@b\nbest=1e9\n\
+         for _ in range(10):\n t=time.perf_counter(); a@b; best=min(best, time.perf_counter()-t)\n\
+         print(2*{m}*{n}*{k}/best/1e9)"
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+fn run_stage_best(st: &loom_ir::kernel::Stage, ins: &[Vec<u8>], threads: usize, reps: usize) -> f64 {
+    let cs = loom_cpu::compile_stage(st).expect("compile");
+    let ins: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
+    let mut out = loom_reference::alloc_outputs(st).unwrap();
+    best(reps, || cs.run(&ins, &[], &mut out, threads).expect("run"))
+}
+
+fn main() {
+    let mut rng = Rng::new(42);
+    let peak = [fma_peak(1), fma_peak(2)];
+    println!("FMA peak (AVX-512, 12 accumulators): 1 thread {:.1} GFLOP/s, 2 threads {:.1} GFLOP/s", peak[0], peak[1]);
+    println!();
+    println!("| benchmark | threads | time | rate | reference | ratio | target |");
+    println!("|---|---|---|---|---|---|---|");
+    for (m, n, k) in [(1024u64, 1024u64, 1024u64), (128, 384, 1536)] {
+        let st = one_kernel_stage(gemm_kernel(m, n, k, 64, 64, 32, false));
+        let ins = [
+            rand_f32(&mut rng, (m * k) as usize, -1.0, 1.0),
+            rand_f32(&mut rng, (k * n) as usize, -1.0, 1.0),
+        ];
+        let np = numpy_gflops(m, n, k);
+        for threads in [1usize, 2] {
+            let t = run_stage_best(&st, &ins, threads, 10);
+            let g = (2 * m * n * k) as f64 / t / 1e9;
+            let p = peak[threads - 1];
+            println!(
+                "| f32 GEMM stage {m}x{n}x{k} | {threads} | {:.3} ms | {g:.1} GFLOP/s | FMA peak {p:.1} | {:.0} % | >= 85 % |",
+                t * 1e3,
+                100.0 * g / p
+            );
+            if threads == 2 {
+                match np {
+                    Some(npg) => println!(
+                        "| f32 GEMM stage {m}x{n}x{k} | 2 | {:.3} ms | {g:.1} GFLOP/s | numpy {npg:.1} GFLOP/s | {:.2}x | >= 1.0x |",
+                        t * 1e3,
+                        g / npg
+                    ),
+                    None => println!("| f32 GEMM stage {m}x{n}x{k} | 2 | - | - | numpy unavailable | - | >= 1.0x |"),
+                }
+            }
+        }
+    }
+    let (r, c) = (4096u64, 1024u64);
+    let bytes = (r * c * 4) as usize;
+    let bw = memcpy_gbs(bytes);
+    let x = rand_f32(&mut rng, (r * c) as usize, -3.0, 3.0);
+    let cases: Vec<(&str, loom_ir::kernel::Stage, Vec<Vec<u8>>)> = vec![
+        ("softmax rows 4096x1024", one_kernel_stage(softmax_kernel(r, c, 4)), vec![x.clone()]),
+        (
+            "layernorm rows 4096x1024",
+            one_kernel_stage(layernorm(r, c, 4)),
+            vec![x.clone(), rand_f32(&mut rng, c as usize, 0.5, 1.5), rand_f32(&mut rng, c as usize, -1.0, 1.0)],
+        ),
+    ];
+    for (name, st, ins) in cases {
+        for threads in [1usize, 2] {
+            let t = run_stage_best(&st, &ins, threads, 5);
+            let g = (2 * bytes) as f64 / t / 1e9;
+            println!(
+                "| {name} | {threads} | {:.3} ms | {g:.1} GB/s | memcpy {bw:.1} GB/s | {:.0} % | >= 60 % |",
+                t * 1e3,
+                100.0 * g / bw
+            );
+        }
+    }
+}
+
+fn softmax_kernel(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
+    let bc = c as u32;
+    let mut kb = KB::new("softmax", [cdiv(r, br as u64), 1, 1]);
+    let x = kb.param("x", DType::F32, &[r, c], READ);
+    let y = kb.param("y", DType::F32, &[r, c], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(br as i64));
+    let rr = kb.range(r0, br);
+    let rc = kb.range(i(0), bc);
+    let t = kb.load(x, vec![rr.clone(), rc.clone()], Some(f(f64::NEG_INFINITY)));
+    let m = kb.reduce(ReduceOp::Max, t.clone(), 1);
+    let m = kb.expand_dims(m, 1);
+    let m = kb.broadcast(m, &[br, bc]);
+    let d = kb.sub(t, m);
+    let e = kb.un(UnOp::Exp, d);
+    let s = kb.reduce(ReduceOp::Sum, e.clone(), 1);
+    let s = kb.expand_dims(s, 1);
+    let s = kb.broadcast(s, &[br, bc]);
+    let o = kb.div(e, s);
+    kb.store(y, vec![rr, rc], o);
+    kb.finish()
+}
+
+/// Row layernorm (the same kernel as `tests/diff.rs`).
+fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("layernorm", [cdiv(r, br as u64), 1, 1]);
+    let x = kb.param("x", DType::F32, &[r, c], READ);
+    let g = kb.param("gamma", DType::F32, &[c], READ);
+    let b = kb.param("beta", DType::F32, &[c], READ);
+    let y = kb.param("y", DType::F32, &[r, c], WRITE);
+    let c32 = c as u32;
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(br as i64));
+    let rr = kb.range(r0, br);
+    let rc = kb.range(i(0), c32);
+    let t = kb.load(x, vec![rr.clone(), rc.clone()], Some(f(0.0)));
+    let s = kb.reduce(ReduceOp::Sum, t.clone(), 1);
+    let mean = kb.div(s, f(c as f64));
+    let mean = kb.expand_dims(mean, 1);
+    let mean = kb.broadcast(mean, &[br, c32]);
+    let xc = kb.sub(t, mean);
+    let sq = kb.mul(xc.clone(), xc.clone());
+    let v = kb.reduce(ReduceOp::Sum, sq, 1);
+    let v = kb.div(v, f(c as f64));
+    let v = kb.add(v, f(1e-5));
+    let inv = kb.un(UnOp::Rsqrt, v);
+    let inv = kb.expand_dims(inv, 1);
+    let inv = kb.broadcast(inv, &[br, c32]);
+    let n = kb.mul(xc, inv);
+    let gv = kb.load(g, vec![rc.clone()], None);
+    let gv = kb.expand_dims(gv, 0);
+    let gv = kb.broadcast(gv, &[br, c32]);
+    let bv = kb.load(b, vec![rc.clone()], None);
+    let bv = kb.expand_dims(bv, 0);
+    let bv = kb.broadcast(bv, &[br, c32]);
+    let o = kb.mul(n, gv);
+    let o = kb.add(o, bv);
+    kb.store(y, vec![rr, rc], o);
+    kb.finish()
+}
+
