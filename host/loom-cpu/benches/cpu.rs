@@ -4,7 +4,6 @@
 #![allow(unsafe_code)]
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
 mod common;
 
 use std::time::Instant;
