@@ -18,3 +18,5 @@ echo "== loomc build + dis (bytecode round trip)"
 "$loomc" dis target/pack.loombc | head -n 20
 echo "== sandbox: an endless loop stops with out-of-fuel"
 "$loomc" run packages/examples/spin.loom --entry main --fuel 1000000 || true
+echo "== loomc report: specialize the motif GEMM stage and show its reflection"
+"$loomc" report packages/motifs/gemm.loom --stage dense --config M=128 --config N=384 --config K=1536 --config ACT=gelu_erf
