@@ -295,13 +295,29 @@ fn main() {
     assert_eq!(lr, vec![V::I64(wr)], "prepare checksums differ");
     rows.push(("prepare_batch B=32 T=256 x200", lt, wt, wr));
 
-    // (c) tiny invocation: `x + 1` on i64, called TINY_N times; loom pays a full `invoke` each time (export
-    // lookup, argument checks, heap setup, pooled stacks), wasmi a bare typed call on a ready instance.
+    // (c) tiny invocation: `x + 1` on i64, called TINY_N times; loom pays a full invocation each time (argument
+    // checks, heap setup, pooled stacks, result conversion), wasmi a call on a ready instance.
     let l = single(&[T::I64], &[T::I64], |b, p| {
         let x = b.op(O::AddWrap, vec![v(p[0]), i64_(1)], T::I64);
         b.ret(vec![v(x)]);
     });
+    // Loom: the export resolved once, results written into a reused `Vec` (what a serving loop does).
+    let id = l.entry("main").expect("entry");
+    let mut res = Vec::with_capacity(1);
     let (lt, lr) = time(|| {
+        let mut acc = 0i64;
+        for i in 0..TINY_N {
+            l.invoke_into(id, &[V::I64(i)], &lim, &mut res)
+                .expect("loom tiny");
+            match res[..] {
+                [V::I64(x)] => acc = acc.wrapping_add(x),
+                _ => panic!("loom tiny result"),
+            }
+        }
+        acc
+    });
+    // Loom: the convenience API (lookup by name, fresh result `Vec`).
+    let (lt2, lr2) = time(|| {
         let mut acc = 0i64;
         for i in 0..TINY_N {
             match l.invoke("main", &[V::I64(i)], &lim).expect("loom tiny")[..] {
@@ -334,7 +350,25 @@ fn main() {
         acc
     });
     assert_eq!(lr, wr, "tiny checksums differ");
-    rows.push(("tiny call x1M (loom invoke/wasmi call)", lt, wt, wr));
+    rows.push(("tiny call x1M (invoke_into/typed)", lt, wt, wr));
+    // wasmi's dynamically typed call (`Func::call` with `Val` slices, checked against the signature per call),
+    // the analogue of Loom's `Value`-based `invoke`.
+    let fu = inst.get_func(&store, "tiny").expect("func");
+    let mut out = [wasmi::Val::I64(0)];
+    let (wt2, wr2) = time(|| {
+        let mut acc = 0i64;
+        for i in 0..TINY_N {
+            fu.call(&mut store, &[wasmi::Val::I64(i)], &mut out)
+                .expect("wasmi tiny");
+            match out[0] {
+                wasmi::Val::I64(x) => acc = acc.wrapping_add(x),
+                _ => panic!("wasmi tiny result"),
+            }
+        }
+        acc
+    });
+    assert_eq!((lr2, wr2), (wr, wr), "tiny checksums differ");
+    rows.push(("tiny call x1M (invoke(&str)/untyped)", lt2, wt2, wr));
 
     println!(
         "{:<34} {:>12} {:>12} {:>8}   checksum",

@@ -109,6 +109,22 @@ impl Heap {
         }
     }
 
+    /// Empties the heap for the next invocation (objects are dropped, the tables' capacity is kept).
+    pub(crate) fn reset(&mut self, cap: u64, n_strs: usize) {
+        if self.objs.len() != 1 {
+            self.objs.clear();
+            self.objs.push(Obj::Null);
+        }
+        self.used = 0;
+        self.cap = cap;
+        if self.const_strs.len() != n_strs {
+            self.const_strs.clear();
+            self.const_strs.resize(n_strs, 0);
+        } else if self.const_strs.iter().any(|&h| h != 0) {
+            self.const_strs.fill(0);
+        }
+    }
+
     pub(crate) fn charge(&mut self, n: u64) -> Result<(), Fault> {
         charge(&mut self.used, self.cap, n)
     }

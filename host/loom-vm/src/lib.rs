@@ -113,6 +113,31 @@ impl Default for InvokeLimits {
     }
 }
 
+/// Fuel and memory used by a successful [`Loaded::invoke_into`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metered {
+    pub fuel_used: u64,
+    /// Bytes charged against the memory cap.
+    pub memory_used: u64,
+}
+
+struct Raw {
+    result: Result<(), Trap>,
+    fuel_used: u64,
+    memory_used: u64,
+}
+
+fn bad_args(func: String, message: String) -> Trap {
+    Trap {
+        kind: TrapKind::BadArguments,
+        func,
+        pc: 0,
+        loc: Loc::default(),
+        file: String::new(),
+        message,
+    }
+}
+
 /// What one invocation returned and consumed.
 #[derive(Debug)]
 pub struct Invocation {
@@ -271,6 +296,12 @@ pub struct Loaded {
     inner: Arc<Inner>,
 }
 
+/// A resolved export of a [`Loaded`] program (see [`Loaded::entry`]): invoking through it skips the lookup by
+/// name. An id from another program is checked like any other input (unknown ids fail with
+/// [`TrapKind::BadArguments`]; arguments are always type-checked), so it can never bypass the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EntryId(u32);
+
 impl Loaded {
     /// Runs export `entry` with `args`; returns its results or the trap.
     pub fn invoke(
@@ -284,34 +315,103 @@ impl Loaded {
 
     /// Like [`Loaded::invoke`], also reporting fuel and memory used.
     pub fn invoke_metered(&self, entry: &str, args: &[Value], limits: &InvokeLimits) -> Invocation {
+        match self.entry(entry) {
+            Some(id) => self.invoke_entry_metered(id, args, limits),
+            None => {
+                let names: Vec<&str> = self.inner.exports.iter().map(|(n, _)| n.as_str()).collect();
+                Invocation {
+                    result: Err(bad_args(
+                        entry.to_string(),
+                        format!("no export named `{entry}` (exports: {})", names.join(", ")),
+                    )),
+                    fuel_used: 0,
+                    memory_used: 0,
+                }
+            }
+        }
+    }
+
+    /// Resolves export `name` once, for [`Loaded::invoke_entry`] and [`Loaded::invoke_into`].
+    pub fn entry(&self, name: &str) -> Option<EntryId> {
+        self.inner
+            .exports
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(|i| EntryId(i as u32))
+    }
+
+    /// Like [`Loaded::invoke`] with a resolved export.
+    pub fn invoke_entry(
+        &self,
+        entry: EntryId,
+        args: &[Value],
+        limits: &InvokeLimits,
+    ) -> Result<Vec<Value>, Trap> {
+        self.invoke_entry_metered(entry, args, limits).result
+    }
+
+    /// Like [`Loaded::invoke_metered`] with a resolved export.
+    pub fn invoke_entry_metered(
+        &self,
+        entry: EntryId,
+        args: &[Value],
+        limits: &InvokeLimits,
+    ) -> Invocation {
+        let mut out = Vec::new();
+        let m = self.invoke_raw(entry, args, limits, &mut out);
+        Invocation {
+            result: m.result.map(|()| out),
+            fuel_used: m.fuel_used,
+            memory_used: m.memory_used,
+        }
+    }
+
+    /// The allocation-free form for hot call sites: runs a resolved export and writes its results into
+    /// `results` (cleared first; its capacity is reused). Returns fuel and memory used, or the trap (then
+    /// `results` is empty).
+    pub fn invoke_into(
+        &self,
+        entry: EntryId,
+        args: &[Value],
+        limits: &InvokeLimits,
+        results: &mut Vec<Value>,
+    ) -> Result<Metered, Trap> {
+        let m = self.invoke_raw(entry, args, limits, results);
+        m.result.map(|()| Metered {
+            fuel_used: m.fuel_used,
+            memory_used: m.memory_used,
+        })
+    }
+
+    fn invoke_raw(
+        &self,
+        entry: EntryId,
+        args: &[Value],
+        limits: &InvokeLimits,
+        results: &mut Vec<Value>,
+    ) -> Raw {
+        results.clear();
         let p = &*self.inner;
-        let bad = |func: String, message: String| Invocation {
-            result: Err(Trap {
-                kind: TrapKind::BadArguments,
-                func,
-                pc: 0,
-                loc: Loc::default(),
-                file: String::new(),
-                message,
-            }),
+        let bad = |func: String, message: String| Raw {
+            result: Err(bad_args(func, message)),
             fuel_used: 0,
             memory_used: 0,
         };
-        let Some(&(_, fi)) = p.exports.iter().find(|(n, _)| n == entry) else {
-            let names: Vec<&str> = p.exports.iter().map(|(n, _)| n.as_str()).collect();
+        let Some((name, fi)) = p.exports.get(entry.0 as usize) else {
             return bad(
-                entry.to_string(),
-                format!("no export named `{entry}` (exports: {})", names.join(", ")),
+                format!("<entry {}>", entry.0),
+                format!("entry id {} is not an export of this program", entry.0),
             );
         };
+        let fi = *fi;
         let Some(fc) = p.funcs.get(fi as usize) else {
-            return bad(entry.to_string(), "export of a missing function".into());
+            return bad(name.clone(), "export of a missing function".into());
         };
         if args.len() != fc.param_types.len() {
             return bad(
                 fc.name.clone(),
                 format!(
-                    "`{entry}` takes {} arguments, {} given",
+                    "`{name}` takes {} arguments, {} given",
                     fc.param_types.len(),
                     args.len()
                 ),
@@ -322,14 +422,17 @@ impl Loaded {
                 return bad(
                     fc.name.clone(),
                     format!(
-                        "argument {i} of `{entry}` must be {t}, got {}",
+                        "argument {i} of `{name}` must be {t}, got {}",
                         a.type_desc()
                     ),
                 );
             }
         }
-        let out = interp::invoke(p, fi, args, limits);
-        Invocation {
+        let out = interp::invoke(p, fi, args, limits, results);
+        if out.result.is_err() {
+            results.clear();
+        }
+        Raw {
             result: out.result,
             fuel_used: limits.fuel - out.fuel_left.min(limits.fuel),
             memory_used: out.mem_used,
