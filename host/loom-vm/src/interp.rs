@@ -1,8 +1,11 @@
 //! The interpreter: one `match` per instruction over the current frame's register slices.
 //!
 //! Loom calls never recurse on the Rust stack: a call pushes a [`Frame`] record and continues the same loop
-//! with the callee's code and register slices, a return pops it. The inner loop only leaves for calls, returns
-//! and traps, so the frame's slices are computed once per call/return, not per instruction.
+//! with the callee's code and register slices, a return pops it. The inner loop ([`exec`]) leaves for calls,
+//! returns, traps and *slow* instructions (everything in [`cold`], and native calls), which `run` executes
+//! before re-entering the loop at the next pc. The loop itself calls no function on its non-trapping paths
+//! (except the copy-on-write of a shared buffer), so LLVM keeps the code pointer and length, pc, fuel and the
+//! register windows in machine registers (first pass: all of them were spilled and reloaded per dispatch).
 
 use crate::code::*;
 use crate::error::{NativeError, Trap, TrapKind};
@@ -27,6 +30,10 @@ struct Frame {
 
 enum Exit {
     Fault(Fault),
+    /// The instruction before the returned pc is not handled by the dispatch loop (a cold instruction or a
+    /// native call): `run` executes it and re-enters the loop. Keeping every call out of the loop lets LLVM
+    /// keep the loop's state (code, pc, fuel, register windows) in machine registers.
+    Slow,
     Call(u32),
     Ret(u32),
 }
@@ -470,11 +477,30 @@ fn run(
                 internal("frame out of range"),
             ));
         };
-        let (exit, pc, f2) = exec(p, fc, s, r, heap, fr.pc as usize, fuel);
+        let (exit, pc, f2) = exec(fc, s, r, heap, fr.pc as usize, fuel);
         fuel = f2;
-        // Only calls, returns and traps get here.
+        // Only calls, returns, slow instructions and traps get here.
         let at = pc.saturating_sub(1);
         match exit {
+            Exit::Slow => {
+                let Some(&ins) = fc.code.get(at) else {
+                    return Err(mk_trap(p, fr.func, at, internal("slow pc")));
+                };
+                let res = match ins {
+                    Instr::CallNative { site } => {
+                        call_native(p, fc, site, &mut s[..], &mut r[..], heap, fuel, types)
+                            .map(|f| fuel = f)
+                    }
+                    _ => cold(ins, p, fc, &mut s[..], &mut r[..], heap),
+                };
+                if let Err(f) = res {
+                    *fuel_out = fuel;
+                    return Err(mk_trap(p, fr.func, at, f));
+                }
+                if let Some(top) = frames.last_mut() {
+                    top.pc = pc as u32;
+                }
+            }
             Exit::Fault(f) => {
                 *fuel_out = fuel;
                 return Err(mk_trap(p, fr.func, at, f));
@@ -1113,7 +1139,6 @@ fn cold(
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn exec(
-    p: &Inner,
     fc: &FuncCode,
     s: &mut SWin,
     r: &mut RWin,
@@ -1122,7 +1147,6 @@ fn exec(
     mut fuel: u64,
 ) -> (Exit, usize, u64) {
     let code = &fc.code[..];
-    let types = &p.types[..];
 
     macro_rules! tri {
         ($e:expr) => {
@@ -1561,18 +1585,6 @@ fn exec(
             }
             I::Call { site } => break Exit::Call(site),
             I::Ret { site } => break Exit::Ret(site),
-            I::CallNative { site } => {
-                fuel = tri!(call_native(
-                    p,
-                    fc,
-                    site,
-                    &mut s[..],
-                    &mut r[..],
-                    heap,
-                    fuel,
-                    types
-                ));
-            }
             I::MovS { d, a } => s[d as usize] = s!(a),
             I::MovR { d, a } => r[d as usize] = r[a as usize],
             I::ConstS { d, bits } => s[d as usize] = bits,
@@ -1676,7 +1688,7 @@ fn exec(
                 store!(4, b, off, v, disp, (s!(v) as u32).to_le_bytes())
             }
             I::St64 { b, off, v, disp } => store!(8, b, off, v, disp, s!(v).to_le_bytes()),
-            _ => tri!(cold(*ins, p, fc, &mut s[..], &mut r[..], heap)),
+            _ => break Exit::Slow,
         }
     };
 
