@@ -633,6 +633,39 @@ fn attention_causal_and_grouped() {
             ATT_NP,
         ));
     }
+    // A padded head dim (BD = 8 > D = 5): the extra columns read 0 and are not stored.
+    cases.push(case(
+        "motifs.attention.attention_causal",
+        &[
+            ("B", int(1)),
+            ("S", int(6)),
+            ("T", int(6)),
+            ("H", int(2)),
+            ("D", int(5)),
+            ("BD", int(8)),
+        ],
+        ATT_JIT,
+        ATT_NP,
+    ));
+    // Stability: q, k, v in [-8, 8) with D = 64 give scores up to ~500, far past exp's f32 range without the
+    // max subtraction. A score's f32 rounding (about 500 * 2^-24 = 3e-5) moves softmax weights by the same
+    // relative amount: relative 1e-4, absolute 3e-4 (outputs up to 8) vs the reference and vs numpy.
+    cases.push(
+        case(
+            "motifs.attention.attention_causal",
+            &[
+                ("B", int(1)),
+                ("S", int(20)),
+                ("T", int(20)),
+                ("H", int(2)),
+                ("KV", int(1)),
+                ("D", int(64)),
+            ],
+            tol(1e-4, 3e-4),
+            tol(1e-4, 3e-4),
+        )
+        .range(8.0),
+    );
     check_cases("attn_causal", cases, 202);
 }
 
@@ -717,5 +750,29 @@ fn embed_out_of_range_id_is_a_checked_load_error() {
                 "threads {threads}: bytes written past the output"
             );
         }
+    }
+}
+
+/// The motifs' documented shape preconditions fail at specialization, not at run time: RoPE needs an even head
+/// dim, grouped-query attention needs H % KV == 0.
+#[test]
+fn motif_shape_preconditions_are_specialization_errors() {
+    let cat = catalog();
+    let spec = |stage: &str, cfg: &[(&str, i64)]| {
+        let (module, name) = stage.rsplit_once('.').expect("MODULE.STAGE");
+        let cfg: Vec<(String, TValue)> =
+            cfg.iter().map(|(k, v)| (k.to_string(), int(*v))).collect();
+        loom_kernel::specialize_stage(cat, cat.find(module).expect("module"), name, &cfg)
+    };
+    assert!(spec("motifs.rope.rope", &[("D", 8)]).is_ok());
+    let e = spec("motifs.rope.rope", &[("D", 7)]).unwrap_err().join("");
+    assert!(e.contains("kernel expects f32[16, 4, 6]"), "{e}");
+    assert!(spec("motifs.attention.attention_causal", &[("H", 6), ("KV", 3)]).is_ok());
+    for stage in [
+        "motifs.attention.attention_causal",
+        "motifs.attention.attention_padded",
+    ] {
+        let e = spec(stage, &[("H", 6), ("KV", 4)]).unwrap_err().join("");
+        assert!(e.contains("wrong buffer for parameter %q"), "{e}");
     }
 }
