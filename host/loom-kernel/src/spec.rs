@@ -446,13 +446,18 @@ pub(crate) fn kernel(
         ));
     }
     let tvals = bind_tparams(sp, &p, given, at, call_span)?;
+    // The name is the memo key: a kfunc of another module is qualified (`F=@motifs.gemm.silu`), so that two
+    // same-named kfuncs of different modules give two kernels.
     let spec_name = format!(
         "{}.{}<{}>",
         sp.module_name(m),
         name,
         tvals
             .iter()
-            .map(|(n, v)| format!("{n}={}", cv_text(v)))
+            .map(|(n, v)| match v {
+                CV::Func(fm, f) if *fm != m => format!("{n}=@{}.{f}", sp.module_name(*fm)),
+                v => format!("{n}={}", cv_text(v)),
+            })
             .collect::<Vec<_>>()
             .join(",")
     );
