@@ -85,18 +85,78 @@ const F64: Type = types::F64;
 
 fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
     vec![
-        ("loom_unary_tile", rt::loom_unary_tile as *const u8, vec![I32, I32, I64, I64, I64], vec![]),
-        ("loom_unary_scalar", rt::loom_unary_scalar as *const u8, vec![I32, I32, F64], vec![F64]),
-        ("loom_round_tile", rt::loom_round_tile as *const u8, vec![I32, I64, I64], vec![]),
-        ("loom_round_scalar", rt::loom_round_scalar as *const u8, vec![I32, F32], vec![F32]),
-        ("loom_fmod", rt::loom_fmod as *const u8, vec![F64, F64], vec![F64]),
-        ("loom_half_to_f32", rt::loom_half_to_f32 as *const u8, vec![I32, I32], vec![F32]),
-        ("loom_f32_to_half", rt::loom_f32_to_half as *const u8, vec![I32, F32], vec![I32]),
-        ("loom_cast_scalar", rt::loom_cast_scalar as *const u8, vec![I32, I32, I64], vec![I64]),
-        ("loom_cast_tile", rt::loom_cast_tile as *const u8, vec![I32, I32, I64, I64, I64], vec![]),
-        ("loom_reduce", rt::loom_reduce as *const u8, vec![I32, I32, I64, I64, I64, I64, I64], vec![]),
-        ("loom_dot", rt::loom_dot as *const u8, vec![I32, I64, I64, I64, I64, I64, I64, I64], vec![]),
-        ("loom_dequant", rt::loom_dequant as *const u8, vec![I32, I64, I64], vec![F32]),
+        (
+            "loom_unary_tile",
+            rt::loom_unary_tile as *const u8,
+            vec![I32, I32, I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_unary_scalar",
+            rt::loom_unary_scalar as *const u8,
+            vec![I32, I32, F64],
+            vec![F64],
+        ),
+        (
+            "loom_round_tile",
+            rt::loom_round_tile as *const u8,
+            vec![I32, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_round_scalar",
+            rt::loom_round_scalar as *const u8,
+            vec![I32, F32],
+            vec![F32],
+        ),
+        (
+            "loom_fmod",
+            rt::loom_fmod as *const u8,
+            vec![F64, F64],
+            vec![F64],
+        ),
+        (
+            "loom_half_to_f32",
+            rt::loom_half_to_f32 as *const u8,
+            vec![I32, I32],
+            vec![F32],
+        ),
+        (
+            "loom_f32_to_half",
+            rt::loom_f32_to_half as *const u8,
+            vec![I32, F32],
+            vec![I32],
+        ),
+        (
+            "loom_cast_scalar",
+            rt::loom_cast_scalar as *const u8,
+            vec![I32, I32, I64],
+            vec![I64],
+        ),
+        (
+            "loom_cast_tile",
+            rt::loom_cast_tile as *const u8,
+            vec![I32, I32, I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_reduce",
+            rt::loom_reduce as *const u8,
+            vec![I32, I32, I64, I64, I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_dot",
+            rt::loom_dot as *const u8,
+            vec![I32, I64, I64, I64, I64, I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_dequant",
+            rt::loom_dequant as *const u8,
+            vec![I32, I64, I64],
+            vec![F32],
+        ),
     ]
 }
 
@@ -151,7 +211,8 @@ impl std::fmt::Debug for Jit {
 impl Jit {
     pub(crate) fn new() -> Result<Jit, String> {
         let mut flags = settings::builder();
-        let set = |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| e.to_string());
+        let set =
+            |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| e.to_string());
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "is_pic", "false")?;
         set(&mut flags, "opt_level", "speed")?;
@@ -188,7 +249,12 @@ impl Jit {
     }
 
     /// Lowers `kernel` into a new function of this module (finalised later by [`Jit::finish`]).
-    pub(crate) fn lower(&mut self, kernel: &Kernel, opts: Opts, fname: &str) -> Result<Lowered, (Fail, Loc)> {
+    pub(crate) fn lower(
+        &mut self,
+        kernel: &Kernel,
+        opts: Opts,
+        fname: &str,
+    ) -> Result<Lowered, (Fail, Loc)> {
         let jerr = |e: String| (Fail::Unsupported(format!("Cranelift: {e}")), Loc::default());
         let mut sig = self.module.make_signature();
         for _ in 0..5 {
@@ -247,7 +313,9 @@ impl Jit {
 
     /// Links everything and returns the module (which owns the code) and a lookup for function addresses.
     pub(crate) fn finish(mut self) -> Result<JITModule, String> {
-        self.module.finalize_definitions().map_err(|e| e.to_string())?;
+        self.module
+            .finalize_definitions()
+            .map_err(|e| e.to_string())?;
         Ok(self.module)
     }
 }
@@ -447,15 +515,23 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     fn alloc(&mut self, shape: &[u32], dtype: DType) -> R<TileV> {
-        let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(u64::from(d)));
+        let n = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(u64::from(d)));
         let n = match n {
             Some(n) if n <= MAX_TILE_ELEMENTS => n as u32,
-            _ => return Err(Fail::Unsupported(format!("tile {shape:?} exceeds {MAX_TILE_ELEMENTS} elements"))),
+            _ => {
+                return Err(Fail::Unsupported(format!(
+                    "tile {shape:?} exceeds {MAX_TILE_ELEMENTS} elements"
+                )));
+            }
         };
         let off = self.top.div_ceil(64) * 64;
         let end = u64::from(off) + u64::from(n.max(1)) * u64::from(csize(dtype));
         if end > u64::from(MAX_SCRATCH) {
-            return Err(Fail::Unsupported("kernel needs more than 1 GiB of tile scratch".into()));
+            return Err(Fail::Unsupported(
+                "kernel needs more than 1 GiB of tile scratch".into(),
+            ));
         }
         self.top = end as u32;
         Ok(TileV {
@@ -477,12 +553,20 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     fn name(&self, v: KValue) -> String {
-        self.k.values.get(v.0 as usize).map(|d| d.name.clone()).unwrap_or_default()
+        self.k
+            .values
+            .get(v.0 as usize)
+            .map(|d| d.name.clone())
+            .unwrap_or_default()
     }
 
     fn def_scalar(&mut self, v: KValue, x: Value, dtype: DType) -> R<()> {
         if *self.decl(v)? != KType::Scalar(dtype) {
-            return Err(bad!("%{} is declared {} but its operation produces {dtype}", self.name(v), self.decl(v)?));
+            return Err(bad!(
+                "%{} is declared {} but its operation produces {dtype}",
+                self.name(v),
+                self.decl(v)?
+            ));
         }
         let var = match self.env[v.0 as usize] {
             Some(Val::Scalar(var, d)) if d == dtype => var,
@@ -499,7 +583,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             dtype: t.dtype,
         };
         if *self.decl(v)? != want {
-            return Err(bad!("%{} is declared {} but its operation produces {want}", self.name(v), self.decl(v)?));
+            return Err(bad!(
+                "%{} is declared {} but its operation produces {want}",
+                self.name(v),
+                self.decl(v)?
+            ));
         }
         self.env[v.0 as usize] = Some(Val::Tile(t));
         Ok(())
@@ -522,10 +610,13 @@ impl<'k, 'f> Lower<'k, 'f> {
                     return Err(bad!("{d} is a buffer layout, not a value type"));
                 }
                 let x = match (*imm, cty(d)) {
-                    (KImm::F64(x), F32) if d.is_float() => self.b.ins().f32const(rt::round_to(d, x) as f32),
+                    (KImm::F64(x), F32) if d.is_float() => {
+                        self.b.ins().f32const(rt::round_to(d, x) as f32)
+                    }
                     (KImm::I64(x), F32) if d.is_float() => {
                         // Integer immediates to a float dtype: one rounding from the integer (as the reference).
-                        let bits = rt::loom_cast_scalar(dtype_code(DType::I64), dtype_code(d), x as u64);
+                        let bits =
+                            rt::loom_cast_scalar(dtype_code(DType::I64), dtype_code(d), x as u64);
                         self.b.ins().f32const(f32::from_bits(bits as u32))
                     }
                     (KImm::F64(x), F64) if d == DType::F64 => self.b.ins().f64const(x),
@@ -542,14 +633,21 @@ impl<'k, 'f> Lower<'k, 'f> {
     fn scalar_i64(&mut self, o: &KOperand, what: &str) -> R<Value> {
         match self.operand(o)? {
             Opnd::S(x, DType::I64) => Ok(x),
-            other => Err(bad!("{what} must be an i64 scalar, got {:?}", other.dtype())),
+            other => Err(bad!(
+                "{what} must be an i64 scalar, got {:?}",
+                other.dtype()
+            )),
         }
     }
 
     fn wrap(&mut self, d: DType, x: Value) -> Value {
         let ins = |b: &mut FunctionBuilder<'_>, t: Type, signed: bool| {
             let r = b.ins().ireduce(t, x);
-            if signed { b.ins().sextend(I64, r) } else { b.ins().uextend(I64, r) }
+            if signed {
+                b.ins().sextend(I64, r)
+            } else {
+                b.ins().uextend(I64, r)
+            }
         };
         match d {
             DType::I32 => ins(&mut self.b, I32, true),
@@ -570,13 +668,19 @@ impl<'k, 'f> Lower<'k, 'f> {
         let one = |op: &KOp| -> R<KValue> {
             match op.results[..] {
                 [r] => Ok(r),
-                _ => Err(bad!("operation has {} results, expected 1", op.results.len())),
+                _ => Err(bad!(
+                    "operation has {} results, expected 1",
+                    op.results.len()
+                )),
             }
         };
         match &op.kind {
             K::Yield(_) => Err(bad!("`yield` before the end of its region")),
             K::ProgramId { axis } => {
-                let p = *self.pid.get(usize::from(*axis)).ok_or_else(|| bad!("program_id axis {axis} (0..3)"))?;
+                let p = *self
+                    .pid
+                    .get(usize::from(*axis))
+                    .ok_or_else(|| bad!("program_id axis {axis} (0..3)"))?;
                 self.def_scalar(one(op)?, p, DType::I64)
             }
             K::Binary { op: bop, a, b } => {
@@ -594,15 +698,21 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 let d = a.dtype();
                 let cop = *cop;
-                self.elementwise(one(op)?, DType::I1, &[a, b], false, &mut |l, v| Ok(l.cmp_val(cop, d, v[0], v[1])))
+                self.elementwise(one(op)?, DType::I1, &[a, b], false, &mut |l, v| {
+                    Ok(l.cmp_val(cop, d, v[0], v[1]))
+                })
             }
             K::Select { cond, a, b } => {
                 let (c, a, b) = (self.operand(cond)?, self.operand(a)?, self.operand(b)?);
                 if c.dtype() != DType::I1 || a.dtype() != b.dtype() {
-                    return Err(bad!("select needs an i1 condition and operands of one type"));
+                    return Err(bad!(
+                        "select needs an i1 condition and operands of one type"
+                    ));
                 }
                 let d = a.dtype();
-                self.elementwise(one(op)?, d, &[c, a, b], false, &mut |l, v| Ok(l.b.ins().select(v[0], v[1], v[2])))
+                self.elementwise(one(op)?, d, &[c, a, b], false, &mut |l, v| {
+                    Ok(l.b.ins().select(v[0], v[1], v[2]))
+                })
             }
             K::Cast { a, to } => {
                 let a = self.operand(a)?;
@@ -619,9 +729,19 @@ impl<'k, 'f> Lower<'k, 'f> {
                 })?;
                 let var = self.b.declare_var(I64);
                 self.b.def_var(var, s);
-                self.def_tile(one(op)?, TileV { range: Some(var), ..t })
+                self.def_tile(
+                    one(op)?,
+                    TileV {
+                        range: Some(var),
+                        ..t
+                    },
+                )
             }
-            K::Full { value, shape, dtype } => {
+            K::Full {
+                value,
+                shape,
+                dtype,
+            } => {
                 let x = match self.operand(value)? {
                     Opnd::S(x, d) if d == *dtype => x,
                     _ => return Err(bad!("full value must be a {dtype} scalar")),
@@ -639,11 +759,21 @@ impl<'k, 'f> Lower<'k, 'f> {
                 let t = self.as_tile(a)?;
                 let axis = usize::from(*axis);
                 if axis > t.shape.len() {
-                    return Err(bad!("expand_dims axis {axis} of a rank-{} tile", t.shape.len()));
+                    return Err(bad!(
+                        "expand_dims axis {axis} of a rank-{} tile",
+                        t.shape.len()
+                    ));
                 }
                 let mut shape = t.shape.clone();
                 shape.insert(axis, 1);
-                self.def_tile(one(op)?, TileV { shape, range: None, ..t })
+                self.def_tile(
+                    one(op)?,
+                    TileV {
+                        shape,
+                        range: None,
+                        ..t
+                    },
+                )
             }
             K::Reshape { a, shape } => {
                 let a = self.operand(a)?;
@@ -652,7 +782,14 @@ impl<'k, 'f> Lower<'k, 'f> {
                 if n != u64::from(t.n()) {
                     return Err(bad!("cannot reshape {:?} to {shape:?}", t.shape));
                 }
-                self.def_tile(one(op)?, TileV { shape: shape.clone(), range: None, ..t })
+                self.def_tile(
+                    one(op)?,
+                    TileV {
+                        shape: shape.clone(),
+                        range: None,
+                        ..t
+                    },
+                )
             }
             K::Transpose { a } => {
                 let Opnd::T(t) = self.operand(a)? else {
@@ -709,7 +846,12 @@ impl<'k, 'f> Lower<'k, 'f> {
                     return Err(bad!("dot operands must be 2-D tiles"));
                 };
                 let (m, k, n) = (*m, *k, *n);
-                if k != *k2 || c.shape != [m, n] || !a.dtype.is_float() || a.dtype != b.dtype || c.dtype != DType::F32 {
+                if k != *k2
+                    || c.shape != [m, n]
+                    || !a.dtype.is_float()
+                    || a.dtype != b.dtype
+                    || c.dtype != DType::F32
+                {
                     return Err(bad!("dot shapes or types do not line up"));
                 }
                 let o = self.alloc(&[m, n], DType::F32)?;
@@ -726,18 +868,38 @@ impl<'k, 'f> Lower<'k, 'f> {
                 self.call(H::Dot, &args);
                 self.def_tile(one(op)?, o)
             }
-            K::Load { param, indices, fill } => {
+            K::Load {
+                param,
+                indices,
+                fill,
+            } => {
                 let r = one(op)?;
                 self.load(r, *param, indices, fill.as_ref())
             }
-            K::Store { param, indices, value } => {
+            K::Store {
+                param,
+                indices,
+                value,
+            } => {
                 if !op.results.is_empty() {
                     return Err(bad!("store has no results"));
                 }
                 self.store(*param, indices, value)
             }
-            K::For { lo, hi, step, iv, iters, inits, body } => self.for_op(op, lo, hi, step, *iv, iters, inits, body),
-            K::If { cond, then_region, else_region } => self.if_op(op, cond, then_region, else_region),
+            K::For {
+                lo,
+                hi,
+                step,
+                iv,
+                iters,
+                inits,
+                body,
+            } => self.for_op(op, lo, hi, step, *iv, iters, inits, body),
+            K::If {
+                cond,
+                then_region,
+                else_region,
+            } => self.if_op(op, cond, then_region, else_region),
         }
     }
 
@@ -763,7 +925,12 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     /// Nested loops over `dims` (row-major); `sa` are source strides; the destination index is row-major.
-    fn nest2(&mut self, dims: &[u32], sa: &[i64], body: &mut dyn FnMut(&mut Self, Value, Value) -> R<()>) -> R<()> {
+    fn nest2(
+        &mut self,
+        dims: &[u32],
+        sa: &[i64],
+        body: &mut dyn FnMut(&mut Self, Value, Value) -> R<()>,
+    ) -> R<()> {
         let z = self.iconst(0);
         self.nest2_at(dims, sa, 0, z, z, body)
     }
@@ -806,12 +973,26 @@ impl<'k, 'f> Lower<'k, 'f> {
                 match &shape {
                     None => shape = Some(t.shape.clone()),
                     Some(s) if *s == t.shape => {}
-                    Some(s) => return Err(bad!("elementwise operands {s:?} and {:?} differ in shape", t.shape)),
+                    Some(s) => {
+                        return Err(bad!(
+                            "elementwise operands {s:?} and {:?} differ in shape",
+                            t.shape
+                        ));
+                    }
                 }
             }
         }
         let Some(shape) = shape else {
-            let v: Vec<Value> = ins.iter().map(|o| if let Opnd::S(x, _) = o { *x } else { unreachable!() }).collect();
+            let v: Vec<Value> = ins
+                .iter()
+                .map(|o| {
+                    if let Opnd::S(x, _) = o {
+                        *x
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect();
             let mut r = f(self, &v)?;
             if round && is_half(out) {
                 let c = self.i32c(dtype_code(out));
@@ -834,7 +1015,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             Ok(())
         })?;
         if round && is_half(out) {
-            let args = [self.i32c(dtype_code(out)), self.sptr(off), self.iconst(i64::from(t.n()))];
+            let args = [
+                self.i32c(dtype_code(out)),
+                self.sptr(off),
+                self.iconst(i64::from(t.n())),
+            ];
             self.call(H::RoundTile, &args);
         }
         self.def_tile(res, t)
@@ -842,10 +1027,25 @@ impl<'k, 'f> Lower<'k, 'f> {
 
     fn binary(&mut self, res: KValue, op: BinOp, a: Opnd, b: Opnd) -> R<()> {
         if a.dtype() != b.dtype() {
-            return Err(bad!("`{op:?}`: operand types {} and {} differ (cast explicitly)", a.dtype(), b.dtype()));
+            return Err(bad!(
+                "`{op:?}`: operand types {} and {} differ (cast explicitly)",
+                a.dtype(),
+                b.dtype()
+            ));
         }
         let d = a.dtype();
-        if d.is_float() && !matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem | BinOp::Min | BinOp::Max) {
+        if d.is_float()
+            && !matches!(
+                op,
+                BinOp::Add
+                    | BinOp::Sub
+                    | BinOp::Mul
+                    | BinOp::Div
+                    | BinOp::Rem
+                    | BinOp::Min
+                    | BinOp::Max
+            )
+        {
             return Err(bad!("`{op:?}` is not defined on {d}"));
         }
         // f32 add/sub/mul/div over tiles: four lanes at a time.
@@ -858,8 +1058,14 @@ impl<'k, 'f> Lower<'k, 'f> {
                 return self.binary_f32x4(res, op, &shape, a, b);
             }
         }
-        let site = if matches!(op, BinOp::Div | BinOp::Rem) && !d.is_float() { self.site() } else { 0 };
-        self.elementwise(res, d, &[a, b], true, &mut |l, v| l.bin_val(op, d, v[0], v[1], site))
+        let site = if matches!(op, BinOp::Div | BinOp::Rem) && !d.is_float() {
+            self.site()
+        } else {
+            0
+        };
+        self.elementwise(res, d, &[a, b], true, &mut |l, v| {
+            l.bin_val(op, d, v[0], v[1], site)
+        })
     }
 
     fn binary_f32x4(&mut self, res: KValue, op: BinOp, shape: &[u32], a: Opnd, b: Opnd) -> R<()> {
@@ -927,11 +1133,19 @@ impl<'k, 'f> Lower<'k, 'f> {
                         (x, y)
                     };
                     let r = self.call(H::Fmod, &[x, y]).unwrap_or(x);
-                    if ty == F32 { self.b.ins().fdemote(F32, r) } else { r }
+                    if ty == F32 {
+                        self.b.ins().fdemote(F32, r)
+                    } else {
+                        r
+                    }
                 }
                 // IEEE minNum/maxNum: a NaN operand is ignored.
                 BinOp::Min | BinOp::Max => {
-                    let cc = if op == BinOp::Min { FloatCC::LessThan } else { FloatCC::GreaterThan };
+                    let cc = if op == BinOp::Min {
+                        FloatCC::LessThan
+                    } else {
+                        FloatCC::GreaterThan
+                    };
                     let c = self.b.ins().fcmp(cc, y, x);
                     let r = self.b.ins().select(c, y, x);
                     let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
@@ -965,7 +1179,11 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
             }
             BinOp::Min | BinOp::Max => {
-                let cc = if op == BinOp::Min { IntCC::SignedLessThan } else { IntCC::SignedGreaterThan };
+                let cc = if op == BinOp::Min {
+                    IntCC::SignedLessThan
+                } else {
+                    IntCC::SignedGreaterThan
+                };
                 let c = self.b.ins().icmp(cc, x, y);
                 self.b.ins().select(c, x, y)
             }
@@ -981,7 +1199,11 @@ impl<'k, 'f> Lower<'k, 'f> {
                     _ => 64,
                 };
                 let amt = self.b.ins().band_imm_s(y, bits - 1);
-                if op == BinOp::Shl { self.b.ins().ishl(x, amt) } else { self.b.ins().sshr(x, amt) }
+                if op == BinOp::Shl {
+                    self.b.ins().ishl(x, amt)
+                } else {
+                    self.b.ins().sshr(x, amt)
+                }
             }
         };
         Ok(self.wrap(d, r))
@@ -1030,19 +1252,29 @@ impl<'k, 'f> Lower<'k, 'f> {
         }
         match op {
             UnOp::Not => Err(bad!("`Not` is not defined on {d}")),
-            UnOp::Neg | UnOp::Abs | UnOp::Sqrt => self.elementwise(res, d, &[a], true, &mut |l, v| {
-                Ok(match op {
-                    UnOp::Neg => l.b.ins().fneg(v[0]),
-                    UnOp::Abs => l.b.ins().fabs(v[0]),
-                    _ => l.b.ins().sqrt(v[0]),
+            UnOp::Neg | UnOp::Abs | UnOp::Sqrt => {
+                self.elementwise(res, d, &[a], true, &mut |l, v| {
+                    Ok(match op {
+                        UnOp::Neg => l.b.ins().fneg(v[0]),
+                        UnOp::Abs => l.b.ins().fabs(v[0]),
+                        _ => l.b.ins().sqrt(v[0]),
+                    })
                 })
-            }),
+            }
             _ => match a {
                 Opnd::S(x, _) => {
-                    let x64 = if cty(d) == F32 { self.b.ins().fpromote(F64, x) } else { x };
+                    let x64 = if cty(d) == F32 {
+                        self.b.ins().fpromote(F64, x)
+                    } else {
+                        x
+                    };
                     let args = [self.i32c(rt::unop_code(op)), self.i32c(dtype_code(d)), x64];
                     let r = self.call(H::UnaryScalar, &args).unwrap_or(x64);
-                    let r = if cty(d) == F32 { self.b.ins().fdemote(F32, r) } else { r };
+                    let r = if cty(d) == F32 {
+                        self.b.ins().fdemote(F32, r)
+                    } else {
+                        r
+                    };
                     self.def_scalar(res, r, d)
                 }
                 Opnd::T(t) => {
@@ -1130,12 +1362,19 @@ impl<'k, 'f> Lower<'k, 'f> {
             Opnd::T(t) => t,
         };
         if t.shape.len() > target.len() {
-            return Err(bad!("cannot broadcast {:?} to a lower rank {target:?}", t.shape));
+            return Err(bad!(
+                "cannot broadcast {:?} to a lower rank {target:?}",
+                t.shape
+            ));
         }
         let off = target.len() - t.shape.len();
         let mut src = vec![0i64; t.shape.len()];
         for d in (0..t.shape.len()).rev() {
-            src[d] = if d + 1 == t.shape.len() { 1 } else { src[d + 1] * i64::from(t.shape[d + 1]) };
+            src[d] = if d + 1 == t.shape.len() {
+                1
+            } else {
+                src[d + 1] * i64::from(t.shape[d + 1])
+            };
         }
         let mut st = vec![0i64; target.len()];
         for (i, &d) in t.shape.iter().enumerate() {
@@ -1159,7 +1398,9 @@ impl<'k, 'f> Lower<'k, 'f> {
     // ---- buffers ----
 
     fn buf_ptr(&mut self, param: u32) -> Value {
-        self.b.ins().load(I64, flags_scratch(), self.desc, (param * 16) as i32)
+        self.b
+            .ins()
+            .load(I64, flags_scratch(), self.desc, (param * 16) as i32)
     }
 
     fn buf_addr(&mut self, ptr: Value, g: Value, size: i64) -> Value {
@@ -1231,9 +1472,18 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     fn indices(&mut self, param: u32, indices: &[KOperand]) -> R<(Vec<Ix>, Vec<u32>)> {
-        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?;
+        let p = self
+            .k
+            .params
+            .get(param as usize)
+            .ok_or_else(|| bad!("parameter #{param} does not exist"))?;
         if indices.len() != p.shape.len() {
-            return Err(bad!("`{}` has {} dimensions but {} indices are given", p.name, p.shape.len(), indices.len()));
+            return Err(bad!(
+                "`{}` has {} dimensions but {} indices are given",
+                p.name,
+                p.shape.len(),
+                indices.len()
+            ));
         }
         let mut ixs = Vec::new();
         let mut shape = Vec::new();
@@ -1244,12 +1494,19 @@ impl<'k, 'f> Lower<'k, 'f> {
                     shape.push(t.shape[0]);
                     ixs.push(Ix::T(t));
                 }
-                _ => return Err(bad!("index {d} of `{}` must be an i64 scalar or 1-D i64 tile", p.name)),
+                _ => {
+                    return Err(bad!(
+                        "index {d} of `{}` must be an i64 scalar or 1-D i64 tile",
+                        p.name
+                    ));
+                }
             }
         }
         let n: u64 = shape.iter().map(|&d| u64::from(d)).product();
         if n > MAX_TILE_ELEMENTS {
-            return Err(Fail::Unsupported(format!("access of {n} elements exceeds the tile limit")));
+            return Err(Fail::Unsupported(format!(
+                "access of {n} elements exceeds the tile limit"
+            )));
         }
         Ok((ixs, shape))
     }
@@ -1311,7 +1568,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             Ix::T(t) => {
                 let t = t.clone();
                 let len = t.shape[0];
-                let start = if mode == 1 { t.range.map(|v| self.b.use_var(v)) } else { None };
+                let start = if mode == 1 {
+                    t.range.map(|v| self.b.use_var(v))
+                } else {
+                    None
+                };
                 self.for_n(len, &mut |l, j| {
                     let v = match start {
                         Some(s) => l.b.ins().iadd(s, j),
@@ -1328,8 +1589,15 @@ impl<'k, 'f> Lower<'k, 'f> {
 
     /// Runs `body(mode)` in the fast mode when every tile index is a range whose bounds are inside the buffer
     /// (one test), otherwise in the masked mode.
-    fn fast_or_masked(&mut self, ixs: &[Ix], extents: &[u64], body: &mut dyn FnMut(&mut Self, u8) -> R<()>) -> R<()> {
-        let ranged = ixs.iter().all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()));
+    fn fast_or_masked(
+        &mut self,
+        ixs: &[Ix],
+        extents: &[u64],
+        body: &mut dyn FnMut(&mut Self, u8) -> R<()>,
+    ) -> R<()> {
+        let ranged = ixs
+            .iter()
+            .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()));
         if !ranged || ixs.iter().all(|ix| matches!(ix, Ix::S(_))) {
             return body(self, 2);
         }
@@ -1379,12 +1647,27 @@ impl<'k, 'f> Lower<'k, 'f> {
         (st, shape.clone())
     }
 
-    fn load(&mut self, res: KValue, param: u32, indices: &[KOperand], fill: Option<&KOperand>) -> R<()> {
-        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?.clone();
+    fn load(
+        &mut self,
+        res: KValue,
+        param: u32,
+        indices: &[KOperand],
+        fill: Option<&KOperand>,
+    ) -> R<()> {
+        let p = self
+            .k
+            .params
+            .get(param as usize)
+            .ok_or_else(|| bad!("parameter #{param} does not exist"))?
+            .clone();
         if p.access == Access::Write && self.opts.allow_load != Some(param) {
             return Err(bad!("load from write-only parameter `{}`", p.name));
         }
-        let dtype = if p.dtype.is_quantized() { DType::F32 } else { p.dtype };
+        let dtype = if p.dtype.is_quantized() {
+            DType::F32
+        } else {
+            p.dtype
+        };
         let fill = match fill {
             Some(f) => match self.operand(f)? {
                 Opnd::S(x, d) if d == dtype => Some(x),
@@ -1395,7 +1678,11 @@ impl<'k, 'f> Lower<'k, 'f> {
         let (ixs, shape) = self.indices(param, indices)?;
         let (strides, extents) = self.geometry(param);
         let ptr = self.buf_ptr(param);
-        let out = if shape.is_empty() { None } else { Some(self.alloc(&shape, dtype)?) };
+        let out = if shape.is_empty() {
+            None
+        } else {
+            Some(self.alloc(&shape, dtype)?)
+        };
         let var = self.b.declare_var(cty(dtype));
         let mut leaf = |l: &mut Self, g: Value, ok: Option<Value>, r: Value| -> R<()> {
             let put = |l: &mut Self, x: Value| match &out {
@@ -1455,7 +1742,9 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             self.visit(&ixs, &strides, &extents, 0, &mut leaf)?;
         } else {
-            self.fast_or_masked(&ixs, &extents, &mut |l, mode| l.visit(&ixs, &strides, &extents, mode, &mut leaf))?;
+            self.fast_or_masked(&ixs, &extents, &mut |l, mode| {
+                l.visit(&ixs, &strides, &extents, mode, &mut leaf)
+            })?;
         }
         match out {
             Some(t) => self.def_tile(res, t),
@@ -1467,12 +1756,20 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     fn store(&mut self, param: u32, indices: &[KOperand], value: &KOperand) -> R<()> {
-        let p = self.k.params.get(param as usize).ok_or_else(|| bad!("parameter #{param} does not exist"))?.clone();
+        let p = self
+            .k
+            .params
+            .get(param as usize)
+            .ok_or_else(|| bad!("parameter #{param} does not exist"))?
+            .clone();
         if p.access == Access::Read {
             return Err(bad!("store to read-only parameter `{}`", p.name));
         }
         if p.dtype.is_quantized() {
-            return Err(bad!("store to `{}`: quantised buffers are read-only", p.name));
+            return Err(bad!(
+                "store to `{}`: quantised buffers are read-only",
+                p.name
+            ));
         }
         let (ixs, shape) = self.indices(param, indices)?;
         let v = self.operand(value)?;
@@ -1481,7 +1778,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             Opnd::T(t) => t.shape == shape,
         };
         if v.dtype() != p.dtype || !ok_shape {
-            return Err(bad!("store to `{}` needs a {}{shape:?} value", p.name, p.dtype));
+            return Err(bad!(
+                "store to `{}` needs a {}{shape:?} value",
+                p.name,
+                p.dtype
+            ));
         }
         let (strides, extents) = self.geometry(param);
         let ptr = self.buf_ptr(param);
@@ -1509,7 +1810,9 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             Ok(())
         };
-        self.fast_or_masked(&ixs, &extents, &mut |l, mode| l.visit(&ixs, &strides, &extents, mode, &mut leaf))
+        self.fast_or_masked(&ixs, &extents, &mut |l, mode| {
+            l.visit(&ixs, &strides, &extents, mode, &mut leaf)
+        })
     }
 
     // ---- structured control flow ----
@@ -1541,7 +1844,9 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 Ok(())
             }
-            _ => Err(bad!("a yielded value does not match its loop or branch result type")),
+            _ => Err(bad!(
+                "a yielded value does not match its loop or branch result type"
+            )),
         }
     }
 
@@ -1571,7 +1876,9 @@ impl<'k, 'f> Lower<'k, 'f> {
         let hi = self.scalar_i64(hi, "loop upper bound")?;
         let step = self.scalar_i64(step, "loop step")?;
         if inits.len() != iters.len() || op.results.len() != iters.len() {
-            return Err(bad!("loop iteration values, initial values and results differ in number"));
+            return Err(bad!(
+                "loop iteration values, initial values and results differ in number"
+            ));
         }
         let site = self.site();
         let pos = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, step, 0);
@@ -1603,14 +1910,24 @@ impl<'k, 'f> Lower<'k, 'f> {
         let ys = self.region(body)?;
         self.loc = op.loc;
         if ys.len() != carriers.len() {
-            return Err(bad!("loop body yields {} values for {} iteration values", ys.len(), carriers.len()));
+            return Err(bad!(
+                "loop body yields {} values for {} iteration values",
+                ys.len(),
+                carriers.len()
+            ));
         }
         let yv = ys.iter().map(|y| self.operand(y)).collect::<R<Vec<_>>>()?;
         // A yielded tile that is another carrier of this loop would be overwritten before it is copied.
         for (k, y) in yv.iter().enumerate() {
             if let Opnd::T(t) = y {
-                if carriers.iter().enumerate().any(|(j, c)| j != k && matches!(c, Val::Tile(ct) if ct.off == t.off)) {
-                    return Err(Fail::Unsupported("a loop yields one iteration tile into another".into()));
+                if carriers
+                    .iter()
+                    .enumerate()
+                    .any(|(j, c)| j != k && matches!(c, Val::Tile(ct) if ct.off == t.off))
+                {
+                    return Err(Fail::Unsupported(
+                        "a loop yields one iteration tile into another".into(),
+                    ));
                 }
             }
         }
@@ -1620,7 +1937,9 @@ impl<'k, 'f> Lower<'k, 'f> {
         let next = self.b.ins().iadd(i, step);
         // Past i64::MAX the loop is over (as in the reference).
         let wrapped = self.b.ins().icmp(IntCC::SignedLessThan, next, i);
-        self.b.ins().brif(wrapped, exit, &[], header, &[BlockArg::Value(next)]);
+        self.b
+            .ins()
+            .brif(wrapped, exit, &[], header, &[BlockArg::Value(next)]);
         self.b.switch_to_block(exit);
         for (v, c) in op.results.iter().zip(&carriers) {
             self.bind(*v, c)?;
@@ -1643,7 +1962,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             let ys = self.region(region)?;
             self.loc = op.loc;
             if ys.len() != op.results.len() {
-                return Err(bad!("`if` branch yields {} values for {} results", ys.len(), op.results.len()));
+                return Err(bad!(
+                    "`if` branch yields {} values for {} results",
+                    ys.len(),
+                    op.results.len()
+                ));
             }
             let yv = ys.iter().map(|y| self.operand(y)).collect::<R<Vec<_>>>()?;
             if carriers.is_none() {

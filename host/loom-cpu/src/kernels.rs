@@ -73,7 +73,9 @@ pub(crate) fn sgemm_threads(
     threads: usize,
 ) {
     // Below ~2 MFLOP per thread the spawn costs more than it saves.
-    let threads = threads.clamp(1, m.max(1)).min((m * n * k / (1 << 20)).max(1));
+    let threads = threads
+        .clamp(1, m.max(1))
+        .min((m * n * k / (1 << 20)).max(1));
     if threads <= 1 {
         sgemm(m, n, k, c, n, a, k, b, n, false);
         return;

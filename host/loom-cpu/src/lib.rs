@@ -201,7 +201,9 @@ fn byte_size(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize,
         .ok_or_else(|| {
             malformed(
                 at,
-                format!("`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"),
+                format!(
+                    "`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"
+                ),
             )
         })
 }
@@ -244,8 +246,15 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         let main = jit
             .lower(k, jit::Opts::default(), &format!("k{ki}"))
             .map_err(|(f, loc)| lowering_error(k, f, loc))?;
-        let gm = if options.match_gemm { pattern::match_gemm(k) } else { None };
-        let epi = match gm.as_ref().and_then(|g| g.epilogue.clone().map(|e| (e, g.c))) {
+        let gm = if options.match_gemm {
+            pattern::match_gemm(k)
+        } else {
+            None
+        };
+        let epi = match gm
+            .as_ref()
+            .and_then(|g| g.epilogue.clone().map(|e| (e, g.c)))
+        {
             Some((e, c)) => {
                 let opts = jit::Opts {
                     allow_load: Some(c),
@@ -311,7 +320,11 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
 
 /// Resolves every dispatch argument to a slot and checks it the way `loom_reference::run_stage` does.
 fn bind_dispatches(stage: &Stage, at: &str) -> Result<Vec<Vec<usize>>, Error> {
-    let (n_in, n_out, n_ws) = (stage.inputs.len(), stage.outputs.len(), stage.workspace.len());
+    let (n_in, n_out, n_ws) = (
+        stage.inputs.len(),
+        stage.outputs.len(),
+        stage.workspace.len(),
+    );
     let mut maps = Vec::new();
     for (di, d) in stage.dispatches.iter().enumerate() {
         let here = format!("{at} dispatch {di}");
@@ -321,20 +334,36 @@ fn bind_dispatches(stage: &Stage, at: &str) -> Result<Vec<Vec<usize>>, Error> {
             .ok_or_else(|| malformed(&here, format!("kernel #{} does not exist", d.kernel)))?;
         let here = format!("{here} (kernel `{}`)", kernel.name);
         if d.args.len() != kernel.params.len() {
-            let msg = format!("{} arguments for {} parameters", d.args.len(), kernel.params.len());
+            let msg = format!(
+                "{} arguments for {} parameters",
+                d.args.len(),
+                kernel.params.len()
+            );
             return Err(malformed(&here, msg));
         }
         let mut map = Vec::new();
         for (p, arg) in kernel.params.iter().zip(&d.args) {
             let sb = |b: &loom_ir::kernel::StageBuffer| (b.name.clone(), b.dtype, b.shape.clone());
             let (slot, (name, dtype, shape), writable) = match *arg {
-                BufRef::Input(i) => stage.inputs.get(i as usize).map(|b| (i as usize, sb(b), false)),
-                BufRef::Output(i) => stage.outputs.get(i as usize).map(|b| (n_in + i as usize, sb(b), true)),
-                BufRef::Workspace(i) => stage.workspace.get(i as usize).map(|b| (n_in + n_out + i as usize, sb(b), true)),
-                BufRef::Param(i) => stage
-                    .params
+                BufRef::Input(i) => stage
+                    .inputs
                     .get(i as usize)
-                    .map(|b| (n_in + n_out + n_ws + i as usize, (b.name.clone(), b.dtype, b.shape.clone()), false)),
+                    .map(|b| (i as usize, sb(b), false)),
+                BufRef::Output(i) => stage
+                    .outputs
+                    .get(i as usize)
+                    .map(|b| (n_in + i as usize, sb(b), true)),
+                BufRef::Workspace(i) => stage
+                    .workspace
+                    .get(i as usize)
+                    .map(|b| (n_in + n_out + i as usize, sb(b), true)),
+                BufRef::Param(i) => stage.params.get(i as usize).map(|b| {
+                    (
+                        n_in + n_out + n_ws + i as usize,
+                        (b.name.clone(), b.dtype, b.shape.clone()),
+                        false,
+                    )
+                }),
             }
             .ok_or_else(|| malformed(&here, format!("argument {arg:?} does not exist")))?;
             let want = byte_size(&here, &p.name, p.dtype, &p.shape)?;
@@ -347,7 +376,10 @@ fn bind_dispatches(stage: &Stage, at: &str) -> Result<Vec<Vec<usize>>, Error> {
                 return Err(malformed(&here, msg));
             }
             if p.access != Access::Read && !writable {
-                return Err(malformed(&here, format!("parameter `{}` writes read-only `{name}`", p.name)));
+                return Err(malformed(
+                    &here,
+                    format!("parameter `{}` writes read-only `{name}`", p.name),
+                ));
             }
             map.push(slot);
         }
@@ -418,7 +450,11 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
         let mut scratch = vec![Line([0; 64]); lines];
         let sp = scratch.as_mut_ptr() as *mut u8;
         for at in lo..hi {
-            let pid = [at / (grid[1] * grid[2]), at / grid[2] % grid[1], at % grid[2]];
+            let pid = [
+                at / (grid[1] * grid[2]),
+                at / grid[2] % grid[1],
+                at % grid[2],
+            ];
             // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
             // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
             // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
@@ -427,7 +463,12 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
             if status != jit::ST_OK {
                 let mut header = [0u8; 64];
                 header.copy_from_slice(&scratch[0].0);
-                return Err(Failure { at, pid, status, header });
+                return Err(Failure {
+                    at,
+                    pid,
+                    status,
+                    header,
+                });
             }
         }
         Ok(())
@@ -467,7 +508,11 @@ fn failure_error(kernel: &Kernel, func: &Func, f: Failure) -> Error {
     match f.status {
         jit::ST_OOR => Error::IndexOutOfRange {
             kernel: kernel.name.clone(),
-            param: kernel.params.get(u32_at(0) as usize).map(|p| p.name.clone()).unwrap_or_default(),
+            param: kernel
+                .params
+                .get(u32_at(0) as usize)
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
             index: i64_at(8),
             dim: u32_at(4) as usize,
             extent: i64_at(16) as u64,
@@ -509,13 +554,28 @@ impl CpuStage {
         check_count(format!("{at} parameters"), stage.params.len(), params.len())?;
         check_count(format!("{at} outputs"), stage.outputs.len(), outputs.len())?;
         for (b, d) in stage.inputs.iter().zip(inputs) {
-            check_size(format!("{at} input `{}`", b.name), b.dtype, &b.shape, d.len())?;
+            check_size(
+                format!("{at} input `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
         }
         for (b, d) in stage.params.iter().zip(params) {
-            check_size(format!("{at} parameter `{}`", b.name), b.dtype, &b.shape, d.len())?;
+            check_size(
+                format!("{at} parameter `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
         }
         for (b, d) in stage.outputs.iter().zip(outputs.iter()) {
-            check_size(format!("{at} output `{}`", b.name), b.dtype, &b.shape, d.len())?;
+            check_size(
+                format!("{at} output `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
         }
         let mut workspace = Vec::new();
         for b in &stage.workspace {
@@ -529,8 +589,16 @@ impl CpuStage {
         // One slot table (pointer, length) in the reference's order: inputs, outputs, workspace, parameters.
         let mut slots: Vec<(u64, u64)> = Vec::new();
         slots.extend(inputs.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
-        slots.extend(outputs.iter_mut().map(|b| (b.as_mut_ptr() as u64, b.len() as u64)));
-        slots.extend(workspace.iter_mut().map(|b| (b.as_mut_ptr() as u64, b.len() as u64)));
+        slots.extend(
+            outputs
+                .iter_mut()
+                .map(|b| (b.as_mut_ptr() as u64, b.len() as u64)),
+        );
+        slots.extend(
+            workspace
+                .iter_mut()
+                .map(|b| (b.as_mut_ptr() as u64, b.len() as u64)),
+        );
         slots.extend(params.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
         for (d, map) in stage.dispatches.iter().zip(&self.maps) {
             let plan = &self.plans[d.kernel as usize];
@@ -549,7 +617,8 @@ impl CpuStage {
                         threads,
                     );
                     if let Some((ek, ef)) = &g.epilogue {
-                        run_grid(ef, ek.grid, &desc, threads).map_err(|f| failure_error(ek, ef, f))?;
+                        run_grid(ef, ek.grid, &desc, threads)
+                            .map_err(|f| failure_error(ek, ef, f))?;
                     }
                     continue;
                 }

@@ -17,9 +17,7 @@
 //! the grid covers every element of `C` exactly once: the match is semantics-preserving up to the f32
 //! summation order (within the documented dot tolerance).
 
-use loom_ir::kernel::{
-    Access, DType, KImm, KOp, KOpKind, KOperand, KRegion, KValue, Kernel,
-};
+use loom_ir::kernel::{Access, DType, KImm, KOp, KOpKind, KOperand, KRegion, KValue, Kernel};
 
 /// A matched GEMM: `C[m, n] = A[m, k] @ B[k, n]` with parameter indices, plus the epilogue kernel if any.
 #[derive(Debug, Clone)]
@@ -56,7 +54,12 @@ fn pid_range(ops: &[KOp], o: &KOperand, axis: u8) -> Option<u32> {
     let KOpKind::Range { start, len } = &def(ops, val(o)?)?.kind else {
         return None;
     };
-    let KOpKind::Binary { op: loom_ir::kernel::BinOp::Mul, a, b } = &def(ops, val(start)?)?.kind else {
+    let KOpKind::Binary {
+        op: loom_ir::kernel::BinOp::Mul,
+        a,
+        b,
+    } = &def(ops, val(start)?)?.kind
+    else {
         return None;
     };
     let (p, s) = if imm_i(b).is_some() { (a, b) } else { (b, a) };
@@ -79,8 +82,13 @@ fn touches(r: &KRegion, param: u32, load: bool, store: bool) -> usize {
             KOpKind::Load { param: p, .. } if load && *p == param => n += 1,
             KOpKind::Store { param: p, .. } if store && *p == param => n += 1,
             KOpKind::For { body, .. } => n += touches(body, param, load, store),
-            KOpKind::If { then_region, else_region, .. } => {
-                n += touches(then_region, param, load, store) + touches(else_region, param, load, store)
+            KOpKind::If {
+                then_region,
+                else_region,
+                ..
+            } => {
+                n += touches(then_region, param, load, store)
+                    + touches(else_region, param, load, store)
             }
             _ => {}
         }
@@ -91,19 +99,40 @@ fn touches(r: &KRegion, param: u32, load: bool, store: bool) -> usize {
 pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     let ops = &k.body.ops;
     // The store C[rm, rn] and the single for loop.
-    let (si, store) = ops.iter().enumerate().find(|(_, op)| matches!(op.kind, KOpKind::Store { .. }))?;
-    let KOpKind::Store { param: c, indices: sidx, value } = &store.kind else {
+    let (si, store) = ops
+        .iter()
+        .enumerate()
+        .find(|(_, op)| matches!(op.kind, KOpKind::Store { .. }))?;
+    let KOpKind::Store {
+        param: c,
+        indices: sidx,
+        value,
+    } = &store.kind
+    else {
         return None;
     };
     let [srm, srn] = &sidx[..] else { return None };
     let bm = pid_range(ops, srm, 0)?;
     let bn = pid_range(ops, srn, 1)?;
-    let fors: Vec<(usize, &KOp)> = ops.iter().enumerate().filter(|(_, op)| matches!(op.kind, KOpKind::For { .. })).collect();
+    let fors: Vec<(usize, &KOp)> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| matches!(op.kind, KOpKind::For { .. }))
+        .collect();
     let [(fi, fop)] = fors[..] else { return None };
     if fi > si {
         return None;
     }
-    let KOpKind::For { lo, hi, step, iv, iters, inits, body } = &fop.kind else {
+    let KOpKind::For {
+        lo,
+        hi,
+        step,
+        iv,
+        iters,
+        inits,
+        body,
+    } = &fop.kind
+    else {
         return None;
     };
     let ([acc], [init], [res]) = (&iters[..], &inits[..], &fop.results[..]) else {
@@ -113,7 +142,12 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     if imm_i(lo)? != 0 || bk <= 0 || kk <= 0 {
         return None;
     }
-    let KOpKind::Full { value: z, shape, dtype: DType::F32 } = &def(ops, val(init)?)?.kind else {
+    let KOpKind::Full {
+        value: z,
+        shape,
+        dtype: DType::F32,
+    } = &def(ops, val(init)?)?.kind
+    else {
         return None;
     };
     if !is_zero_f32(z) || shape[..] != [bm, bn] {
@@ -121,17 +155,30 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     }
     // Body: rk = range(iv, BK); ta = load(A[rm, rk], 0); tb = load(B[rk, rn], 0); d = dot(ta, tb, acc); yield d.
     let bops = &body.ops;
-    let [r_op, la, lb, dop, y] = &bops[..] else { return None };
-    let KOpKind::Range { start, len } = &r_op.kind else { return None };
+    let [r_op, la, lb, dop, y] = &bops[..] else {
+        return None;
+    };
+    let KOpKind::Range { start, len } = &r_op.kind else {
+        return None;
+    };
     if val(start)? != *iv || i64::from(*len) != bk {
         return None;
     }
     let rk = r_op.results.first().copied()?;
-    let KOpKind::Dot { a: da, b: db, acc: dacc } = &dop.kind else { return None };
+    let KOpKind::Dot {
+        a: da,
+        b: db,
+        acc: dacc,
+    } = &dop.kind
+    else {
+        return None;
+    };
     if val(dacc)? != *acc {
         return None;
     }
-    let KOpKind::Yield(ys) = &y.kind else { return None };
+    let KOpKind::Yield(ys) = &y.kind else {
+        return None;
+    };
     if ys.len() != 1 || val(&ys[0])? != *dop.results.first()? {
         return None;
     }
@@ -140,7 +187,11 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
             return None;
         }
         match &op.kind {
-            KOpKind::Load { param, indices, fill: Some(f) } if is_zero_f32(f) => Some((*param, indices.clone())),
+            KOpKind::Load {
+                param,
+                indices,
+                fill: Some(f),
+            } if is_zero_f32(f) => Some((*param, indices.clone())),
             _ => None,
         }
     };
@@ -151,13 +202,26 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     if val(arm)? != val(srm)? || val(brn)? != val(srn)? || val(ark)? != rk || val(brk)? != rk {
         return None;
     }
-    let (pa_, pb_, pc_) = (k.params.get(pa as usize)?, k.params.get(pb as usize)?, k.params.get(*c as usize)?);
+    let (pa_, pb_, pc_) = (
+        k.params.get(pa as usize)?,
+        k.params.get(pb as usize)?,
+        k.params.get(*c as usize)?,
+    );
     let f32_2d = |p: &loom_ir::kernel::KParam| p.dtype == DType::F32 && p.shape.len() == 2;
-    if !f32_2d(pa_) || !f32_2d(pb_) || !f32_2d(pc_) || pa_.access == Access::Write || pb_.access == Access::Write {
+    if !f32_2d(pa_)
+        || !f32_2d(pb_)
+        || !f32_2d(pc_)
+        || pa_.access == Access::Write
+        || pb_.access == Access::Write
+    {
         return None;
     }
     let (m, kdim, n) = (pa_.shape[0], pa_.shape[1], pb_.shape[1]);
-    if pb_.shape[0] != kdim || pc_.shape[..] != [m, n] || kdim as i64 != kk || pc_.access == Access::Read {
+    if pb_.shape[0] != kdim
+        || pc_.shape[..] != [m, n]
+        || kdim as i64 != kk
+        || pc_.access == Access::Read
+    {
         return None;
     }
     if k.grid != [m.div_ceil(u64::from(bm)), n.div_ceil(u64::from(bn)), 1] {
@@ -173,11 +237,23 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
         let mut e = k.clone();
         e.name = format!("{}#epilogue", k.name);
         e.body.ops[fi] = KOp {
-            kind: KOpKind::Load { param: *c, indices: vec![srm.clone(), srn.clone()], fill: Some(KOperand::Imm(KImm::F64(0.0), DType::F32)) },
+            kind: KOpKind::Load {
+                param: *c,
+                indices: vec![srm.clone(), srn.clone()],
+                fill: Some(KOperand::Imm(KImm::F64(0.0), DType::F32)),
+            },
             results: vec![*res],
             loc: fop.loc,
         };
         Some(e)
     };
-    Some(GemmMatch { m: m as usize, n: n as usize, k: kdim as usize, a: pa, b: pb, c: *c, epilogue })
+    Some(GemmMatch {
+        m: m as usize,
+        n: n as usize,
+        k: kdim as usize,
+        a: pa,
+        b: pb,
+        c: *c,
+        epilogue,
+    })
 }

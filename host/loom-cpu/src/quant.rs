@@ -44,7 +44,11 @@ pub(crate) fn dequant_in_block(dtype: DType, blk: &[u8], i: usize) -> f32 {
             let (h, r) = (i / 128, i % 128);
             let (k, l) = (r / 32, r % 32);
             let low_byte = ql[64 * h + l + 32 * (k & 1)];
-            let low = if k < 2 { low_byte & 0x0f } else { low_byte >> 4 };
+            let low = if k < 2 {
+                low_byte & 0x0f
+            } else {
+                low_byte >> 4
+            };
             let high = (qh[32 * h + l] >> (2 * k)) & 3;
             let q = i32::from(low | (high << 4)) - 32;
             let s = sc[8 * h + l / 16 + 2 * k] as i8;

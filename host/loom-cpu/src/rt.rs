@@ -238,19 +238,35 @@ fn unary_f64(op: UnOp, x: f64) -> f64 {
 // ---- the symbols ----
 
 /// Float unary op over a tile: `f32` storage for f32/f16/bf16, `f64` storage for f64.
-pub(crate) extern "C" fn loom_unary_tile(op: u32, dtype: u32, src: *const u8, dst: *mut u8, n: u64) {
+pub(crate) extern "C" fn loom_unary_tile(
+    op: u32,
+    dtype: u32,
+    src: *const u8,
+    dst: *mut u8,
+    n: u64,
+) {
     let (op, dtype) = (unop_of(op), dtype_of(dtype));
     let n = n as usize;
     if dtype == DType::F64 {
         // SAFETY: the lowering passes scratch regions of `n` f64 elements (8-byte aligned offsets).
-        let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f64, n), dst as *mut f64) };
+        let (s, d) = unsafe {
+            (
+                std::slice::from_raw_parts(src as *const f64, n),
+                dst as *mut f64,
+            )
+        };
         for (i, &x) in s.iter().enumerate() {
             // SAFETY: i < n, inside the destination region; src and dst may be equal, so write through a pointer.
             unsafe { d.add(i).write(unary_f64(op, x)) };
         }
     } else {
         // SAFETY: as above, with f32 elements.
-        let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f32, n), dst as *mut f32) };
+        let (s, d) = unsafe {
+            (
+                std::slice::from_raw_parts(src as *const f32, n),
+                dst as *mut f32,
+            )
+        };
         for (i, &x) in s.iter().enumerate() {
             let r = round_to(dtype, unary_f64(op, f64::from(x))) as f32;
             // SAFETY: as above.
@@ -519,7 +535,18 @@ pub(crate) extern "C" fn loom_dot(
         }
         return;
     }
-    crate::kernels::sgemm(m, n, k, out as *mut f32, n, a as *const f32, k, b as *const f32, n, true);
+    crate::kernels::sgemm(
+        m,
+        n,
+        k,
+        out as *mut f32,
+        n,
+        a as *const f32,
+        k,
+        b as *const f32,
+        n,
+        true,
+    );
 }
 
 /// Element `g` of a block-quantised buffer starting at `base`, dequantised bit for bit like ggml.
