@@ -11,7 +11,6 @@ use std::time::Instant;
 use common::*;
 use loom_ir::kernel::{DType, ReduceOp, UnOp};
 
-
 /// Best-of-`reps` seconds of `f`.
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -90,7 +89,12 @@ fn numpy_gflops(m: u64, n: u64, k: u64) -> Option<f64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-fn run_stage_best(st: &loom_ir::kernel::Stage, ins: &[Vec<u8>], threads: usize, reps: usize) -> f64 {
+fn run_stage_best(
+    st: &loom_ir::kernel::Stage,
+    ins: &[Vec<u8>],
+    threads: usize,
+    reps: usize,
+) -> f64 {
     let cs = loom_cpu::compile_stage(st).expect("compile");
     let ins: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
     let mut out = loom_reference::alloc_outputs(st).unwrap();
@@ -100,7 +104,10 @@ fn run_stage_best(st: &loom_ir::kernel::Stage, ins: &[Vec<u8>], threads: usize, 
 fn main() {
     let mut rng = Rng::new(42);
     let peak = [fma_peak(1), fma_peak(2)];
-    println!("FMA peak (AVX-512, 12 accumulators): 1 thread {:.1} GFLOP/s, 2 threads {:.1} GFLOP/s", peak[0], peak[1]);
+    println!(
+        "FMA peak (AVX-512, 12 accumulators): 1 thread {:.1} GFLOP/s, 2 threads {:.1} GFLOP/s",
+        peak[0], peak[1]
+    );
     println!();
     println!("| benchmark | threads | time | rate | reference | ratio | target |");
     println!("|---|---|---|---|---|---|---|");
@@ -127,7 +134,9 @@ fn main() {
                         t * 1e3,
                         g / npg
                     ),
-                    None => println!("| f32 GEMM stage {m}x{n}x{k} | 2 | - | - | numpy unavailable | - | >= 1.0x |"),
+                    None => println!(
+                        "| f32 GEMM stage {m}x{n}x{k} | 2 | - | - | numpy unavailable | - | >= 1.0x |"
+                    ),
                 }
             }
         }
@@ -137,11 +146,19 @@ fn main() {
     let bw = memcpy_gbs(bytes);
     let x = rand_f32(&mut rng, (r * c) as usize, -3.0, 3.0);
     let cases: Vec<(&str, loom_ir::kernel::Stage, Vec<Vec<u8>>)> = vec![
-        ("softmax rows 4096x1024", one_kernel_stage(softmax_kernel(r, c, 4)), vec![x.clone()]),
+        (
+            "softmax rows 4096x1024",
+            one_kernel_stage(softmax_kernel(r, c, 4)),
+            vec![x.clone()],
+        ),
         (
             "layernorm rows 4096x1024",
             one_kernel_stage(layernorm(r, c, 4)),
-            vec![x.clone(), rand_f32(&mut rng, c as usize, 0.5, 1.5), rand_f32(&mut rng, c as usize, -1.0, 1.0)],
+            vec![
+                x.clone(),
+                rand_f32(&mut rng, c as usize, 0.5, 1.5),
+                rand_f32(&mut rng, c as usize, -1.0, 1.0),
+            ],
         ),
     ];
     for (name, st, ins) in cases {
@@ -217,4 +234,3 @@ fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
     kb.store(y, vec![rr, rc], o);
     kb.finish()
 }
-

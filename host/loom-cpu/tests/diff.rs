@@ -31,10 +31,19 @@ fn masked_copy(r: u64, c: u64, br: u32, bc: u32) -> loom_ir::kernel::Kernel {
 #[test]
 fn masked_copy_is_exact_at_ragged_shapes() {
     let mut rng = Rng::new(1);
-    for (r, c, br, bc) in [(5, 7, 4, 4), (64, 64, 16, 32), (33, 130, 8, 64), (1, 1, 4, 8)] {
+    for (r, c, br, bc) in [
+        (5, 7, 4, 4),
+        (64, 64, 16, 32),
+        (33, 130, 8, 64),
+        (1, 1, 4, 8),
+    ] {
         let st = one_kernel_stage(masked_copy(r, c, br, bc));
         // Exact: a copy.
-        diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)], Tol::Exact);
+        diff(
+            &st,
+            &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)],
+            Tol::Exact,
+        );
     }
 }
 
@@ -73,7 +82,18 @@ fn row_gather_and_out_of_range_id() {
     for threads in [1, 2] {
         let mut got = loom_reference::alloc_outputs(&st).unwrap();
         let ge = cs.run(&ins, &[], &mut got, threads).unwrap_err();
-        assert!(matches!(ge, loom_cpu::Error::IndexOutOfRange { index: 50, dim: 0, extent: 50, .. }), "{ge}");
+        assert!(
+            matches!(
+                ge,
+                loom_cpu::Error::IndexOutOfRange {
+                    index: 50,
+                    dim: 0,
+                    extent: 50,
+                    ..
+                }
+            ),
+            "{ge}"
+        );
         assert_eq!(ge.to_string(), we.to_string());
         assert_eq!(got[0].len(), want[0].len());
         let row = (h * 4) as usize;
@@ -147,7 +167,11 @@ fn softmax_over_rows() {
     for (r, c, br, bc) in [(7, 10, 4, 16), (64, 128, 8, 128), (3, 1000, 2, 1024)] {
         let st = one_kernel_stage(softmax(r, c, br, bc));
         // Relative 1e-6: exp is rounded once like the reference; the row sum is f64 in eight lanes.
-        diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -5.0, 5.0)], Tol::Rel(1e-6, 0.0));
+        diff(
+            &st,
+            &[rand_f32(&mut rng, (r * c) as usize, -5.0, 5.0)],
+            Tol::Rel(1e-6, 0.0),
+        );
     }
 }
 
@@ -217,7 +241,10 @@ fn tile_fn(
     let idx: Vec<KOperand> = in_shape.iter().map(|&d| kb.range(i(0), d as u32)).collect();
     let t = kb.load(x, idx, None);
     let r = body(&mut kb, t);
-    let idx: Vec<KOperand> = out_shape.iter().map(|&d| kb.range(i(0), d as u32)).collect();
+    let idx: Vec<KOperand> = out_shape
+        .iter()
+        .map(|&d| kb.range(i(0), d as u32))
+        .collect();
     kb.store(y, idx, r);
     one_kernel_stage(kb.finish())
 }
@@ -233,8 +260,16 @@ fn reductions() {
                 let out = if axis == 0 { c } else { r };
                 let st = tile_fn(F32, &[r, c], F32, &[out], |kb, t| kb.reduce(op, t, axis));
                 // Sum: relative 1e-6 (f64 accumulation rounded once); max/min: exact.
-                let tol = if op == ReduceOp::Sum { Tol::Rel(1e-6, 0.0) } else { Tol::Exact };
-                diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)], tol);
+                let tol = if op == ReduceOp::Sum {
+                    Tol::Rel(1e-6, 0.0)
+                } else {
+                    Tol::Exact
+                };
+                diff(
+                    &st,
+                    &[rand_f32(&mut rng, (r * c) as usize, -10.0, 10.0)],
+                    tol,
+                );
                 let st = tile_fn(I32, &[r, c], I32, &[out], |kb, t| kb.reduce(op, t, axis));
                 let v: Vec<i32> = (0..r * c).map(|_| rng.next_u64() as i32).collect();
                 // Integer reductions wrap: exact.
@@ -246,7 +281,23 @@ fn reductions() {
 
 fn special_f32s(rng: &mut Rng, n: usize) -> Vec<f32> {
     let mut v = rng.f32s(n, -70000.0, 70000.0);
-    let specials = [0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-8, -3e-6, 65519.0, 65520.0, 2.5, -2.5, 3.0e38, 1.0e-40, 0.5, 1.5];
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-8,
+        -3e-6,
+        65519.0,
+        65520.0,
+        2.5,
+        -2.5,
+        3.0e38,
+        1.0e-40,
+        0.5,
+        1.5,
+    ];
     for (i, s) in specials.iter().enumerate() {
         v[i] = *s;
     }
@@ -262,7 +313,16 @@ fn casts_including_f16_and_bf16() {
     let n = 257u64;
     let x = f32_bytes(&special_f32s(&mut rng, n as usize));
     // Every cast is exact (one rounding, as the reference).
-    for to in [DType::F16, DType::BF16, DType::F64, I32, DType::U8, DType::I1, DType::I16, I64] {
+    for to in [
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        I32,
+        DType::U8,
+        DType::I1,
+        DType::I16,
+        I64,
+    ] {
         let st = tile_fn(F32, &[n], to, &[n], |kb, t| kb.cast(t, to));
         diff(&st, std::slice::from_ref(&x), Tol::Exact);
     }
@@ -275,7 +335,9 @@ fn casts_including_f16_and_bf16() {
         });
         diff(&st, std::slice::from_ref(&x), Tol::Exact);
     }
-    let ints: Vec<i32> = (0..n).map(|_| (rng.next_u64() as i32) >> (rng.below(31) as u32)).collect();
+    let ints: Vec<i32> = (0..n)
+        .map(|_| (rng.next_u64() as i32) >> (rng.below(31) as u32))
+        .collect();
     for to in [F32, DType::F16, DType::BF16, DType::U8, DType::I1] {
         let st = tile_fn(I32, &[n], to, &[n], |kb, t| kb.cast(t, to));
         diff(&st, &[i32_bytes(&ints)], Tol::Exact);
@@ -288,11 +350,29 @@ fn every_unary_op() {
     let n = 300u64;
     let x = rng.f32s(n as usize, -6.0, 6.0);
     let pos: Vec<f32> = x.iter().map(|v| v.abs() + 1e-3).collect();
-    for op in [UnOp::Neg, UnOp::Abs, UnOp::Exp, UnOp::Log, UnOp::Tanh, UnOp::Erf, UnOp::Sqrt, UnOp::Rsqrt, UnOp::Sigmoid] {
-        let input = if matches!(op, UnOp::Log | UnOp::Sqrt | UnOp::Rsqrt) { &pos } else { &x };
+    for op in [
+        UnOp::Neg,
+        UnOp::Abs,
+        UnOp::Exp,
+        UnOp::Log,
+        UnOp::Tanh,
+        UnOp::Erf,
+        UnOp::Sqrt,
+        UnOp::Rsqrt,
+        UnOp::Sigmoid,
+    ] {
+        let input = if matches!(op, UnOp::Log | UnOp::Sqrt | UnOp::Rsqrt) {
+            &pos
+        } else {
+            &x
+        };
         let st = tile_fn(F32, &[n], F32, &[n], |kb, t| kb.un(op, t));
         // neg/abs/sqrt: exact (IEEE); the others: 2 ulp (f64 function rounded once; erf is our own series).
-        let tol = if matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt) { Tol::Exact } else { Tol::Ulp(2) };
+        let tol = if matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt) {
+            Tol::Exact
+        } else {
+            Tol::Ulp(2)
+        };
         diff(&st, &[f32_bytes(input)], tol);
     }
     // f16 arithmetic: computed in f32 and rounded once to f16 is exact for + and sqrt.
@@ -310,7 +390,15 @@ fn every_unary_op() {
 fn integer_ops_and_division_by_zero() {
     let mut rng = Rng::new(9);
     let n = 64u64;
-    let v: Vec<i32> = (0..2 * n).map(|i| if i == 5 { i32::MIN } else { (rng.next_u64() as i32) >> rng.below(28) }).collect();
+    let v: Vec<i32> = (0..2 * n)
+        .map(|i| {
+            if i == 5 {
+                i32::MIN
+            } else {
+                (rng.next_u64() as i32) >> rng.below(28)
+            }
+        })
+        .collect();
     let mut w = v.clone();
     w[n as usize + 5] = -1;
     for k in 0..n as usize {
@@ -318,7 +406,20 @@ fn integer_ops_and_division_by_zero() {
             w[n as usize + k] = 3;
         }
     }
-    for op in [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr] {
+    for op in [
+        BinOp::Add,
+        BinOp::Sub,
+        BinOp::Mul,
+        BinOp::Div,
+        BinOp::Rem,
+        BinOp::Min,
+        BinOp::Max,
+        BinOp::And,
+        BinOp::Or,
+        BinOp::Xor,
+        BinOp::Shl,
+        BinOp::Shr,
+    ] {
         let st = tile_fn(I32, &[2, n], I32, &[n], |kb, t| {
             let a = kb.reshape(t, &[2 * n as u32]);
             let lo = kb.range(i(0), n as u32);
@@ -343,7 +444,10 @@ fn integer_ops_and_division_by_zero() {
     let mut want = loom_reference::alloc_outputs(&st).unwrap();
     let we = loom_reference::run_stage(&st, &[&ins], &[], &mut want).unwrap_err();
     let mut got = loom_reference::alloc_outputs(&st).unwrap();
-    let ge = loom_cpu::compile_stage(&st).unwrap().run(&[&ins], &[], &mut got, 1).unwrap_err();
+    let ge = loom_cpu::compile_stage(&st)
+        .unwrap()
+        .run(&[&ins], &[], &mut got, 1)
+        .unwrap_err();
     assert_eq!(ge.to_string(), we.to_string());
 }
 
@@ -360,29 +464,48 @@ fn loops_and_branches() {
     let rr = kb.range(r0, br);
     let z = kb.full(f(0.0), &[br], F32);
     let rr2 = rr.clone();
-    let res = kb.for_(i(0), i(c as i64), i(bc as i64), vec![z], move |kb, k0, it| {
-        let rc = kb.range(k0, bc);
-        let t = kb.load(x, vec![rr2, rc], Some(f(0.0)));
-        let s = kb.reduce(ReduceOp::Sum, t, 1);
-        vec![kb.add(it[0].clone(), s)]
-    });
+    let res = kb.for_(
+        i(0),
+        i(c as i64),
+        i(bc as i64),
+        vec![z],
+        move |kb, k0, it| {
+            let rc = kb.range(k0, bc);
+            let t = kb.load(x, vec![rr2, rc], Some(f(0.0)));
+            let s = kb.reduce(ReduceOp::Sum, t, 1);
+            vec![kb.add(it[0].clone(), s)]
+        },
+    );
     let odd = kb.bin(BinOp::And, p, i(1));
     let c1 = kb.cmp(CmpOp::Eq, odd, i(1));
     let ty = tile(&[br], F32);
     let acc = res[0].clone();
     let (a1, a2) = (acc.clone(), acc);
-    let out = kb.if_(c1, vec![ty], move |kb| vec![kb.mul(a1, f(2.0))], move |_| vec![a2]);
+    let out = kb.if_(
+        c1,
+        vec![ty],
+        move |kb| vec![kb.mul(a1, f(2.0))],
+        move |_| vec![a2],
+    );
     kb.store(y, vec![rr], out[0].clone());
     let st = one_kernel_stage(kb.finish());
     // Relative 1e-6: per-block f64 sums rounded to f32, then f32 adds (identical order on both sides).
-    diff(&st, &[rand_f32(&mut rng, (r * c) as usize, -1.0, 1.0)], Tol::Rel(1e-6, 0.0));
+    diff(
+        &st,
+        &[rand_f32(&mut rng, (r * c) as usize, -1.0, 1.0)],
+        Tol::Rel(1e-6, 0.0),
+    );
 }
 
 /// Random quantised blocks with sane f16 scales (0.01..1) so that no value is NaN or infinite.
 fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
     let (_, size) = dtype.block().unwrap();
-    let mut b: Vec<u8> = (0..blocks * size as usize).map(|_| rng.next_u64() as u8).collect();
-    let half = |rng: &mut Rng| loom_reference::float::f32_to_f16(rng.uniform(0.01, 1.0) as f32).to_le_bytes();
+    let mut b: Vec<u8> = (0..blocks * size as usize)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let half = |rng: &mut Rng| {
+        loom_reference::float::f32_to_f16(rng.uniform(0.01, 1.0) as f32).to_le_bytes()
+    };
     for blk in b.chunks_mut(size as usize) {
         match dtype {
             DType::Q8_0 | DType::Q4_0 => blk[0..2].copy_from_slice(&half(rng)),
@@ -399,7 +522,13 @@ fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
 #[test]
 fn quantised_loads_dequantise_exactly() {
     let mut rng = Rng::new(11);
-    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K] {
+    for dtype in [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
         let per = dtype.block().unwrap().0;
         let (rows, cols) = (3u64, per * 2);
         let data = random_blocks(&mut rng, dtype, (rows * cols / per) as usize);
@@ -429,13 +558,26 @@ fn stage_contract_checks_buffers() {
     let cs = loom_cpu::compile_stage(&st).unwrap();
     let mut out = loom_reference::alloc_outputs(&st).unwrap();
     let e = cs.run(&[&[0u8; 60]], &[], &mut out, 1).unwrap_err();
-    assert!(matches!(e, loom_cpu::Error::SizeMismatch { expected: 64, actual: 60, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            loom_cpu::Error::SizeMismatch {
+                expected: 64,
+                actual: 60,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = cs.run(&[], &[], &mut out, 1).unwrap_err();
     assert!(matches!(e, loom_cpu::Error::BufferCount { .. }), "{e}");
     // A write parameter bound to an input is refused at compile time.
     let mut bad = st.clone();
     bad.dispatches[0].args[1] = BufRef::Input(0);
-    assert!(matches!(loom_cpu::compile_stage(&bad), Err(loom_cpu::Error::Malformed { .. })));
+    assert!(matches!(
+        loom_cpu::compile_stage(&bad),
+        Err(loom_cpu::Error::Malformed { .. })
+    ));
     // Report: one kernel, timed.
     assert_eq!(cs.compile_report().kernels.len(), 1);
 }
