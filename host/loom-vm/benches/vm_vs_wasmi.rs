@@ -247,87 +247,96 @@ fn main() {
         );
     }
     let engine = wasmi::Engine::default();
+    let linker = wasmi::Linker::<()>::new(&engine);
     let mut rows = Vec::new();
 
+    // `LOOM_BENCH=scalar|prepare|tiny` runs one workload (for profiling).
+    let only = std::env::var("LOOM_BENCH").ok();
+    let want = |w: &str| only.as_deref().is_none_or(|o| o == w);
+
     // (a) scalar
-    let l = loom_scalar();
-    let (lt, lr) = time(|| {
-        l.invoke("main", &[V::I64(SCALAR_N), V::I64(7)], &lim)
-            .expect("loom scalar")
-    });
-    let module =
-        wasmi::Module::new(&engine, wat::parse_str(WAT_SCALAR).expect("wat")).expect("module");
-    let mut store = wasmi::Store::new(&engine, ());
-    let linker = wasmi::Linker::<()>::new(&engine);
-    let inst = linker
-        .instantiate_and_start(&mut store, &module)
-        .expect("instantiate");
-    let f = inst
-        .get_typed_func::<(i64, i64), i64>(&store, "scalar")
-        .expect("func");
-    let (wt, wr) = time(|| f.call(&mut store, (SCALAR_N, 7)).expect("wasmi scalar"));
-    assert_eq!(lr, vec![V::I64(wr)], "scalar checksums differ");
-    rows.push(("scalar LCG + branch, 10M iters", lt, wt, wr));
+    if want("scalar") {
+        let l = loom_scalar();
+        let (lt, lr) = time(|| {
+            l.invoke("main", &[V::I64(SCALAR_N), V::I64(7)], &lim)
+                .expect("loom scalar")
+        });
+        let module =
+            wasmi::Module::new(&engine, wat::parse_str(WAT_SCALAR).expect("wat")).expect("module");
+        let mut store = wasmi::Store::new(&engine, ());
+        let inst = linker
+            .instantiate_and_start(&mut store, &module)
+            .expect("instantiate");
+        let f = inst
+            .get_typed_func::<(i64, i64), i64>(&store, "scalar")
+            .expect("func");
+        let (wt, wr) = time(|| f.call(&mut store, (SCALAR_N, 7)).expect("wasmi scalar"));
+        assert_eq!(lr, vec![V::I64(wr)], "scalar checksums differ");
+        rows.push(("scalar LCG + branch, 10M iters", lt, wt, wr));
+    }
 
     // (b) prepare_batch
-    let (ranges, tokens) = prepare_inputs();
-    let l = loom_prepare();
-    let args = [
-        V::buffer(ranges.clone()),
-        V::buffer(tokens.clone()),
-        V::I64(REPS),
-    ];
-    let (lt, lr) = time(|| l.invoke("main", &args, &lim).expect("loom prepare"));
-    let module =
-        wasmi::Module::new(&engine, wat::parse_str(wat_prepare()).expect("wat")).expect("module");
-    let mut store = wasmi::Store::new(&engine, ());
-    let inst = linker
-        .instantiate_and_start(&mut store, &module)
-        .expect("instantiate");
-    let mem = inst.get_memory(&store, "mem").expect("memory");
-    mem.write(&mut store, 0, &ranges).expect("write ranges");
-    mem.write(&mut store, TOK_BASE as usize, &tokens)
-        .expect("write tokens");
-    let f = inst
-        .get_typed_func::<i32, i64>(&store, "prepare")
-        .expect("func");
-    let (wt, wr) = time(|| f.call(&mut store, REPS as i32).expect("wasmi prepare"));
-    assert_eq!(lr, vec![V::I64(wr)], "prepare checksums differ");
-    rows.push(("prepare_batch B=32 T=256 x200", lt, wt, wr));
+    if want("prepare") {
+        let (ranges, tokens) = prepare_inputs();
+        let l = loom_prepare();
+        let args = [
+            V::buffer(ranges.clone()),
+            V::buffer(tokens.clone()),
+            V::I64(REPS),
+        ];
+        let (lt, lr) = time(|| l.invoke("main", &args, &lim).expect("loom prepare"));
+        let module = wasmi::Module::new(&engine, wat::parse_str(wat_prepare()).expect("wat"))
+            .expect("module");
+        let mut store = wasmi::Store::new(&engine, ());
+        let inst = linker
+            .instantiate_and_start(&mut store, &module)
+            .expect("instantiate");
+        let mem = inst.get_memory(&store, "mem").expect("memory");
+        mem.write(&mut store, 0, &ranges).expect("write ranges");
+        mem.write(&mut store, TOK_BASE as usize, &tokens)
+            .expect("write tokens");
+        let f = inst
+            .get_typed_func::<i32, i64>(&store, "prepare")
+            .expect("func");
+        let (wt, wr) = time(|| f.call(&mut store, REPS as i32).expect("wasmi prepare"));
+        assert_eq!(lr, vec![V::I64(wr)], "prepare checksums differ");
+        rows.push(("prepare_batch B=32 T=256 x200", lt, wt, wr));
+    }
 
     // (c) tiny invocation: `x + 1` on i64, called TINY_N times; loom pays a full invocation each time (argument
     // checks, heap setup, pooled stacks, result conversion), wasmi a call on a ready instance.
-    let l = single(&[T::I64], &[T::I64], |b, p| {
-        let x = b.op(O::AddWrap, vec![v(p[0]), i64_(1)], T::I64);
-        b.ret(vec![v(x)]);
-    });
-    // Loom: the export resolved once, results written into a reused `Vec` (what a serving loop does).
-    let id = l.entry("main").expect("entry");
-    let mut res = Vec::with_capacity(1);
-    let (lt, lr) = time(|| {
-        let mut acc = 0i64;
-        for i in 0..TINY_N {
-            l.invoke_into(id, &[V::I64(i)], &lim, &mut res)
-                .expect("loom tiny");
-            match res[..] {
-                [V::I64(x)] => acc = acc.wrapping_add(x),
-                _ => panic!("loom tiny result"),
+    if want("tiny") {
+        let l = single(&[T::I64], &[T::I64], |b, p| {
+            let x = b.op(O::AddWrap, vec![v(p[0]), i64_(1)], T::I64);
+            b.ret(vec![v(x)]);
+        });
+        // Loom: the export resolved once, results written into a reused `Vec` (what a serving loop does).
+        let id = l.entry("main").expect("entry");
+        let mut res = Vec::with_capacity(1);
+        let (lt, lr) = time(|| {
+            let mut acc = 0i64;
+            for i in 0..TINY_N {
+                l.invoke_into(id, &[V::I64(i)], &lim, &mut res)
+                    .expect("loom tiny");
+                match res[..] {
+                    [V::I64(x)] => acc = acc.wrapping_add(x),
+                    _ => panic!("loom tiny result"),
+                }
             }
-        }
-        acc
-    });
-    // Loom: the convenience API (lookup by name, fresh result `Vec`).
-    let (lt2, lr2) = time(|| {
-        let mut acc = 0i64;
-        for i in 0..TINY_N {
-            match l.invoke("main", &[V::I64(i)], &lim).expect("loom tiny")[..] {
-                [V::I64(x)] => acc = acc.wrapping_add(x),
-                _ => panic!("loom tiny result"),
+            acc
+        });
+        // Loom: the convenience API (lookup by name, fresh result `Vec`).
+        let (lt2, lr2) = time(|| {
+            let mut acc = 0i64;
+            for i in 0..TINY_N {
+                match l.invoke("main", &[V::I64(i)], &lim).expect("loom tiny")[..] {
+                    [V::I64(x)] => acc = acc.wrapping_add(x),
+                    _ => panic!("loom tiny result"),
+                }
             }
-        }
-        acc
-    });
-    let module = wasmi::Module::new(
+            acc
+        });
+        let module = wasmi::Module::new(
         &engine,
         wat::parse_str(
             r#"(module (func (export "tiny") (param i64) (result i64) (i64.add (local.get 0) (i64.const 1))))"#,
@@ -335,40 +344,41 @@ fn main() {
         .expect("wat"),
     )
     .expect("module");
-    let mut store = wasmi::Store::new(&engine, ());
-    let inst = linker
-        .instantiate_and_start(&mut store, &module)
-        .expect("instantiate");
-    let f = inst
-        .get_typed_func::<i64, i64>(&store, "tiny")
-        .expect("func");
-    let (wt, wr) = time(|| {
-        let mut acc = 0i64;
-        for i in 0..TINY_N {
-            acc = acc.wrapping_add(f.call(&mut store, i).expect("wasmi tiny"));
-        }
-        acc
-    });
-    assert_eq!(lr, wr, "tiny checksums differ");
-    rows.push(("tiny call x1M (invoke_into/typed)", lt, wt, wr));
-    // wasmi's dynamically typed call (`Func::call` with `Val` slices, checked against the signature per call),
-    // the analogue of Loom's `Value`-based `invoke`.
-    let fu = inst.get_func(&store, "tiny").expect("func");
-    let mut out = [wasmi::Val::I64(0)];
-    let (wt2, wr2) = time(|| {
-        let mut acc = 0i64;
-        for i in 0..TINY_N {
-            fu.call(&mut store, &[wasmi::Val::I64(i)], &mut out)
-                .expect("wasmi tiny");
-            match out[0] {
-                wasmi::Val::I64(x) => acc = acc.wrapping_add(x),
-                _ => panic!("wasmi tiny result"),
+        let mut store = wasmi::Store::new(&engine, ());
+        let inst = linker
+            .instantiate_and_start(&mut store, &module)
+            .expect("instantiate");
+        let f = inst
+            .get_typed_func::<i64, i64>(&store, "tiny")
+            .expect("func");
+        let (wt, wr) = time(|| {
+            let mut acc = 0i64;
+            for i in 0..TINY_N {
+                acc = acc.wrapping_add(f.call(&mut store, i).expect("wasmi tiny"));
             }
-        }
-        acc
-    });
-    assert_eq!((lr2, wr2), (wr, wr), "tiny checksums differ");
-    rows.push(("tiny call x1M (invoke(&str)/untyped)", lt2, wt2, wr));
+            acc
+        });
+        assert_eq!(lr, wr, "tiny checksums differ");
+        rows.push(("tiny call x1M (invoke_into/typed)", lt, wt, wr));
+        // wasmi's dynamically typed call (`Func::call` with `Val` slices, checked against the signature per call),
+        // the analogue of Loom's `Value`-based `invoke`.
+        let fu = inst.get_func(&store, "tiny").expect("func");
+        let mut out = [wasmi::Val::I64(0)];
+        let (wt2, wr2) = time(|| {
+            let mut acc = 0i64;
+            for i in 0..TINY_N {
+                fu.call(&mut store, &[wasmi::Val::I64(i)], &mut out)
+                    .expect("wasmi tiny");
+                match out[0] {
+                    wasmi::Val::I64(x) => acc = acc.wrapping_add(x),
+                    _ => panic!("wasmi tiny result"),
+                }
+            }
+            acc
+        });
+        assert_eq!((lr2, wr2), (wr, wr), "tiny checksums differ");
+        rows.push(("tiny call x1M (invoke(&str)/untyped)", lt2, wt2, wr));
+    }
 
     println!(
         "{:<34} {:>12} {:>12} {:>8}   checksum",

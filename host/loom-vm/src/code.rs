@@ -317,6 +317,15 @@ pub(crate) enum Instr {
         target: u32,
         fuel: u32,
     },
+    /// `ForLoop` with an immediate step (a `for` whose step is a constant in 1..=65535): one register read
+    /// less per iteration; same overflow rule (an `iv + step` that overflows leaves the loop).
+    ForLoopK {
+        iv: R,
+        hi: R,
+        step: u16,
+        target: u32,
+        fuel: u32,
+    },
     /// Traps unless `s[step] > 0`.
     StepCheck {
         step: R,
@@ -1151,7 +1160,8 @@ impl Instr {
             | JGeK32 { target, .. }
             | JTestNz { target, .. }
             | JTestZ { target, .. }
-            | ForLoop { target, .. } => Some(target),
+            | ForLoop { target, .. }
+            | ForLoopK { target, .. } => Some(target),
             _ => None,
         }
     }

@@ -1583,6 +1583,21 @@ fn exec(
                     }
                 }
             }
+            I::ForLoopK {
+                iv,
+                hi,
+                step,
+                target,
+                fuel: f,
+            } => {
+                if let Some(n) = i64_!(iv).checked_add(step as i64) {
+                    w64!(iv, n);
+                    if n < i64_!(hi) {
+                        charge!(f);
+                        pc = target as usize;
+                    }
+                }
+            }
             I::Call { site } => break Exit::Call(site),
             I::Ret { site } => break Exit::Ret(site),
             I::MovS { d, a } => s[d as usize] = s!(a),

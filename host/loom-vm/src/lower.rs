@@ -301,7 +301,7 @@ pub(crate) fn lower_function(
 fn thread_latches(code: Vec<Instr>, locs: Vec<Loc>) -> (Vec<Instr>, Vec<Loc>) {
     let latch = |ins: &Instr| match *ins {
         Instr::Jump { target, fuel: 0 } => match code.get(target as usize) {
-            Some(Instr::ForLoop { .. }) => Some(target),
+            Some(Instr::ForLoop { .. } | Instr::ForLoopK { .. }) => Some(target),
             _ => None,
         },
         _ => None,
@@ -1180,12 +1180,25 @@ impl L<'_> {
                     };
                     self.yield_into(os, iters)?;
                     self.loc = op.loc;
-                    self.emit(Instr::ForLoop {
-                        iv: ivr,
-                        hi: hi_r,
-                        step: step_r,
-                        target: top,
-                        fuel: body_cost,
+                    let kstep = self
+                        .k32(step, &Type::I64)
+                        .and_then(|k| u16::try_from(k).ok())
+                        .filter(|k| *k > 0);
+                    self.emit(match kstep {
+                        Some(step) => Instr::ForLoopK {
+                            iv: ivr,
+                            hi: hi_r,
+                            step,
+                            target: top,
+                            fuel: body_cost,
+                        },
+                        None => Instr::ForLoop {
+                            iv: ivr,
+                            hi: hi_r,
+                            step: step_r,
+                            target: top,
+                            fuel: body_cost,
+                        },
                     });
                 }
                 let exit = self.pc();

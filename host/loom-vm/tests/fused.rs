@@ -173,3 +173,79 @@ fn retained_bytes_cap_on_returned_values() {
         "{t}"
     );
 }
+
+/// `for i in lo..hi step S { acc += i }` with S an immediate (`ForLoopK`) or a parameter (`ForLoop`).
+fn stepped(imm: Option<i64>) -> loom_vm::Loaded {
+    single(&[T::I64, T::I64, T::I64], &[T::I64], |b, p| {
+        let step = match imm {
+            Some(k) => i64_(k),
+            None => v(p[2]),
+        };
+        let r = b.for_(
+            v(p[0]),
+            v(p[1]),
+            step,
+            vec![(i64_(0), T::I64)],
+            |b, i, it| vec![v(b.op(O::AddWrap, vec![v(it[0]), v(i)], T::I64))],
+        );
+        b.ret(vec![v(r[0])]);
+    })
+}
+
+#[test]
+fn immediate_step_latch_matches_the_register_form() {
+    let k = stepped(Some(3));
+    let r = stepped(None);
+    assert!(k.disassemble().contains("ForLoopK"), "{}", k.disassemble());
+    assert!(!r.disassemble().contains("ForLoopK"), "{}", r.disassemble());
+    // Ordinary ranges, empty ranges, and ranges ending at i64::MAX (where `i + step` overflows: the loop ends).
+    let cases = [
+        (0, 10),
+        (5, 5),
+        (7, 3),
+        (i64::MAX - 7, i64::MAX),
+        (i64::MIN, i64::MIN + 8),
+    ];
+    for (lo, hi) in cases {
+        let args = [V::I64(lo), V::I64(hi), V::I64(3)];
+        let a = k.invoke_metered("main", &args, &InvokeLimits::default());
+        let b = r.invoke_metered("main", &args, &InvokeLimits::default());
+        let mut want = 0i64;
+        let mut i = lo;
+        while i < hi {
+            want = want.wrapping_add(i);
+            match i.checked_add(3) {
+                Some(n) => i = n,
+                None => break,
+            }
+        }
+        assert_eq!(
+            a.result.as_ref().unwrap(),
+            &vec![V::I64(want)],
+            "{lo}..{hi}"
+        );
+        assert_eq!(b.result.unwrap(), vec![V::I64(want)]);
+        assert_eq!(a.fuel_used, b.fuel_used, "{lo}..{hi}");
+        // Fuel determinism at every budget, and the same trap point as the register form.
+        for fuel in 0..a.fuel_used {
+            let lim = InvokeLimits {
+                fuel,
+                ..Default::default()
+            };
+            let (x, y) = (
+                k.invoke_metered("main", &args, &lim),
+                k.invoke_metered("main", &args, &lim),
+            );
+            let z = r.invoke_metered("main", &args, &lim);
+            let (tx, ty, tz) = (
+                x.result.unwrap_err(),
+                y.result.unwrap_err(),
+                z.result.unwrap_err(),
+            );
+            assert_eq!(tx.kind, TrapKind::OutOfFuel);
+            assert_eq!(tx, ty);
+            assert_eq!((tx.kind, tx.loc), (tz.kind, tz.loc), "fuel {fuel}");
+            assert_eq!((x.fuel_used, z.fuel_used), (fuel, fuel));
+        }
+    }
+}
