@@ -54,47 +54,9 @@ use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
 /// The byte workspace buffers are filled with before a stage runs (as the reference does).
 pub const POISON_BYTE: u8 = 0xff;
 
-/// Why a stage could not be compiled or run. The run-time variants mirror `loom_reference::Error`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Error {
-    #[error("{buffer}: {actual} bytes, but {dtype}{shape:?} needs {expected}")]
-    SizeMismatch {
-        buffer: String,
-        dtype: DType,
-        shape: Vec<u64>,
-        expected: u64,
-        actual: usize,
-    },
-    #[error("{what}: {actual} buffers given, {expected} expected")]
-    BufferCount {
-        what: String,
-        expected: usize,
-        actual: usize,
-    },
-    #[error(
-        "kernel `{kernel}`: checked load from `{param}`: index {index} is outside dimension {dim} \
-         (extent {extent}) in program {program_id:?}"
-    )]
-    IndexOutOfRange {
-        kernel: String,
-        param: String,
-        index: i64,
-        dim: usize,
-        extent: u64,
-        program_id: [u64; 3],
-    },
-    #[error("kernel `{kernel}` at {}:{}: integer division by zero in program {program_id:?}", .loc.line, .loc.col)]
-    DivisionByZero {
-        kernel: String,
-        loc: Loc,
-        program_id: [u64; 3],
-    },
-    #[error("malformed IR: {at}: {message}")]
-    Malformed { at: String, message: String },
-    /// Valid IR this backend does not lower (yet), or a JIT failure.
-    #[error("kernel `{kernel}`: not supported by the CPU backend: {message}")]
-    Unsupported { kernel: String, message: String },
-}
+/// Why a stage could not be compiled or run: the execution contract's error (shared with the reference, so
+/// the same failure gives the same value); CPU compile failures are `Unsupported { backend: "cpu" }`.
+pub use loom_ir::kernel::ExecError as Error;
 
 fn malformed(at: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Malformed {
@@ -188,6 +150,7 @@ fn lowering_error(kernel: &Kernel, f: jit::Fail, loc: Loc) -> Error {
     match f {
         jit::Fail::Bad(message) => malformed(kernel_at(kernel, loc), message),
         jit::Fail::Unsupported(message) => Error::Unsupported {
+            backend: "cpu".into(),
             kernel: kernel.name.clone(),
             message,
         },
@@ -233,6 +196,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
     let t0 = Instant::now();
     let at = format!("stage `{}`", stage.name);
     let mut jit = jit::Jit::new().map_err(|message| Error::Unsupported {
+        backend: "cpu".into(),
         kernel: String::new(),
         message,
     })?;
@@ -280,6 +244,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
     }
     let maps = bind_dispatches(stage, &at)?;
     let module = jit.finish().map_err(|message| Error::Unsupported {
+        backend: "cpu".into(),
         kernel: String::new(),
         message,
     })?;
@@ -528,6 +493,7 @@ fn failure_error(kernel: &Kernel, func: &Func, f: Failure) -> Error {
             format!("loop step must be positive, got {}", i64_at(8)),
         ),
         s => Error::Unsupported {
+            backend: "cpu".into(),
             kernel: kernel.name.clone(),
             message: format!("a worker thread failed (status {s})"),
         },

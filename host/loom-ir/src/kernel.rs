@@ -4,6 +4,7 @@
 //! Semantics are in `docs/loom/kernels.md`; the reference interpreter (`loom-reference`) is their executable
 //! definition. Values are SSA with structured regions, like host code: a region's last op is `Yield`.
 
+use crate::Loc;
 use std::fmt;
 
 /// Element types of buffers and tiles.
@@ -429,4 +430,61 @@ pub struct Stage {
     pub params: Vec<ParamBinding>,
     pub kernels: Vec<Kernel>,
     pub dispatches: Vec<Dispatch>,
+}
+
+/// Why a kernel or stage could not run to completion. This is part of the execution contract: the reference
+/// interpreter and every backend report the same variant (and message) for the same failure, which is what
+/// differential tests compare.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ExecError {
+    #[error("{buffer}: {actual} bytes, but {dtype}{shape:?} needs {expected}")]
+    SizeMismatch {
+        buffer: String,
+        dtype: DType,
+        shape: Vec<u64>,
+        expected: u64,
+        actual: usize,
+    },
+    #[error("{what}: {actual} buffers given, {expected} expected")]
+    BufferCount {
+        what: String,
+        expected: usize,
+        actual: usize,
+    },
+    #[error(
+        "kernel `{kernel}`: checked load from `{param}`: index {index} is outside dimension {dim} \
+         (extent {extent}) in program {program_id:?}"
+    )]
+    IndexOutOfRange {
+        kernel: String,
+        param: String,
+        index: i64,
+        dim: usize,
+        extent: u64,
+        program_id: [u64; 3],
+    },
+    #[error("kernel `{kernel}` at {}:{}: integer division by zero in program {program_id:?}", .loc.line, .loc.col)]
+    DivisionByZero {
+        kernel: String,
+        loc: Loc,
+        program_id: [u64; 3],
+    },
+    #[error(
+        "kernel `{kernel}` at {}:{}: a tile of {elements} elements exceeds the limit of {limit}",
+        .loc.line, .loc.col, limit = MAX_TILE_ELEMENTS
+    )]
+    TileTooLarge {
+        kernel: String,
+        loc: Loc,
+        elements: u64,
+    },
+    #[error("malformed IR: {at}: {message}")]
+    Malformed { at: String, message: String },
+    /// Valid IR that a backend does not lower (yet), or a backend compiler failure.
+    #[error("kernel `{kernel}`: not supported by the {backend} backend: {message}")]
+    Unsupported {
+        kernel: String,
+        backend: String,
+        message: String,
+    },
 }

@@ -96,7 +96,6 @@ pub mod float;
 mod ops;
 mod tile;
 
-use loom_ir::Loc;
 pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
 use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
 
@@ -105,53 +104,9 @@ use exec::Slot;
 /// The byte workspace (and [`alloc_outputs`]) buffers are filled with before a stage runs.
 pub const POISON_BYTE: u8 = 0xff;
 
-/// Why a kernel or stage could not run to completion.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Error {
-    #[error("{buffer}: {actual} bytes, but {dtype}{shape:?} needs {expected}")]
-    SizeMismatch {
-        buffer: String,
-        dtype: DType,
-        shape: Vec<u64>,
-        expected: u64,
-        actual: usize,
-    },
-    #[error("{what}: {actual} buffers given, {expected} expected")]
-    BufferCount {
-        what: String,
-        expected: usize,
-        actual: usize,
-    },
-    #[error(
-        "kernel `{kernel}`: checked load from `{param}`: index {index} is outside dimension {dim} \
-         (extent {extent}) in program {program_id:?}"
-    )]
-    IndexOutOfRange {
-        kernel: String,
-        param: String,
-        index: i64,
-        dim: usize,
-        extent: u64,
-        program_id: [u64; 3],
-    },
-    #[error("kernel `{kernel}` at {}:{}: integer division by zero in program {program_id:?}", .loc.line, .loc.col)]
-    DivisionByZero {
-        kernel: String,
-        loc: Loc,
-        program_id: [u64; 3],
-    },
-    #[error(
-        "kernel `{kernel}` at {}:{}: a tile of {elements} elements exceeds the limit of {limit}",
-        .loc.line, .loc.col, limit = MAX_TILE_ELEMENTS
-    )]
-    TileTooLarge {
-        kernel: String,
-        loc: Loc,
-        elements: u64,
-    },
-    #[error("malformed IR: {at}: {message}")]
-    Malformed { at: String, message: String },
-}
+/// Why a kernel or stage could not run to completion: the execution contract's error, shared with every
+/// backend so their failures compare equal to the reference's.
+pub use loom_ir::kernel::ExecError as Error;
 
 fn malformed(at: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Malformed {
