@@ -1,5 +1,6 @@
 //! CPU backend benchmarks (`cargo bench -p loom-cpu`): f32 GEMM stages against this machine's measured FMA
-//! peak and numpy/OpenBLAS, softmax and layernorm over rows against memcpy bandwidth. Prints one table.
+//! peak and numpy/OpenBLAS, softmax and layernorm over rows against memcpy bandwidth, quantised matrix-vector
+//! products against the bytes-moved floor. Prints one table.
 
 #![allow(unsafe_code)]
 
@@ -102,6 +103,9 @@ fn run_stage_best(
 }
 
 fn main() {
+    // LOOM_BENCH=gemm|qmatvec|rows runs one group only.
+    let only = std::env::var("LOOM_BENCH").unwrap_or_default();
+    let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
     let peak = [fma_peak(1), fma_peak(2)];
     println!(
@@ -112,6 +116,9 @@ fn main() {
     println!("| benchmark | threads | time | rate | reference | ratio | target |");
     println!("|---|---|---|---|---|---|---|");
     for (m, n, k) in [(1024u64, 1024u64, 1024u64), (128, 384, 1536)] {
+        if !on("gemm") {
+            break;
+        }
         let st = one_kernel_stage(gemm_kernel(m, n, k, 64, 64, 32, false));
         let ins = [
             rand_f32(&mut rng, (m * k) as usize, -1.0, 1.0),
@@ -161,7 +168,31 @@ fn main() {
             ],
         ),
     ];
-    for (name, st, ins) in cases {
+    // Quantised matrix-vector products: y = W x with W [n, k] in GGUF layout. The floor moves the weight bytes
+    // plus x (f32) and y (f32) once at memcpy bandwidth.
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        if !on("qmatvec") {
+            break;
+        }
+        for (n, k) in [(576u64, 1536u64), (1536, 576)] {
+            let st = one_kernel_stage(matvec_kernel(dtype, n, k, 64, 256));
+            let w = random_blocks(&mut rng, dtype, (n * k / 32) as usize);
+            let moved = w.len() + 4 * (n + k) as usize;
+            let ins = vec![w, rand_f32(&mut rng, k as usize, -1.0, 1.0)];
+            for threads in [1usize, 2] {
+                let t = run_stage_best(&st, &ins, threads, 50);
+                let floor = moved as f64 / (bw * 1e9);
+                println!(
+                    "| {dtype} matvec y = W x, W {n}x{k} | {threads} | {:.1} us | {:.1} GB/s | floor {:.1} us (memcpy {bw:.1} GB/s) | {:.0} % | >= 60 % |",
+                    t * 1e6,
+                    moved as f64 / t / 1e9,
+                    floor * 1e6,
+                    100.0 * floor / t
+                );
+            }
+        }
+    }
+    for (name, st, ins) in cases.into_iter().filter(|_| on("rows")) {
         for threads in [1usize, 2] {
             let t = run_stage_best(&st, &ins, threads, 5);
             let g = (2 * bytes) as f64 / t / 1e9;

@@ -18,6 +18,11 @@
 //! * A kernel that is exactly a tiled GEMM over full buffers (`pattern.rs`) runs as one `gemm` call over the
 //!   whole matrices (split over rows between threads) plus a JIT-compiled epilogue kernel for bias or
 //!   activation.
+//! * A kernel that is exactly a tiled matrix-vector product `y = W x` with a Q8_0/Q4_0/Q4_1 weight `W: [N, K]`
+//!   (GGUF layout, `tile.dot` at M = 1 against the transposed weight tile; `pattern::match_matvec`) runs on the
+//!   hand-written quantised dot microkernels of `qdot.rs` (AVX-512 VNNI, AVX2 or scalar, chosen at run time),
+//!   threaded over output rows. They quantise `x` to Q8 blocks once per call as ggml does, which adds a bounded
+//!   error (stated in `qdot.rs`) that the JIT path (dequantise, f32 `tile.dot`) does not have.
 //!
 //! # Threading
 //!
@@ -29,7 +34,9 @@
 //! # Safety argument
 //!
 //! `unsafe` is confined to: calling JIT code (`run_grid`), the raw-pointer helpers the JIT code calls
-//! (`rt.rs`), the `gemm` call (`kernels.rs`) and freeing the JIT memory. The JIT code only touches (a) its
+//! (`rt.rs`), the `gemm` call (`kernels.rs`), the quantised dot intrinsics (`qdot.rs`, only behind run-time
+//! feature detection, on slices whose lengths are asserted) with the buffer slices `run` hands them, and freeing
+//! the JIT memory. The JIT code only touches (a) its
 //! scratch, at offsets the compiler assigned inside the size it reports, and (b) buffers through the
 //! descriptor table, at flat indices built from per-dimension indices that are each either checked against
 //! the parameter's extent (per element, or once for a whole `tile.range`) or validated before the access
@@ -43,6 +50,7 @@
 mod jit;
 mod kernels;
 mod pattern;
+mod qdot;
 mod quant;
 mod rt;
 
@@ -77,7 +85,8 @@ fn kernel_at(kernel: &Kernel, loc: Loc) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelReport {
     pub name: String,
-    /// `"jit"` or `"gemm"` (whole-kernel GEMM, with `"gemm+epilogue"` when an epilogue kernel runs after it).
+    /// `"jit"`, `"gemm"` (whole-kernel GEMM, with `"gemm+epilogue"` when an epilogue kernel runs after it) or
+    /// `"qmatvec"` (whole-kernel quantised matrix-vector product, `qdot.rs`).
     pub path: &'static str,
     pub scratch_bytes: usize,
     pub compile_time: Duration,
@@ -114,6 +123,7 @@ struct KPlan {
     kernel: Kernel,
     func: Func,
     gemm: Option<GemmPlan>,
+    matvec: Option<(pattern::MatvecMatch, qdot::Isa)>,
 }
 
 /// Owns the JIT code; freed on drop.
@@ -174,8 +184,9 @@ fn byte_size(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize,
 /// Compilation switches (the defaults are what a server wants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    /// Run kernels that are exactly a tiled GEMM as one `gemm` call (plus epilogue); `false` JIT-compiles them
-    /// like any other kernel (tests use this to check both paths).
+    /// Run kernels that are exactly a tiled GEMM as one `gemm` call (plus epilogue), and kernels that are
+    /// exactly a quantised matrix-vector product on the `qdot` microkernels; `false` JIT-compiles them like
+    /// any other kernel (tests use this to check both paths).
     pub match_gemm: bool,
 }
 
@@ -215,6 +226,11 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         } else {
             None
         };
+        let mv = if options.match_gemm {
+            pattern::match_matvec(k).map(|m| (m, qdot::Isa::detect()))
+        } else {
+            None
+        };
         let epi = match gm
             .as_ref()
             .and_then(|g| g.epilogue.clone().map(|e| (e, g.c)))
@@ -233,6 +249,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         reports.push(KernelReport {
             name: k.name.clone(),
             path: match (&gm, &epi) {
+                _ if mv.is_some() => "qmatvec",
                 (None, _) => "jit",
                 (Some(_), None) => "gemm",
                 (Some(_), Some(_)) => "gemm+epilogue",
@@ -240,7 +257,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             scratch_bytes: main.scratch,
             compile_time: tk.elapsed(),
         });
-        lowered.push((main, gm, epi));
+        lowered.push((main, gm, epi, mv));
     }
     let maps = bind_dispatches(stage, &at)?;
     let module = jit.finish().map_err(|message| Error::Unsupported {
@@ -257,7 +274,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         .kernels
         .iter()
         .zip(lowered)
-        .map(|(k, (main, gm, epi))| KPlan {
+        .map(|(k, (main, gm, epi, mv))| KPlan {
             kernel: k.clone(),
             func: func(main),
             gemm: gm.map(|g| GemmPlan {
@@ -269,6 +286,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 c: g.c,
                 epilogue: epi.map(|(e, l)| (e, func(l))),
             }),
+            matvec: mv,
         })
         .collect();
     Ok(CpuStage {
@@ -586,6 +604,27 @@ impl CpuStage {
                         run_grid(ef, ek.grid, &desc, threads)
                             .map_err(|f| failure_error(ek, ef, f))?;
                     }
+                    continue;
+                }
+            }
+            if let Some((mv, isa)) = &plan.matvec {
+                let (sw, sx, sy) = (map[mv.w as usize], map[mv.x as usize], map[mv.y as usize]);
+                if sy != sw && sy != sx {
+                    let (w, x) = (slots[sw], slots[sx]);
+                    // SAFETY: the slot table holds (pointer, length) of live buffers: inputs and parameters
+                    // borrowed for `run`, outputs and workspace owned or mutably borrowed by it; `y`'s
+                    // buffer is a different slot from `w`'s and `x`'s, so the mutable slice aliases neither.
+                    let (w, x, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(w.0 as *const u8, w.1 as usize),
+                            std::slice::from_raw_parts(x.0 as *const u8, x.1 as usize),
+                            std::slice::from_raw_parts_mut(
+                                slots[sy].0 as *mut u8,
+                                slots[sy].1 as usize,
+                            ),
+                        )
+                    };
+                    qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
                     continue;
                 }
             }

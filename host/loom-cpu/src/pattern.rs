@@ -257,3 +257,199 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
         epilogue,
     })
 }
+
+/// A matched quantised matrix-vector product `y[n] = sum_k W[n, k] * x[k]` (parameter indices).
+#[derive(Debug, Clone)]
+pub(crate) struct MatvecMatch {
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) dtype: DType,
+    pub(crate) w: u32,
+    pub(crate) x: u32,
+    pub(crate) y: u32,
+}
+
+/// A kernel that is exactly a tiled matrix-vector product with a GGUF weight `W: [N, K]` (blocks along K):
+///
+/// ```text
+/// rn = range(pid(0) * BN, BN)
+/// acc = for k0 = 0 to K step BK iter(c = full(0.0, [1, BN])) {
+///     rk = range(k0, BK)
+///     xa = expand_dims(load(X[rk], 0.0), 0)        (or reshape to [1, BK])
+///     wt = transpose(load(W[rn, rk], 0.0))         ([BK, BN])
+///     yield dot(xa, wt, c) }
+/// store Y[rn], reshape(acc, [BN])
+/// ```
+///
+/// over a `cdiv(N, BN)` grid and nothing else (a load without fill is accepted where its ranges divide the
+/// extents, so it can never be out of range). The kernel computes every `y[n]` exactly once from the whole
+/// contraction, which `qdot::matvec` computes directly.
+pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
+    let ops = match &k.body.ops[..] {
+        [
+            rest @ ..,
+            KOp {
+                kind: KOpKind::Yield(ys),
+                ..
+            },
+        ] if ys.is_empty() => rest,
+        all => all,
+    };
+    if ops.len() != 7 {
+        return None;
+    }
+    let [store] = &ops
+        .iter()
+        .filter(|op| matches!(op.kind, KOpKind::Store { .. }))
+        .collect::<Vec<_>>()[..]
+    else {
+        return None;
+    };
+    let KOpKind::Store {
+        param: y,
+        indices: sidx,
+        value,
+    } = &store.kind
+    else {
+        return None;
+    };
+    let [srn] = &sidx[..] else { return None };
+    let bn = pid_range(ops, srn, 0)?;
+    let KOpKind::Reshape { a: racc, shape } = &def(ops, val(value)?)?.kind else {
+        return None;
+    };
+    if shape[..] != [bn] {
+        return None;
+    }
+    let fop = def(ops, val(racc)?)?;
+    let KOpKind::For {
+        lo,
+        hi,
+        step,
+        iv,
+        iters,
+        inits,
+        body,
+    } = &fop.kind
+    else {
+        return None;
+    };
+    let ([acc], [init], [res]) = (&iters[..], &inits[..], &fop.results[..]) else {
+        return None;
+    };
+    if val(racc)? != *res {
+        return None;
+    }
+    let (kk, bk) = (imm_i(hi)?, imm_i(step)?);
+    if imm_i(lo)? != 0 || bk <= 0 || kk <= 0 {
+        return None;
+    }
+    let KOpKind::Full {
+        value: z,
+        shape,
+        dtype: DType::F32,
+    } = &def(ops, val(init)?)?.kind
+    else {
+        return None;
+    };
+    if !is_zero_f32(z) || shape[..] != [1, bn] {
+        return None;
+    }
+    let bops = &body.ops;
+    if bops.len() != 7 {
+        return None;
+    }
+    let Some(KOp {
+        kind: KOpKind::Yield(ys),
+        ..
+    }) = bops.last()
+    else {
+        return None;
+    };
+    let [yv] = &ys[..] else { return None };
+    let dop = def(bops, val(yv)?)?;
+    let KOpKind::Dot {
+        a: da,
+        b: db,
+        acc: dacc,
+    } = &dop.kind
+    else {
+        return None;
+    };
+    if val(dacc)? != *acc {
+        return None;
+    }
+    let xl = match &def(bops, val(da)?)?.kind {
+        KOpKind::ExpandDims { a, axis: 0 } => a,
+        KOpKind::Reshape { a, shape } if shape[..] == [1, bk as u32] => a,
+        _ => return None,
+    };
+    let KOpKind::Transpose { a: wl } = &def(bops, val(db)?)?.kind else {
+        return None;
+    };
+    let load = |o: &KOperand| -> Option<(u32, Vec<KOperand>, bool)> {
+        match &def(bops, val(o)?)?.kind {
+            KOpKind::Load {
+                param,
+                indices,
+                fill,
+            } => match fill {
+                None => Some((*param, indices.clone(), false)),
+                Some(f) if is_zero_f32(f) => Some((*param, indices.clone(), true)),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    let (px, ix, fx) = load(xl)?;
+    let (pw, iw, fw) = load(wl)?;
+    let [xrk] = &ix[..] else { return None };
+    let [wrn, wrk] = &iw[..] else { return None };
+    let r_op = def(bops, val(xrk)?)?;
+    let KOpKind::Range { start, len } = &r_op.kind else {
+        return None;
+    };
+    if val(start)? != *iv
+        || i64::from(*len) != bk
+        || val(wrk)? != val(xrk)?
+        || val(wrn)? != val(srn)?
+    {
+        return None;
+    }
+    let (pw_, px_, py_) = (
+        k.params.get(pw as usize)?,
+        k.params.get(px as usize)?,
+        k.params.get(*y as usize)?,
+    );
+    if !crate::qdot::supported(pw_.dtype)
+        || px_.dtype != DType::F32
+        || py_.dtype != DType::F32
+        || pw_.access == Access::Write
+        || px_.access == Access::Write
+        || py_.access == Access::Read
+    {
+        return None;
+    }
+    let [n, kdim] = pw_.shape[..] else {
+        return None;
+    };
+    if px_.shape[..] != [kdim] || py_.shape[..] != [n] || kdim as i64 != kk || kdim % 32 != 0 {
+        return None;
+    }
+    let (n_div, k_div) = (n % u64::from(bn) == 0, kdim % bk as u64 == 0);
+    let (x_safe, w_safe) = (fx || k_div, fw || (k_div && n_div));
+    if !x_safe || !w_safe {
+        return None;
+    }
+    if k.grid != [n.div_ceil(u64::from(bn)), 1, 1] || *y == pw || *y == px {
+        return None;
+    }
+    Some(MatvecMatch {
+        n: n as usize,
+        k: kdim as usize,
+        dtype: pw_.dtype,
+        w: pw,
+        x: px,
+        y: *y,
+    })
+}

@@ -497,28 +497,6 @@ fn loops_and_branches() {
     );
 }
 
-/// Random quantised blocks with sane f16 scales (0.01..1) so that no value is NaN or infinite.
-fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
-    let (_, size) = dtype.block().unwrap();
-    let mut b: Vec<u8> = (0..blocks * size as usize)
-        .map(|_| rng.next_u64() as u8)
-        .collect();
-    let half = |rng: &mut Rng| {
-        loom_reference::float::f32_to_f16(rng.uniform(0.01, 1.0) as f32).to_le_bytes()
-    };
-    for blk in b.chunks_mut(size as usize) {
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 => blk[0..2].copy_from_slice(&half(rng)),
-            DType::Q4_1 | DType::Q4K => {
-                blk[0..2].copy_from_slice(&half(rng));
-                blk[2..4].copy_from_slice(&half(rng));
-            }
-            _ => blk[208..210].copy_from_slice(&half(rng)),
-        }
-    }
-    b
-}
-
 #[test]
 fn quantised_loads_dequantise_exactly() {
     let mut rng = Rng::new(11);
@@ -580,4 +558,87 @@ fn stage_contract_checks_buffers() {
     ));
     // Report: one kernel, timed.
     assert_eq!(cs.compile_report().kernels.len(), 1);
+}
+
+/// `y = W x` with a quantised `W: [n, k]` (GGUF layout, blocks along k): the JIT (dequantise, f32 `tile.dot`)
+/// and the whole-kernel `qmatvec` path (activation quantised to Q8 blocks, integer block dots) against the
+/// reference (dequantise bit for bit, f64 dot). Per output, with `S = sum_k |w_k x_k|`:
+/// * JIT: `|got - want| <= 1e-5 * S` (f32 accumulation over `k`);
+/// * qmatvec: `|got - want| <= sum_b dx_b / 2 * sum_{k in b} |w_k| + 1e-5 * (S + sum_k |w_k| dx_b)`, where
+///   `dx_b = max_{k in b} |x_k| / 127` is the activation block's quantisation step (each `x_k` moves by at most
+///   `dx_b / 2`), the rest f32 rounding; the bound the `qdot` unit tests also check.
+#[test]
+fn quantised_matvec_jit_and_pattern_agree_with_the_reference() {
+    let mut rng = Rng::new(23);
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for (n, k, bn, bk) in [
+            (70u64, 96u64, 16u32, 32u32),
+            (64, 128, 32, 64),
+            (96, 320, 32, 96),
+        ] {
+            let st = one_kernel_stage(matvec_kernel(dtype, n, k, bn, bk));
+            let w = random_blocks(&mut rng, dtype, (n * k / 32) as usize);
+            let xs = rng.f32s(k as usize, -2.0, 2.0);
+            let ins = [w.clone(), f32_bytes(&xs)];
+            let ins_ref: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
+            let mut want = loom_reference::alloc_outputs(&st).unwrap();
+            loom_reference::run_stage(&st, &ins_ref, &[], &mut want).expect("reference run");
+            let want = f32s(&want[0]);
+            let wd = loom_reference::dequantize(dtype, &w).unwrap();
+            let dx: Vec<f64> = xs
+                .chunks(32)
+                .map(|b| b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs()))) / 127.0)
+                .collect();
+            for (match_gemm, path) in [(false, "jit"), (true, "qmatvec")] {
+                let cs =
+                    loom_cpu::compile_stage_with(&st, loom_cpu::Options { match_gemm }).unwrap();
+                assert_eq!(cs.compile_report().kernels[0].path, path);
+                for threads in [1, 2] {
+                    let mut got = loom_reference::alloc_outputs(&st).unwrap();
+                    cs.run(&ins_ref, &[], &mut got, threads).expect("cpu run");
+                    for (r, g) in f32s(&got[0]).iter().enumerate() {
+                        let row = &wd[r * k as usize..(r + 1) * k as usize];
+                        let s: f64 = row
+                            .iter()
+                            .zip(&xs)
+                            .map(|(a, b)| f64::from(a * b).abs())
+                            .sum();
+                        let wq: f64 = row
+                            .iter()
+                            .enumerate()
+                            .map(|(j, a)| f64::from(a.abs()) * dx[j / 32])
+                            .sum();
+                        let bound = if path == "jit" {
+                            1e-5 * s
+                        } else {
+                            wq / 2.0 + 1e-5 * (s + wq)
+                        };
+                        let err = (f64::from(*g) - f64::from(want[r])).abs();
+                        assert!(
+                            err <= bound,
+                            "{dtype} {n}x{k} {path} {threads} threads: y[{r}] = {g}, want {} (error {err:e} > {bound:e})",
+                            want[r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_pattern_only_matches_the_exact_form() {
+    // An f32 weight, or a weight shape whose K is not a multiple of 32 blocks, stays on the JIT.
+    let st = one_kernel_stage(matvec_kernel(DType::F32, 64, 64, 16, 32));
+    let cs = loom_cpu::compile_stage(&st).unwrap();
+    assert_eq!(cs.compile_report().kernels[0].path, "jit");
+    // Loop bound short of K: a partial contraction is not a matvec.
+    let mut kern = matvec_kernel(DType::Q8_0, 64, 64, 16, 32);
+    for op in &mut kern.body.ops {
+        if let loom_ir::kernel::KOpKind::For { hi, .. } = &mut op.kind {
+            *hi = i(32);
+        }
+    }
+    let cs = loom_cpu::compile_stage(&one_kernel_stage(kern)).unwrap();
+    assert_eq!(cs.compile_report().kernels[0].path, "jit");
 }

@@ -113,3 +113,56 @@ pub fn compare(what: &str, dtype: DType, got: &[u8], want: &[u8], tol: Tol) {
 pub fn rand_f32(rng: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<u8> {
     f32_bytes(&rng.f32s(n, lo, hi))
 }
+
+/// `y = W x` with a GGUF weight `w: [n, k]` (blocks along k, as GGUF stores a linear layer's weight) and
+/// `x: [k]`: `bn` outputs per program, a `for` over `k` in steps of `bk` with `tile.dot` at M = 1
+/// (`[1, bk] x [bk, bn]`, the weight tile transposed). Parameters: `w, x, y`.
+pub fn matvec_kernel(wdt: DType, n: u64, k: u64, bn: u32, bk: u32) -> Kernel {
+    let mut kb = KB::new("matvec", [cdiv(n, bn as u64), 1, 1]);
+    let w = kb.param("w", wdt, &[n, k], READ);
+    let x = kb.param("x", DType::F32, &[k], READ);
+    let y = kb.param("y", DType::F32, &[n], WRITE);
+    let p = kb.pid(0);
+    let n0 = kb.mul(p, i(bn as i64));
+    let rn = kb.range(n0, bn);
+    let acc0 = kb.full(f(0.0), &[1, bn], DType::F32);
+    let rn2 = rn.clone();
+    let res = kb.for_(
+        i(0),
+        i(k as i64),
+        i(bk as i64),
+        vec![acc0],
+        move |kb, k0, it| {
+            let rk = kb.range(k0, bk);
+            let xt = kb.load(x, vec![rk.clone()], Some(f(0.0)));
+            let xa = kb.expand_dims(xt, 0);
+            let wt = kb.load(w, vec![rn2, rk], Some(f(0.0)));
+            let wt = kb.transpose(wt);
+            vec![kb.dot(xa, wt, it[0].clone())]
+        },
+    );
+    let out = kb.reshape(res[0].clone(), &[bn]);
+    kb.store(y, vec![rn], out);
+    kb.finish()
+}
+
+/// Random quantised blocks with sane f16 scales (0.01..1, Q4_1 minimums too) so that no value is NaN or
+/// infinite.
+pub fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
+    let (_, size) = dtype.block().unwrap();
+    let mut b: Vec<u8> = (0..blocks * size as usize)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let half = |x: f64| loom_reference::float::f32_to_f16(x as f32).to_le_bytes();
+    for blk in b.chunks_mut(size as usize) {
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 => blk[0..2].copy_from_slice(&half(rng.uniform(0.01, 1.0))),
+            DType::Q4_1 | DType::Q4K => {
+                blk[0..2].copy_from_slice(&half(rng.uniform(0.01, 1.0)));
+                blk[2..4].copy_from_slice(&half(rng.uniform(0.01, 1.0)));
+            }
+            _ => blk[208..210].copy_from_slice(&half(rng.uniform(0.01, 1.0))),
+        }
+    }
+    b
+}

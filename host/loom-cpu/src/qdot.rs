@@ -1,0 +1,475 @@
+//! Quantised matrix-vector microkernels: `y[n] = sum_k W[n, k] * x[k]` with a GGUF weight `W: [N, K]`
+//! (Q8_0, Q4_0 or Q4_1 blocks of 32 along K) and an f32 activation `x: [K]`.
+//!
+//! As ggml does, the activation row is quantised **once per call** to Q8 blocks (per block of 32: scale
+//! `dx = amax / 127`, `qx = round(x / dx)` in `[-127, 127]`, ties to even; `dx` is kept in f32, not
+//! rounded to f16 as ggml's `block_q8_0` does, and the block sum `sx = sum qx` is kept for the offset terms).
+//! Each block then contributes an **exact integer** dot product `isum = sum qw * qx` scaled in f32:
+//!
+//! * Q8_0: `dw * dx * isum`;
+//! * Q4_0: `dw * dx * sum (qw - 8) * qx`;
+//! * Q4_1: `dw * dx * isum + mw * (dx * sx)` (`mw` the block minimum).
+//!
+//! # Error bound (what the tests check)
+//!
+//! Quantising `x` moves each element by at most `dx / 2`, so against the exact dot product of the dequantised
+//! weights with `x` the result differs by at most
+//! `sum_blocks (dx_b / 2) * sum_{k in b} |w_k|  +  f32 rounding`, where the f32 rounding (per-block products
+//! and an f32 sum over `K / 32` block terms) is bounded by `K/32 * 2^-22 * sum_k |w_k * x_k|`-ish; the tests
+//! use `1e-5 * sum_k |w_k| * |x_k| + 1e-5 * sum_k |w_k| * dx_b` on top of the quantisation term. The SIMD
+//! variants compute the same integers as the scalar one and differ only in the f32 summation order.
+//!
+//! # Variants (chosen at run time)
+//!
+//! * AVX-512 VNNI (`avx512f`, `avx512bw`, `avx512vnni`): two blocks per `vpdpbusd` (u8 x i8 -> i32). Signed
+//!   weights use `|w|` as the unsigned operand and `x` negated where `w < 0` as the signed one (`qx` is never
+//!   -128, so the negation is exact); Q4_1's nibbles are already unsigned.
+//! * AVX2 + FMA (+ F16C for the scales, as the AVX-512 variant): one block per `vpmaddubsw` + `vpmaddwd` with the same sign trick (`vpsignb`); the i16 pair
+//!   sums stay below 2 * 128 * 127 < 2^15, so `vpmaddubsw` never saturates.
+//! * Scalar: the definition above, one block at a time.
+
+use loom_ir::kernel::DType;
+
+pub(crate) const QK: usize = 32;
+
+/// The activation row quantised to Q8 blocks.
+#[derive(Debug, Clone)]
+pub(crate) struct QActs {
+    /// `K` quantised values, blocks of 32 contiguous.
+    pub(crate) qs: Vec<i8>,
+    /// Per block: `dx`.
+    pub(crate) d: Vec<f32>,
+    /// Per block: `dx * sum qx` (the Q4_1 offset term's activation factor).
+    pub(crate) ds: Vec<f32>,
+}
+
+/// Quantises `x` (length a multiple of 32) to Q8 blocks.
+pub(crate) fn quantize_acts(x: &[f32]) -> QActs {
+    let nb = x.len() / QK;
+    let mut qs = vec![0i8; nb * QK];
+    let mut d = vec![0f32; nb];
+    let mut ds = vec![0f32; nb];
+    for b in 0..nb {
+        let xb = &x[b * QK..(b + 1) * QK];
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dx = amax / 127.0;
+        let id = if dx != 0.0 { 1.0 / dx } else { 0.0 };
+        let mut s = 0i32;
+        for (q, &v) in qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
+            // Round half to even by the 1.5 * 2^23 trick (exact for |v * id| <= 127; `f32::round` is a libm
+            // call on baseline x86-64).
+            const MAGIC: f32 = 12_582_912.0;
+            let r = ((v * id + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i8;
+            *q = r;
+            s += i32::from(r);
+        }
+        d[b] = dx;
+        ds[b] = dx * s as f32;
+    }
+    QActs { qs, d, ds }
+}
+
+/// f16 bits to f32: a bit shuffle for normal numbers, the exact general conversion otherwise.
+#[inline(always)]
+fn f16(lo: u8, hi: u8) -> f32 {
+    let h = u16::from_le_bytes([lo, hi]);
+    let e = (h >> 10) & 0x1f;
+    if e != 0 && e != 31 {
+        let bits = (u32::from(h & 0x8000) << 16)
+            | ((u32::from(e) + 112) << 23)
+            | (u32::from(h & 0x3ff) << 13);
+        f32::from_bits(bits)
+    } else {
+        crate::rt::f16_to_f32(h)
+    }
+}
+
+/// The quantised weight types these kernels handle.
+pub(crate) fn supported(dtype: DType) -> bool {
+    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+}
+
+fn block_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+/// Which implementation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best variant this CPU supports.
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx512Vnni;
+            }
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Every variant this CPU can run (for the tests).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            v.push(Isa::Avx2);
+        }
+        if best == Isa::Avx512Vnni {
+            v.push(Isa::Avx512Vnni);
+        }
+        v
+    }
+}
+
+/// One row: `sum_k W[row, k] * x[k]` for the `nb` blocks of `w` (exactly `nb` blocks of `dtype`).
+pub(crate) fn dot_row(isa: Isa, dtype: DType, w: &[u8], a: &QActs) -> f32 {
+    let nb = a.d.len();
+    assert!(w.len() == nb * block_bytes(dtype) && a.qs.len() == nb * QK && supported(dtype));
+    match isa {
+        Isa::Scalar => dot_scalar(dtype, w, a),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c; the lengths were checked above.
+        Isa::Avx2 => unsafe { x86::dot_avx2(dtype, w, a) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512Vnni` is only produced after detecting avx512f, avx512bw, avx512vnni and f16c; the
+        // lengths were checked above.
+        Isa::Avx512Vnni => unsafe { x86::dot_avx512vnni(dtype, w, a) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => dot_scalar(dtype, w, a),
+    }
+}
+
+fn dot_scalar(dtype: DType, w: &[u8], a: &QActs) -> f32 {
+    let bs = block_bytes(dtype);
+    let mut acc = 0f32;
+    for (b, blk) in w.chunks_exact(bs).enumerate() {
+        let qx = &a.qs[b * QK..(b + 1) * QK];
+        let dw = f16(blk[0], blk[1]);
+        match dtype {
+            DType::Q8_0 => {
+                let isum: i32 = blk[2..]
+                    .iter()
+                    .zip(qx)
+                    .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
+                    .sum();
+                acc += dw * a.d[b] * isum as f32;
+            }
+            DType::Q4_0 => {
+                let isum: i32 = (0..QK)
+                    .map(|j| {
+                        let byte = blk[2 + j % 16];
+                        let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                        (i32::from(q) - 8) * i32::from(qx[j])
+                    })
+                    .sum();
+                acc += dw * a.d[b] * isum as f32;
+            }
+            _ => {
+                let mw = f16(blk[2], blk[3]);
+                let isum: i32 = (0..QK)
+                    .map(|j| {
+                        let byte = blk[4 + j % 16];
+                        let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                        i32::from(q) * i32::from(qx[j])
+                    })
+                    .sum();
+                acc += dw * a.d[b] * isum as f32 + mw * a.ds[b];
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{QActs, QK, block_bytes};
+    use loom_ir::kernel::DType;
+    use std::arch::x86_64::*;
+
+    /// The f16 with bytes `lo, hi` to f32 (F16C `vcvtph2ps`).
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    fn f16(lo: u8, hi: u8) -> f32 {
+        let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
+        _mm_cvtss_f32(_mm_cvtph_ps(h))
+    }
+
+    /// 32 weights of block `blk` as i8 (Q4_0 shifted to `q - 8`) or, for Q4_1, as unsigned nibbles.
+    #[inline(always)]
+    unsafe fn weights256(dtype: DType, blk: *const u8) -> __m256i {
+        // SAFETY (all loads): the caller passes a pointer to a whole block of `dtype`.
+        unsafe {
+            match dtype {
+                DType::Q8_0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                _ => {
+                    let off = if dtype == DType::Q4_0 { 2 } else { 4 };
+                    let b = _mm_loadu_si128(blk.add(off) as *const __m128i);
+                    let m = _mm_set1_epi8(15);
+                    let lo = _mm_and_si128(b, m);
+                    let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+                    let v = _mm256_set_m128i(hi, lo);
+                    if dtype == DType::Q4_0 {
+                        _mm256_sub_epi8(v, _mm256_set1_epi8(8))
+                    } else {
+                        v
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// avx2 and fma must be available; `w` holds `a.d.len()` blocks of `dtype` and `a.qs` 32 values per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_avx2(dtype: DType, w: &[u8], a: &QActs) -> f32 {
+        let bs = block_bytes(dtype);
+        let nb = a.d.len();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let mut off = 0f32;
+        for b in 0..nb {
+            // SAFETY: block b lies inside `w`, activation block b inside `a.qs` (caller's contract).
+            let (wv, xv) = unsafe {
+                (
+                    weights256(dtype, w.as_ptr().add(b * bs)),
+                    _mm256_loadu_si256(a.qs.as_ptr().add(b * QK) as *const __m256i),
+                )
+            };
+            let blk = &w[b * bs..];
+            let dw = f16(blk[0], blk[1]);
+            let p16 = if dtype == DType::Q4_1 {
+                off += f16(blk[2], blk[3]) * a.ds[b];
+                _mm256_maddubs_epi16(wv, xv)
+            } else {
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+            };
+            let p32 = _mm256_madd_epi16(p16, ones);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(dw * a.d[b]), acc);
+        }
+        let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s) + off
+    }
+
+    /// # Safety
+    /// avx512f, avx512bw and avx512vnni must be available; `w` holds `a.d.len()` blocks of `dtype` and `a.qs`
+    /// 32 values per block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_avx512vnni(dtype: DType, w: &[u8], a: &QActs) -> f32 {
+        let bs = block_bytes(dtype);
+        let nb = a.d.len();
+        let mut acc = _mm512_setzero_ps();
+        let mut off = 0f32;
+        let zero = _mm512_setzero_si512();
+        let mut b = 0;
+        while b + 2 <= nb {
+            // SAFETY: blocks b and b + 1 lie inside `w`, activation blocks b, b + 1 (64 bytes) inside `a.qs`.
+            let (w0, w1, xv) = unsafe {
+                (
+                    weights256(dtype, w.as_ptr().add(b * bs)),
+                    weights256(dtype, w.as_ptr().add((b + 1) * bs)),
+                    _mm512_loadu_si512(a.qs.as_ptr().add(b * QK) as *const _),
+                )
+            };
+            let wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+            let (b0, b1) = (&w[b * bs..], &w[(b + 1) * bs..]);
+            let p = if dtype == DType::Q4_1 {
+                off += f16(b0[2], b0[3]) * a.ds[b] + f16(b1[2], b1[3]) * a.ds[b + 1];
+                _mm512_dpbusd_epi32(zero, wv, xv)
+            } else {
+                let neg = _mm512_movepi8_mask(wv);
+                let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+                _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx)
+            };
+            let s0 = _mm512_set1_ps(f16(b0[0], b0[1]) * a.d[b]);
+            let s1 = _mm512_set1_ps(f16(b1[0], b1[1]) * a.d[b + 1]);
+            let sc = _mm512_mask_blend_ps(0xff00, s0, s1);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
+            b += 2;
+        }
+        let mut r = _mm512_reduce_add_ps(acc) + off;
+        if b < nb {
+            let a1 = QActs {
+                qs: a.qs[b * QK..].to_vec(),
+                d: a.d[b..].to_vec(),
+                ds: a.ds[b..].to_vec(),
+            };
+            r += super::dot_scalar(dtype, &w[b * bs..], &a1);
+        }
+        r
+    }
+}
+
+/// `y = W x` over `threads` workers (contiguous row blocks): `w` is `n` rows of `k / 32` blocks of `dtype`,
+/// `x` holds `k` little-endian f32 and `y` receives `n` little-endian f32.
+pub(crate) fn matvec(
+    isa: Isa,
+    dtype: DType,
+    n: usize,
+    k: usize,
+    w: &[u8],
+    x: &[u8],
+    y: &mut [u8],
+    threads: usize,
+) {
+    let row = k / QK * block_bytes(dtype);
+    assert!(k.is_multiple_of(QK) && w.len() == n * row && x.len() == 4 * k && y.len() == 4 * n);
+    let xf: Vec<f32> = x
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let a = quantize_acts(&xf);
+    // Below ~256 K multiply-adds per thread the spawn costs more than it saves.
+    let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 18).max(1));
+    let rows = |y: &mut [u8], r0: usize| {
+        for (i, out) in y.chunks_exact_mut(4).enumerate() {
+            let r = r0 + i;
+            out.copy_from_slice(&dot_row(isa, dtype, &w[r * row..(r + 1) * row], &a).to_le_bytes());
+        }
+    };
+    if threads <= 1 {
+        rows(y, 0);
+        return;
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (t, chunk) in y.chunks_mut(4 * per).enumerate() {
+            let rows = &rows;
+            s.spawn(move || rows(chunk, t * per));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn unit(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 24) as f32
+        }
+    }
+
+    fn half(x: f32) -> [u8; 2] {
+        // Scales in 0.01..1 are normal f16: round-to-nearest by truncating the f32 mantissa plus rounding bit.
+        let b = x.to_bits();
+        let e = ((b >> 23) & 0xff) as i32 - 127 + 15;
+        let m = (b & 0x7f_ffff) + 0x1000;
+        let (e, m) = if m >> 23 != 0 {
+            (e + 1, 0)
+        } else {
+            (e, m >> 13)
+        };
+        (((e as u32) << 10 | m) as u16).to_le_bytes()
+    }
+
+    fn random_row(rng: &mut Rng, dtype: DType, nb: usize) -> Vec<u8> {
+        let bs = block_bytes(dtype);
+        let mut w: Vec<u8> = (0..nb * bs).map(|_| rng.next() as u8).collect();
+        for blk in w.chunks_mut(bs) {
+            blk[0..2].copy_from_slice(&half(0.01 + rng.unit()));
+            if dtype == DType::Q4_1 {
+                blk[2..4].copy_from_slice(&half(-0.5 * (0.01 + rng.unit())));
+            }
+        }
+        w
+    }
+
+    /// The reference's view: dequantise (bit for bit ggml) then an f64 dot; plus the error bound.
+    fn reference(dtype: DType, w: &[u8], x: &[f32], a: &QActs) -> (f64, f64) {
+        let bs = block_bytes(dtype);
+        let (mut dot, mut quant, mut mag) = (0f64, 0f64, 0f64);
+        for (b, blk) in w.chunks_exact(bs).enumerate() {
+            for j in 0..QK {
+                let wv = f64::from(crate::quant::dequant_in_block(dtype, blk, j));
+                let xv = f64::from(x[b * QK + j]);
+                dot += wv * xv;
+                quant += wv.abs() * f64::from(a.d[b]) / 2.0;
+                mag += (wv * xv).abs() + wv.abs() * f64::from(a.d[b]);
+            }
+        }
+        (dot, quant + 1e-5 * mag)
+    }
+
+    #[test]
+    fn variants_match_scalar_and_reference_within_the_bound() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+            for nb in [1usize, 2, 3, 18, 48] {
+                for _ in 0..20 {
+                    let w = random_row(&mut rng, dtype, nb);
+                    let x: Vec<f32> = (0..nb * QK).map(|_| 4.0 * rng.unit() - 2.0).collect();
+                    let a = quantize_acts(&x);
+                    let (want, bound) = reference(dtype, &w, &x, &a);
+                    let scalar = dot_row(Isa::Scalar, dtype, &w, &a);
+                    assert!(
+                        (f64::from(scalar) - want).abs() <= bound,
+                        "{dtype} nb {nb}: scalar {scalar} vs reference {want} (bound {bound})"
+                    );
+                    // The integers are exact in every variant; only the f32 summation order differs.
+                    let mag: f32 = (0..nb).map(|b| a.d[b] * 127.0 * 32.0 * 16.0).sum();
+                    for isa in Isa::available() {
+                        let got = dot_row(isa, dtype, &w, &a);
+                        assert!(
+                            (got - scalar).abs() <= 1e-6 * mag,
+                            "{dtype} nb {nb} {isa:?}: {got} vs scalar {scalar}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_weights_and_zero_activations() {
+        // w = -128 (Q8_0) and all-zero activation blocks (dx = 0).
+        for isa in Isa::available() {
+            let mut w = vec![0u8; 2 * 34];
+            for blk in w.chunks_mut(34) {
+                blk[0..2].copy_from_slice(&half(0.5));
+                blk[2..].iter_mut().for_each(|q| *q = 0x80);
+            }
+            let mut x = vec![-1.0f32; 64];
+            x[32..].iter_mut().for_each(|v| *v = 0.0);
+            let a = quantize_acts(&x);
+            assert_eq!(
+                dot_row(isa, DType::Q8_0, &w, &a),
+                0.5 * 128.0 * 32.0,
+                "{isa:?}"
+            );
+        }
+    }
+}
