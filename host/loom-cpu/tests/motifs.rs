@@ -328,6 +328,28 @@ fn check_cases(tag: &str, cases: Vec<Case>, seed: u64) {
             let cs = loom_cpu::compile_stage_with(&stage, loom_cpu::Options { match_gemm })
                 .unwrap_or_else(|e| panic!("{label}: compile: {e}"));
             let gemm_path = cs.compile_report().kernels.iter().any(|k| k.path != "jit");
+            if match_gemm {
+                // The per-stage compile times BENCHMARKS.md records (`--nocapture` shows them).
+                let r = cs.compile_report();
+                let ks: Vec<String> = r
+                    .kernels
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "{} {} {:.2} ms",
+                            k.name,
+                            k.path,
+                            k.compile_time.as_secs_f64() * 1e3
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "compile-report | {label} | {} | {:.2} ms | {} |",
+                    r.kernels.len(),
+                    r.total.as_secs_f64() * 1e3,
+                    ks.join("; ")
+                );
+            }
             for threads in [1, 2] {
                 let mut got = loom_reference::alloc_outputs(&stage).unwrap();
                 assert!(got.iter().all(|o| o.iter().all(|&b| b == 0xff)), "poisoned");
