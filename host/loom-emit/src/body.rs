@@ -1128,63 +1128,59 @@ impl<'k> Gen<'k> {
         let n = Self::name(r);
         let res = outer * inner;
         let c = u64::from(self.scratch);
-        if res > c {
-            return Err(Error::Unsupported(format!(
-                "a reduction with {res} results (more than the {c} words of workgroup scratch)"
-            )));
-        }
-        // Rows of the slab: L consecutive positions along the axis for every result element.
-        let l = (c / res.max(1)).min(len).max(1);
+        // Result elements are processed in chunks of RC (all of them when they fit the scratch), and for each
+        // chunk the reduced axis in slabs of L positions: scratch[(ri - r0) * L + (p - l0)].
+        let rc = res.clamp(1, c);
+        let l = (c / rc).min(len).max(1);
         let rt = self.ty(d)?;
         let float = d.is_float();
-        let ident = match (op, float) {
-            (ReduceOp::Sum, true) => self.lit(KImm::F64(0.0), DType::F32)?,
-            (ReduceOp::Sum, false) => self.zero_of(d)?,
-            (ReduceOp::Max, true) => self.lit(KImm::F64(f64::NEG_INFINITY), DType::F32)?,
-            (ReduceOp::Min, true) => self.lit(KImm::F64(f64::INFINITY), DType::F32)?,
-            (ReduceOp::Max, false) => self.int_extreme(d, false)?,
-            (ReduceOp::Min, false) => self.int_extreme(d, true)?,
+        let ident = match (op, d) {
+            (ReduceOp::Sum, DType::F64) => "0.0".to_string(),
+            (ReduceOp::Max, DType::F64) => self.lit(KImm::F64(f64::NEG_INFINITY), DType::F64)?,
+            (ReduceOp::Min, DType::F64) => self.lit(KImm::F64(f64::INFINITY), DType::F64)?,
+            (ReduceOp::Sum, _) if float => self.lit(KImm::F64(0.0), DType::F32)?,
+            (ReduceOp::Max, _) if float => self.lit(KImm::F64(f64::NEG_INFINITY), DType::F32)?,
+            (ReduceOp::Min, _) if float => self.lit(KImm::F64(f64::INFINITY), DType::F32)?,
+            (ReduceOp::Sum, _) => self.zero_of(d)?,
+            (ReduceOp::Max, _) => self.int_extreme(d, false)?,
+            (ReduceOp::Min, _) => self.int_extreme(d, true)?,
         };
-        let ident = if d == DType::F64 {
-            match op {
-                ReduceOp::Sum => "0.0".into(),
-                ReduceOp::Max => self.lit(KImm::F64(f64::NEG_INFINITY), DType::F64)?,
-                ReduceOp::Min => self.lit(KImm::F64(f64::INFINITY), DType::F64)?,
-            }
-        } else {
-            ident
-        };
-        let _ = rt;
         self.each(res);
         self.line(&format!("{n}[k] = {ident};"));
         self.end_each();
         let src = self.at(a)?;
-        let (lu, lenu, inu) = (self.u(l), self.u(len), self.u(inner));
+        let (lu, lenu, inu, rcu, resu) = (
+            self.u(l),
+            self.u(len),
+            self.u(inner),
+            self.u(rc),
+            self.u(res),
+        );
+        let r0 = self.fresh("r");
         let l0 = self.fresh("l");
+        self.for_u(&r0, "0u", &resu, &rcu);
         self.for_u(&l0, "0u", &lenu, &lu);
         self.barrier();
         self.each(outer * len * inner);
         let u = self.u32_t();
-        self.let_("o", u, &format!("e / ({lenu} * {inu})"));
         self.let_("p", u, &format!("(e / {inu}) % {lenu}"));
-        self.let_("q", u, &format!("e % {inu}"));
+        self.let_(
+            "ri",
+            u,
+            &format!("(e / ({lenu} * {inu})) * {inu} + e % {inu}"),
+        );
         let w = self.to_word(d, &src)?;
         self.line(&format!(
-            "if (p >= {l0} && p < {l0} + {lu}) {{ scratch[(o * {lu} + (p - {l0})) * {inu} + q] = {w}; }}"
+            "if (ri >= {r0} && ri < {r0} + {rcu} && p >= {l0} && p < {l0} + {lu}) {{ scratch[(ri - {r0}) * {lu} + (p - {l0})] = {w}; }}"
         ));
         self.end_each();
         self.barrier();
         self.each(res);
-        self.let_("o", u, &format!("e / {inu}"));
-        self.let_("q", u, &format!("e % {inu}"));
+        self.open(&format!("if (e >= {r0} && e < {r0} + {rcu}) {{"));
         self.var_("acc", rt, &format!("{n}[k]"));
-        let hi = if self.wgsl() {
-            format!("min({l0} + {lu}, {lenu})")
-        } else {
-            format!("min({l0} + {lu}, {lenu})")
-        };
+        let hi = format!("min({l0} + {lu}, {lenu})");
         self.for_u("p", &l0, &hi, "1u");
-        let x = self.from_word(d, &format!("scratch[(o * {lu} + (p - {l0})) * {inu} + q]"))?;
+        let x = self.from_word(d, &format!("scratch[(e - {r0}) * {lu} + (p - {l0})]"))?;
         let comb = match (op, float) {
             (ReduceOp::Sum, _) => self.wrapping(BinOp::Add, d, "acc", &x),
             (ReduceOp::Max, true) => format!("fmax_nan(acc, {x})"),
@@ -1195,7 +1191,9 @@ impl<'k> Gen<'k> {
         self.line(&format!("acc = {comb};"));
         self.close();
         self.line(&format!("{n}[k] = acc;"));
+        self.close();
         self.end_each();
+        self.close();
         self.close();
         // Sums accumulate in the register type and are rounded/wrapped to the dtype once at the end.
         if matches!(

@@ -30,8 +30,8 @@
 //! * Ops that read elements other invocations own go through **workgroup scratch** (`var<workgroup>` /
 //!   `__shared__`), between barriers, in chunks of the scratch size: `broadcast`, `transpose` and the index tiles
 //!   of loads and stores are *gathers* (stage a chunk of the source, every invocation picks what it needs);
-//!   `tile.sum/max/min` stage slabs of `L` positions along the reduced axis for all result elements and fold
-//!   them in index order; `tile.dot` is a **workgroup-memory tiled loop** over K in chunks of
+//!   `tile.sum/max/min` stage slabs of `L` positions along the reduced axis for a chunk of result elements
+//!   and fold them in index order; `tile.dot` is a **workgroup-memory tiled loop** over K in chunks of
 //!   `KC = scratch / (M + N)`: stage `a[:, k0..k0+KC]` and `b[k0..k0+KC, :]`, barrier, every invocation
 //!   accumulates its own output elements in f32. Gathers from a tile known to be a `tile.range` or `tile.full`
 //!   recompute the element instead (no barrier), which covers the usual `%x[%rm, %rk]` indexing.
@@ -82,8 +82,8 @@
 //! * **f64** is [`Error::Unsupported`] in WGSL (no `SHADER_FLOAT64` in the default capabilities); the RoPE motif
 //!   (f64 angles) therefore has no WGSL lowering yet. CUDA has f64.
 //! * **Q4_K / Q6_K** loads are [`Error::Unsupported`] on both targets for now.
-//! * Reductions with more result elements than the scratch has words (4092 with the downlevel 16 KiB of
-//!   workgroup memory) and dots with `M + N` over the scratch words are [`Error::Unsupported`]; so are kernels
+//! * Dots with `M + N` over the scratch words (4092 with the downlevel 16 KiB of workgroup memory) are
+//!   [`Error::Unsupported`]; so are kernels
 //!   with more than `max_storage_buffers_per_shader_stage - 1` parameters.
 //! * Numerics: sums and dots accumulate in f32 in index order (the reference accumulates in f64 and rounds once:
 //!   compare with the tolerance its rounding model gives). WGSL's `exp`/`log`/`tanh`/`sqrt` and `/` have the
