@@ -1031,7 +1031,7 @@ impl<'k> Gen<'k> {
         })
     }
 
-    fn from_word(&self, d: DType, w: &str) -> Result<String, Error> {
+    fn word_to(&self, d: DType, w: &str) -> Result<String, Error> {
         let rt = self.ty(d)?;
         Ok(match (self.t, rt) {
             (Target::Wgsl, "f32" | "i32") => format!("bitcast<{rt}>({w})"),
@@ -1096,7 +1096,7 @@ impl<'k> Gen<'k> {
         let u = self.u32_t();
         self.let_("j", u, src_idx);
         self.open(&format!("if (j >= {c0} && j < {c0} + {cu}) {{"));
-        let val = self.from_word(d, &format!("scratch[j - {c0}]"))?;
+        let val = self.word_to(d, &format!("scratch[j - {c0}]"))?;
         sink(self, &val)?;
         self.close();
         self.end_each();
@@ -1180,9 +1180,11 @@ impl<'k> Gen<'k> {
         self.var_("acc", rt, &format!("{n}[k]"));
         let hi = format!("min({l0} + {lu}, {lenu})");
         self.for_u("p", &l0, &hi, "1u");
-        let x = self.from_word(d, &format!("scratch[(e - {r0}) * {lu} + (p - {l0})]"))?;
+        let x = self.word_to(d, &format!("scratch[(e - {r0}) * {lu} + (p - {l0})]"))?;
         let comb = match (op, float) {
-            (ReduceOp::Sum, _) => self.wrapping(BinOp::Add, d, "acc", &x),
+            // Float sums accumulate in the f32 (f64) register and are rounded to f16/bf16 once at the end.
+            (ReduceOp::Sum, true) => format!("(acc + {x})"),
+            (ReduceOp::Sum, false) => self.wrapping(BinOp::Add, d, "acc", &x),
             (ReduceOp::Max, true) => format!("fmax_nan(acc, {x})"),
             (ReduceOp::Min, true) => format!("fmin_nan(acc, {x})"),
             (ReduceOp::Max, false) => format!("max(acc, {x})"),
@@ -1298,8 +1300,8 @@ impl<'k> Gen<'k> {
         self.let_("mm", u, &format!("e / {nu}"));
         self.let_("nn", u, &format!("e % {nu}"));
         self.for_u("q", "0u", &format!("min({kcu}, {ku} - {k0})"), "1u");
-        let x = self.from_word(da, &format!("scratch[mm * {kcu} + q]"))?;
-        let y = self.from_word(db, &format!("scratch[{mu} * {kcu} + q * {nu} + nn]"))?;
+        let x = self.word_to(da, &format!("scratch[mm * {kcu} + q]"))?;
+        let y = self.word_to(db, &format!("scratch[{mu} * {kcu} + q * {nu} + nn]"))?;
         let prod = if da == DType::F64 {
             format!("(float)({x} * {y})")
         } else {
@@ -1405,7 +1407,7 @@ impl<'k> Gen<'k> {
                 g.line(&format!("{k_at} = {k_at} && inr;"));
                 if let Some((code, p, d)) = fail {
                     let xi = if g.wgsl() {
-                        format!("{x}")
+                        x.to_string()
                     } else {
                         format!("(int){x}")
                     };
@@ -1515,9 +1517,7 @@ impl<'k> Gen<'k> {
             self.line(&format!("{n} = {fillv};"));
             self.line(&format!("if ({ok}) {{ {n} = {v}; }}"));
         } else {
-            self.each(u64::from(
-                shape.iter().map(|&x| u64::from(x)).product::<u64>(),
-            ));
+            self.each(shape.iter().map(|&x| u64::from(x)).product::<u64>());
             let v = rd(self, &format!("{off}[k]"));
             self.line(&format!("{n}[k] = {fillv};"));
             self.line(&format!("if ({ok}[k]) {{ {n}[k] = {v}; }}"));
