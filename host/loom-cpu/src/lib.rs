@@ -52,6 +52,7 @@ mod kernels;
 mod pattern;
 mod qdot;
 mod quant;
+mod rows;
 mod rt;
 
 use std::time::{Duration, Instant};
@@ -86,7 +87,8 @@ fn kernel_at(kernel: &Kernel, loc: Loc) -> String {
 pub struct KernelReport {
     pub name: String,
     /// `"jit"`, `"gemm"` (whole-kernel GEMM, with `"gemm+epilogue"` when an epilogue kernel runs after it) or
-    /// `"qmatvec"` (whole-kernel quantised matrix-vector product, `qdot.rs`).
+    /// `"qmatvec"` (whole-kernel quantised matrix-vector product, `qdot.rs`) or `"rows"` (whole-kernel row
+    /// softmax / layernorm, `rows.rs`).
     pub path: &'static str,
     pub scratch_bytes: usize,
     pub compile_time: Duration,
@@ -124,6 +126,7 @@ struct KPlan {
     func: Func,
     gemm: Option<GemmPlan>,
     matvec: Option<(pattern::MatvecMatch, qdot::Isa)>,
+    rows: Option<(pattern::RowsMatch, rows::Isa)>,
 }
 
 /// Owns the JIT code; freed on drop.
@@ -231,6 +234,11 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         } else {
             None
         };
+        let rw = if options.match_gemm {
+            pattern::match_rows(k).map(|m| (m, rows::Isa::detect()))
+        } else {
+            None
+        };
         let epi = match gm
             .as_ref()
             .and_then(|g| g.epilogue.clone().map(|e| (e, g.c)))
@@ -250,6 +258,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             name: k.name.clone(),
             path: match (&gm, &epi) {
                 _ if mv.is_some() => "qmatvec",
+                _ if rw.is_some() => "rows",
                 (None, _) => "jit",
                 (Some(_), None) => "gemm",
                 (Some(_), Some(_)) => "gemm+epilogue",
@@ -257,7 +266,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             scratch_bytes: main.scratch,
             compile_time: tk.elapsed(),
         });
-        lowered.push((main, gm, epi, mv));
+        lowered.push((main, gm, epi, mv, rw));
     }
     let maps = bind_dispatches(stage, &at)?;
     let module = jit.finish().map_err(|message| Error::Unsupported {
@@ -274,7 +283,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         .kernels
         .iter()
         .zip(lowered)
-        .map(|(k, (main, gm, epi, mv))| KPlan {
+        .map(|(k, (main, gm, epi, mv, rw))| KPlan {
             kernel: k.clone(),
             func: func(main),
             gemm: gm.map(|g| GemmPlan {
@@ -287,6 +296,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 epilogue: epi.map(|(e, l)| (e, func(l))),
             }),
             matvec: mv,
+            rows: rw,
         })
         .collect();
     Ok(CpuStage {
@@ -625,6 +635,47 @@ impl CpuStage {
                         )
                     };
                     qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
+                    continue;
+                }
+            }
+            if let Some((rm, isa)) = &plan.rows {
+                let (sx, sy) = (map[rm.x as usize], map[rm.y as usize]);
+                let (sg, sb) = match rm.op {
+                    pattern::RowOp::LayerNorm { gamma, beta, .. } => {
+                        (Some(map[gamma as usize]), Some(map[beta as usize]))
+                    }
+                    pattern::RowOp::Softmax => (None, None),
+                };
+                let reads = [Some(sx), sg, sb];
+                let distinct = reads.iter().flatten().all(|&s| s != sy);
+                let aligned = reads
+                    .iter()
+                    .flatten()
+                    .chain([&sy])
+                    .all(|&s| slots[s].0.is_multiple_of(4));
+                if distinct && aligned {
+                    let f32s = |s: Option<usize>| match s {
+                        // SAFETY: the slot table holds (pointer, length) of live buffers, 4-byte aligned
+                        // (checked above); `y`'s slot differs from every slot read here, so these shared
+                        // slices alias no mutable one.
+                        Some(s) => unsafe {
+                            std::slice::from_raw_parts(
+                                slots[s].0 as *const f32,
+                                slots[s].1 as usize / 4,
+                            )
+                        },
+                        None => &[][..],
+                    };
+                    let (x, g, b) = (f32s(Some(sx)), f32s(sg), f32s(sb));
+                    // SAFETY: as above; `y` is the only slice of its buffer while it lives (outputs and
+                    // workspace are mutably borrowed by `run`).
+                    let y = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            slots[sy].0 as *mut f32,
+                            slots[sy].1 as usize / 4,
+                        )
+                    };
+                    rows::run(*isa, rm, x, y, g, b, threads);
                     continue;
                 }
             }

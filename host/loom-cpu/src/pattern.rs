@@ -453,3 +453,247 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
         y: *y,
     })
 }
+
+/// A matched row-wise normalisation over `X: [R, C]` (f32), one program per `BR` whole rows.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RowOp {
+    /// `y = exp(x - max(x)) / sum(exp(x - max(x)))` per row.
+    Softmax,
+    /// `xc = x - sum(x) / n1; y = xc * rsqrt(sum(xc * xc) / n2 + eps) * gamma + beta` per row (`n1`, `n2`,
+    /// `eps` are the kernel's f32 immediates; gamma and beta `[C]` parameters).
+    LayerNorm {
+        n1: f32,
+        n2: f32,
+        eps: f32,
+        gamma: u32,
+        beta: u32,
+    },
+}
+
+/// A kernel that is exactly a row softmax or layernorm (see [`match_rows`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RowsMatch {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) x: u32,
+    pub(crate) y: u32,
+    pub(crate) op: RowOp,
+}
+
+/// Kernels that are exactly, over a `cdiv(R, BR)` grid with `rr = range(pid(0) * BR, BR)` and
+/// `rc = range(0, C)` covering whole rows of `X, Y: [R, C]` (f32; `X` loaded once as `t = load(X[rr, rc],
+/// fill)`, a fill-less load only when `BR` divides `R`), `store Y[rr, rc], o` with `o` one of
+///
+/// ```text
+/// softmax:   e = exp(t - bc(reduce.max(t, 1))); o = e / bc(reduce.sum(e, 1))
+/// layernorm: xc = t - bc(reduce.sum(t, 1) / N1); v = reduce.sum(xc * xc, 1) / N2 + EPS
+///            o = xc * bc(rsqrt(v)) * col(load(G[rc])) + col(load(B[rc]))
+/// ```
+///
+/// (`bc(s)` = `broadcast(expand_dims(s, 1), [BR, C])`, `col(g)` = `broadcast(expand_dims(g, 0), [BR, C])`,
+/// commutative operands in either order) and **no other op** (an unused op could fail a checked load). Each
+/// row's result depends on that row only and every row `< R` is stored exactly once, so `rows.rs` computes
+/// the rows directly; the row sums there accumulate in f64 and round once, as the reference does.
+pub(crate) fn match_rows(k: &Kernel) -> Option<RowsMatch> {
+    use loom_ir::kernel::{BinOp, ReduceOp, UnOp};
+    let ops = match &k.body.ops[..] {
+        [
+            rest @ ..,
+            KOp {
+                kind: KOpKind::Yield(ys),
+                ..
+            },
+        ] if ys.is_empty() => rest,
+        all => all,
+    };
+    let used = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    // The defining op of an operand, recorded as used.
+    let d = |o: &KOperand| -> Option<&KOpKind> {
+        let v = val(o)?;
+        let op = def(ops, v)?;
+        if op.results.len() != 1 {
+            return None;
+        }
+        used.borrow_mut().insert(v);
+        Some(&op.kind)
+    };
+    let stores: Vec<&KOp> = ops
+        .iter()
+        .filter(|op| matches!(op.kind, KOpKind::Store { .. }))
+        .collect();
+    let [store] = stores[..] else { return None };
+    let KOpKind::Store {
+        param: y,
+        indices: sidx,
+        value,
+    } = &store.kind
+    else {
+        return None;
+    };
+    let [srr, src] = &sidx[..] else { return None };
+    let br = pid_range(ops, srr, 0)?;
+    let (rr, rc) = (val(srr)?, val(src)?);
+    // Mark `range(pid(0) * BR, BR)` (checked by `pid_range`) as used.
+    let KOpKind::Range { start, .. } = d(srr)? else {
+        return None;
+    };
+    let KOpKind::Binary { a, b, .. } = d(start)? else {
+        return None;
+    };
+    d(if imm_i(a).is_some() { b } else { a })?;
+    let KOpKind::Range { start, len: c32 } = d(src)? else {
+        return None;
+    };
+    if imm_i(start)? != 0 {
+        return None;
+    }
+    let py = k.params.get(*y as usize)?;
+    let [r, c] = py.shape[..] else { return None };
+    if c != u64::from(*c32) || py.dtype != DType::F32 || py.access == Access::Read {
+        return None;
+    }
+    let shape = [br, *c32];
+    let fimm = |o: &KOperand| -> Option<f32> {
+        match o {
+            KOperand::Imm(KImm::F64(x), DType::F32) => Some(*x as f32),
+            KOperand::Imm(KImm::I64(x), DType::F32) => Some(*x as f32),
+            _ => None,
+        }
+    };
+    // `bc(s)`: a per-row scalar broadcast along the row; returns `s`.
+    let row_bc = |o: &KOperand| -> Option<KOperand> {
+        let KOpKind::Broadcast { a, shape: s } = d(o)? else {
+            return None;
+        };
+        let KOpKind::ExpandDims { a, axis: 1 } = d(a)? else {
+            return None;
+        };
+        (s[..] == shape).then(|| a.clone())
+    };
+    // `col(load(G[rc]))`: returns G.
+    let col = |o: &KOperand| -> Option<u32> {
+        let KOpKind::Broadcast { a, shape: s } = d(o)? else {
+            return None;
+        };
+        let KOpKind::ExpandDims { a, axis: 0 } = d(a)? else {
+            return None;
+        };
+        let KOpKind::Load { param, indices, .. } = d(a)? else {
+            return None;
+        };
+        let p = k.params.get(*param as usize)?;
+        let ok = s[..] == shape
+            && matches!(&indices[..], [i] if val(i) == Some(rc))
+            && p.dtype == DType::F32
+            && p.shape[..] == [c]
+            && p.access != Access::Write
+            && *param != *y;
+        ok.then_some(*param)
+    };
+    let bin = |o: &KOperand, want: BinOp| -> Option<(KOperand, KOperand)> {
+        match d(o)? {
+            KOpKind::Binary { op, a, b } if *op == want => Some((a.clone(), b.clone())),
+            _ => None,
+        }
+    };
+    let reduce = |o: &KOperand, want: ReduceOp| -> Option<KOperand> {
+        match d(o)? {
+            KOpKind::Reduce { op, a, axis: 1 } if *op == want => Some(a.clone()),
+            _ => None,
+        }
+    };
+    // Either operand order of a commutative op, trying `f` on the first then the second.
+    let either = |(a, b): (KOperand, KOperand)| [(a.clone(), b.clone()), (b, a)];
+    let (op, t) = if let Some((e, s)) = bin(value, BinOp::Div) {
+        // Softmax.
+        let KOpKind::Unary { op: UnOp::Exp, a } = d(&e)? else {
+            return None;
+        };
+        let (t, m) = bin(a, BinOp::Sub)?;
+        let m = row_bc(&m)?;
+        if val(&reduce(&m, ReduceOp::Max)?)? != val(&t)? {
+            return None;
+        }
+        if val(&reduce(&row_bc(&s)?, ReduceOp::Sum)?)? != val(&e)? {
+            return None;
+        }
+        (RowOp::Softmax, t)
+    } else {
+        // Layernorm.
+        let (scaled, beta) = either(bin(value, BinOp::Add)?)
+            .into_iter()
+            .find_map(|(a, b)| Some((a, col(&b)?)))?;
+        let (normed, gamma) = either(bin(&scaled, BinOp::Mul)?)
+            .into_iter()
+            .find_map(|(a, b)| Some((a, col(&b)?)))?;
+        let (xc, inv) = either(bin(&normed, BinOp::Mul)?)
+            .into_iter()
+            .find_map(|(a, b)| Some((a, row_bc(&b)?)))?;
+        let KOpKind::Unary {
+            op: UnOp::Rsqrt,
+            a: v,
+        } = d(&inv)?
+        else {
+            return None;
+        };
+        let (v, eps) = either(bin(v, BinOp::Add)?)
+            .into_iter()
+            .find_map(|(a, b)| Some((a, fimm(&b)?)))?;
+        let (ss, n2) = bin(&v, BinOp::Div)?;
+        let n2 = fimm(&n2)?;
+        let (q1, q2) = bin(&reduce(&ss, ReduceOp::Sum)?, BinOp::Mul)?;
+        if val(&q1)? != val(&xc)? || val(&q2)? != val(&xc)? {
+            return None;
+        }
+        let (t, mean) = bin(&xc, BinOp::Sub)?;
+        let (s, n1) = bin(&row_bc(&mean)?, BinOp::Div)?;
+        let n1 = fimm(&n1)?;
+        if val(&reduce(&s, ReduceOp::Sum)?)? != val(&t)? {
+            return None;
+        }
+        let op = RowOp::LayerNorm {
+            n1,
+            n2,
+            eps,
+            gamma,
+            beta,
+        };
+        (op, t)
+    };
+    let KOpKind::Load {
+        param: px,
+        indices,
+        fill,
+    } = d(&t)?
+    else {
+        return None;
+    };
+    let pxp = k.params.get(*px as usize)?;
+    let ok = matches!(&indices[..], [a, b] if val(a) == Some(rr) && val(b) == Some(rc))
+        && pxp.dtype == DType::F32
+        && pxp.shape[..] == [r, c]
+        && pxp.access != Access::Write
+        && *px != *y
+        && (fill.is_some() || r % u64::from(br) == 0)
+        && fill.as_ref().is_none_or(|f| fimm(f).is_some())
+        && k.grid == [r.div_ceil(u64::from(br)), 1, 1]
+        && c > 0;
+    if !ok {
+        return None;
+    }
+    // No op outside the matched expression (every result of every op was visited).
+    let used = used.into_inner();
+    let all_used = ops.iter().all(|op| {
+        matches!(op.kind, KOpKind::Store { .. }) || op.results.iter().all(|v| used.contains(v))
+    });
+    if !all_used {
+        return None;
+    }
+    Some(RowsMatch {
+        rows: usize::try_from(r).ok()?,
+        cols: usize::try_from(c).ok()?,
+        x: *px,
+        y: *y,
+        op,
+    })
+}

@@ -164,12 +164,21 @@ fn softmax(r: u64, c: u64, br: u32, bc: u32) -> loom_ir::kernel::Kernel {
 #[test]
 fn softmax_over_rows() {
     let mut rng = Rng::new(4);
-    for (r, c, br, bc) in [(7, 10, 4, 16), (64, 128, 8, 128), (3, 1000, 2, 1024)] {
+    // bc == c (whole rows) takes the `rows` pattern (`rows.rs`); bc > c stays on the JIT.
+    for (r, c, br, bc, lim) in [
+        (7, 10, 4, 16, 5.0),
+        (64, 128, 8, 128, 5.0),
+        (3, 1000, 2, 1024, 5.0),
+        (9, 1000, 4, 1000, 5.0),
+        (6, 4096, 4, 4096, 5.0),
+        (5, 333, 2, 333, 40.0),
+    ] {
         let st = one_kernel_stage(softmax(r, c, br, bc));
-        // Relative 1e-6: exp is rounded once like the reference; the row sum is f64 in eight lanes.
+        // Relative 1e-6: the JIT rounds the f64 exp once like the reference, the `rows` pattern uses an f32
+        // polynomial within 1 ulp (`rows.rs`, unit-tested); row sums are f64 rounded once on both.
         diff(
             &st,
-            &[rand_f32(&mut rng, (r * c) as usize, -5.0, 5.0)],
+            &[rand_f32(&mut rng, (r * c) as usize, -lim, lim)],
             Tol::Rel(1e-6, 0.0),
         );
     }
@@ -215,7 +224,7 @@ pub fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
 #[test]
 fn layernorm_over_rows() {
     let mut rng = Rng::new(5);
-    for (r, c, br) in [(5, 12, 4), (64, 384, 8), (9, 1000, 2)] {
+    for (r, c, br) in [(5, 12, 4), (64, 384, 8), (9, 1000, 2), (7, 4096, 4)] {
         let st = one_kernel_stage(layernorm(r, c, br));
         let ins = [
             rand_f32(&mut rng, (r * c) as usize, -3.0, 3.0),
@@ -641,4 +650,87 @@ fn matvec_pattern_only_matches_the_exact_form() {
     }
     let cs = loom_cpu::compile_stage(&one_kernel_stage(kern)).unwrap();
     assert_eq!(cs.compile_report().kernels[0].path, "jit");
+}
+
+#[test]
+fn rows_pattern_only_matches_the_exact_form() {
+    use loom_ir::kernel::{KOpKind, Kernel};
+    let path = |k: Kernel| {
+        let cs = loom_cpu::compile_stage(&one_kernel_stage(k)).unwrap();
+        cs.compile_report().kernels[0].path
+    };
+    assert_eq!(path(softmax(64, 128, 8, 128)), "rows");
+    assert_eq!(path(softmax(9, 100, 4, 100)), "rows");
+    assert_eq!(path(layernorm(64, 384, 8)), "rows");
+    // Masked columns (the tile is wider than the row): a layernorm would count them; stays on the JIT.
+    assert_eq!(path(softmax(64, 100, 8, 128)), "jit");
+    let edit = |mut k: Kernel, f: &dyn Fn(&mut KOpKind) -> bool| {
+        assert!(
+            k.body.ops.iter_mut().any(|op| f(&mut op.kind)),
+            "no op edited"
+        );
+        k
+    };
+    // min instead of max.
+    let k = edit(softmax(64, 128, 8, 128), &|op| match op {
+        KOpKind::Reduce { op, .. } if *op == ReduceOp::Max => {
+            *op = ReduceOp::Min;
+            true
+        }
+        _ => false,
+    });
+    assert_eq!(path(k), "jit");
+    // mean - x instead of x - mean (not commutative).
+    let k = edit(layernorm(64, 384, 8), &|op| match op {
+        KOpKind::Binary {
+            op: BinOp::Sub,
+            a,
+            b,
+        } => {
+            std::mem::swap(a, b);
+            true
+        }
+        _ => false,
+    });
+    assert_eq!(path(k), "jit");
+    // exp -> tanh.
+    let k = edit(softmax(64, 128, 8, 128), &|op| match op {
+        KOpKind::Unary { op, .. } if *op == UnOp::Exp => {
+            *op = UnOp::Tanh;
+            true
+        }
+        _ => false,
+    });
+    assert_eq!(path(k), "jit");
+    // sqrt instead of rsqrt.
+    let k = edit(layernorm(64, 384, 8), &|op| match op {
+        KOpKind::Unary { op, .. } if *op == UnOp::Rsqrt => {
+            *op = UnOp::Sqrt;
+            true
+        }
+        _ => false,
+    });
+    assert_eq!(path(k), "jit");
+    // An extra op the pattern would not run (a second, unused checked load of x).
+    let mut k = softmax(64, 128, 8, 128);
+    let li = k
+        .body
+        .ops
+        .iter()
+        .position(|op| matches!(op.kind, KOpKind::Load { .. }))
+        .unwrap();
+    let mut extra = k.body.ops[li].clone();
+    let v = loom_ir::kernel::KValue(k.values.len() as u32);
+    k.values.push(k.values[extra.results[0].0 as usize].clone());
+    extra.results = vec![v];
+    if let KOpKind::Load { fill, .. } = &mut extra.kind {
+        *fill = None;
+    }
+    k.body.ops.insert(li + 1, extra);
+    assert_eq!(path(k.clone()), "jit");
+    diff(
+        &one_kernel_stage(k),
+        &[rand_f32(&mut Rng::new(9), 64 * 128, -1.0, 1.0)],
+        Tol::Rel(1e-6, 0.0),
+    );
 }

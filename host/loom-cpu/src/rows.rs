@@ -1,0 +1,316 @@
+//! Row-wise softmax and layernorm (`pattern::match_rows`) at memory speed: each row (contiguous, `C` f32)
+//! is read from memory once and then worked on in L1 (max, exp and sum, divide; or sum, centred sum of
+//! squares, scale). The element loops are written so that LLVM vectorises them; they are compiled three
+//! times (AVX-512, AVX2+FMA, baseline) and the variant is chosen at run time ([`Isa::detect`]). No fused
+//! multiply-adds are formed (Rust never contracts `a * b + c`), so every f32 operation rounds as the IR says.
+//!
+//! Rounding model against the reference (which computes in f64 and rounds each op to f32):
+//! * `+ - * /` and `max` are the same IEEE f32 operations (bit-identical);
+//! * row sums accumulate in f64 (16 lanes, then the lanes in order) and round once: the reference sums in
+//!   index order in f64, so the two differ by at most the f64 reassociation error (relative ~`C * 2^-53`)
+//!   before the same final rounding;
+//! * `rsqrt` is `1 / sqrt` in f64 rounded once (one scalar per row, as the reference);
+//! * `exp` is [`exp_f32`], an f32 polynomial with at most 1 ulp error (measured over every 997th f32 bit pattern in
+//!   `[-105, 89]` in the unit test below) instead of the correctly rounded f64 `exp`; a softmax output
+//!   therefore differs from the reference by at most ~2 ulp of `e` plus the sum's rounding (well inside the
+//!   relative 1e-6 `tests/diff.rs` states).
+
+use crate::pattern::{RowOp, RowsMatch};
+
+/// Which compiled variant of the row loops to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+impl Isa {
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+const LANES: usize = 16;
+
+/// `e^x` in f32: Cody-Waite reduction `x = n ln2 + r` (|r| <= ~0.35), the Cephes `expf` degree-5
+/// polynomial, and the scale `2^n` applied as two exact powers of two so that results in the subnormal range
+/// round once. NaN propagates; `x < -104` gives 0, `x > 88.73` gives +inf.
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits.
+    const C1: f32 = 0.693_359_4; // ln 2 high part (9 significant bits: n * C1 is exact)
+    const C2: f32 = -2.121_944_4e-4; // ln 2 - C1
+    let xc = x.clamp(-105.0, 89.0);
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let r = xc - n * C1 - n * C2;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * (r * r) + r + 1.0;
+    let n1 = ni.clamp(-126, 127);
+    let n2 = ni - n1;
+    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let e = y * pow2(n1) * pow2(n2);
+    if x.is_nan() { x } else { e }
+}
+
+/// Max of a row ignoring NaNs (as the reference's `f64::max` fold from -inf).
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for ch in &mut chunks {
+        for j in 0..LANES {
+            acc[j] = acc[j].max(ch[j]);
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &v in acc.iter().chain(chunks.remainder()) {
+        m = m.max(v);
+    }
+    m
+}
+
+/// f64 sum of f32 values, 16 lanes.
+#[inline(always)]
+fn lanes_total(acc: &[f64; LANES], rest: impl Iterator<Item = f64>) -> f64 {
+    acc.iter().copied().chain(rest).sum()
+}
+
+#[inline(always)]
+fn softmax_row(x: &[f32], y: &mut [f32]) {
+    let m = row_max(x);
+    let mut acc = [0f64; LANES];
+    let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact_mut(LANES));
+    let (xr, yr) = (xc.remainder(), yc.len() * LANES);
+    for (xs, ys) in xc.zip(yc) {
+        for j in 0..LANES {
+            let e = exp_f32(xs[j] - m);
+            ys[j] = e;
+            acc[j] += f64::from(e);
+        }
+    }
+    let mut rest = [0f64; LANES];
+    for (i, &v) in xr.iter().enumerate() {
+        let e = exp_f32(v - m);
+        y[yr + i] = e;
+        rest[i] = f64::from(e);
+    }
+    let s = lanes_total(&acc, rest[..xr.len()].iter().copied()) as f32;
+    for v in y.iter_mut() {
+        *v /= s;
+    }
+}
+
+#[inline(always)]
+fn layernorm_row(x: &[f32], y: &mut [f32], g: &[f32], b: &[f32], n1: f32, n2: f32, eps: f32) {
+    let mut acc = [0f64; LANES];
+    let xc = x.chunks_exact(LANES);
+    let xr = xc.remainder();
+    for xs in xc {
+        for j in 0..LANES {
+            acc[j] += f64::from(xs[j]);
+        }
+    }
+    let mean = lanes_total(&acc, xr.iter().map(|&v| f64::from(v))) as f32 / n1;
+    let mut acc = [0f64; LANES];
+    let xc = x.chunks_exact(LANES);
+    for xs in xc {
+        for j in 0..LANES {
+            let d = xs[j] - mean;
+            acc[j] += f64::from(d * d);
+        }
+    }
+    let var = lanes_total(
+        &acc,
+        xr.iter().map(|&v| {
+            let d = v - mean;
+            f64::from(d * d)
+        }),
+    ) as f32
+        / n2
+        + eps;
+    let inv = (1.0 / f64::from(var).sqrt()) as f32;
+    for (((o, &v), &gv), &bv) in y.iter_mut().zip(x).zip(g).zip(b) {
+        *o = (v - mean) * inv * gv + bv;
+    }
+}
+
+#[inline(always)]
+fn rows_generic(op: &RowOp, cols: usize, x: &[f32], y: &mut [f32], g: &[f32], b: &[f32]) {
+    for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+        match *op {
+            RowOp::Softmax => softmax_row(xr, yr),
+            RowOp::LayerNorm { n1, n2, eps, .. } => layernorm_row(xr, yr, g, b, n1, n2, eps),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn rows_avx512(op: &RowOp, cols: usize, x: &[f32], y: &mut [f32], g: &[f32], b: &[f32]) {
+    rows_generic(op, cols, x, y, g, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn rows_avx2(op: &RowOp, cols: usize, x: &[f32], y: &mut [f32], g: &[f32], b: &[f32]) {
+    rows_generic(op, cols, x, y, g, b)
+}
+
+fn rows_isa(isa: Isa, op: &RowOp, cols: usize, x: &[f32], y: &mut [f32], g: &[f32], b: &[f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the guard checked AVX-512F, AVX2 and FMA at run time (the features `rows_avx512` enables).
+        Isa::Avx512 if avx512_ok() => unsafe { rows_avx512(op, cols, x, y, g, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the guard checked AVX2 and FMA at run time (the features `rows_avx2` enables).
+        Isa::Avx2 if avx2_ok() => unsafe { rows_avx2(op, cols, x, y, g, b) },
+        _ => rows_generic(op, cols, x, y, g, b),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_ok() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_ok() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx2") && has!("fma")
+}
+
+/// Runs a matched row kernel: `x` and `y` hold at least `rows * cols` f32, `g` and `b` (layernorm) `cols`.
+/// Rows are split between up to `threads` scoped threads (each at least 64 K elements).
+pub(crate) fn run(
+    isa: Isa,
+    m: &RowsMatch,
+    x: &[f32],
+    y: &mut [f32],
+    g: &[f32],
+    b: &[f32],
+    threads: usize,
+) {
+    let (rows, cols) = (m.rows, m.cols);
+    let (x, y) = (&x[..rows * cols], &mut y[..rows * cols]);
+    let (g, b) = match m.op {
+        RowOp::LayerNorm { .. } => (&g[..cols], &b[..cols]),
+        RowOp::Softmax => (g, b),
+    };
+    let per_thread_min = (65_536 / cols).max(1);
+    let threads = threads.clamp(1, rows.div_ceil(per_thread_min).max(1));
+    if threads == 1 {
+        rows_isa(isa, &m.op, cols, x, y, g, b);
+        return;
+    }
+    let per = rows.div_ceil(threads) * cols;
+    std::thread::scope(|s| {
+        for (xc, yc) in x.chunks(per).zip(y.chunks_mut(per)) {
+            s.spawn(move || rows_isa(isa, &m.op, cols, xc, yc, g, b));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ulps(a: f32, b: f32) -> u32 {
+        let k = |v: f32| {
+            let i = v.to_bits() as i32;
+            if i < 0 { i32::MIN - i } else { i }
+        };
+        k(a).abs_diff(k(b))
+    }
+
+    #[test]
+    fn exp_f32_is_within_one_ulp() {
+        let mut worst = (0u32, 0f32);
+        let (lo, hi) = (-105.0f32, 89.0f32);
+        let mut bits = 0u32;
+        while bits < 0x8000_0000 {
+            for v in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                if (lo..=hi).contains(&v) {
+                    let want = f64::from(v).exp() as f32;
+                    let u = ulps(exp_f32(v), want);
+                    if u > worst.0 {
+                        worst = (u, v);
+                    }
+                }
+            }
+            bits += 997;
+        }
+        assert!(
+            worst.0 <= 1,
+            "exp_f32 max error {} ulp at {}",
+            worst.0,
+            worst.1
+        );
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-104.5), 0.0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(89.0), f32::INFINITY);
+        assert!(exp_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn every_isa_gives_the_same_rows() {
+        let cols = 37;
+        let x: Vec<f32> = (0..cols * 5)
+            .map(|i| ((i * 7919) % 1000) as f32 / 97.0 - 5.0)
+            .collect();
+        let g: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 / 50.0).collect();
+        let b: Vec<f32> = (0..cols).map(|i| i as f32 / 30.0 - 0.5).collect();
+        for op in [
+            RowOp::Softmax,
+            RowOp::LayerNorm {
+                n1: cols as f32,
+                n2: cols as f32,
+                eps: 1e-5,
+                gamma: 0,
+                beta: 0,
+            },
+        ] {
+            let m = RowsMatch {
+                rows: 5,
+                cols,
+                x: 0,
+                y: 1,
+                op,
+            };
+            let mut want = vec![0f32; x.len()];
+            run(Isa::Scalar, &m, &x, &mut want, &g, &b, 1);
+            for isa in [Isa::detect(), Isa::Avx2, Isa::Avx512] {
+                if isa != Isa::Scalar && Isa::detect() == Isa::Scalar {
+                    continue;
+                }
+                if isa == Isa::Avx512 && Isa::detect() != Isa::Avx512 {
+                    continue;
+                }
+                let mut got = vec![0f32; x.len()];
+                run(isa, &m, &x, &mut got, &g, &b, 2);
+                assert_eq!(got, want, "{isa:?} {:?}", m.op);
+            }
+        }
+    }
+}
