@@ -2,4 +2,5 @@
 
 mod golden_compile;
 mod golden_link;
+mod pipeline_props;
 mod vm_sandbox;
