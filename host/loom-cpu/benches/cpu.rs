@@ -194,7 +194,7 @@ fn main() {
     }
     for (name, st, ins) in cases.into_iter().filter(|_| on("rows")) {
         for threads in [1usize, 2] {
-            let t = run_stage_best(&st, &ins, threads, 5);
+            let t = run_stage_best(&st, &ins, threads, 20);
             let g = (2 * bytes) as f64 / t / 1e9;
             println!(
                 "| {name} | {threads} | {:.3} ms | {g:.1} GB/s | memcpy {bw:.1} GB/s | {:.0} % | >= 60 % |",
