@@ -23,6 +23,9 @@
 //!   hand-written quantised dot microkernels of `qdot.rs` (AVX-512 VNNI, AVX2 or scalar, chosen at run time),
 //!   threaded over output rows. They quantise `x` to Q8 blocks once per call as ggml does, which adds a bounded
 //!   error (stated in `qdot.rs`) that the JIT path (dequantise, f32 `tile.dot`) does not have.
+//! * A kernel that is exactly a row softmax or layernorm over whole rows (`pattern::match_rows`) runs on the
+//!   vectorised row loops of `rows.rs` (AVX-512, AVX2+FMA or baseline, chosen at run time), threaded over rows;
+//!   sums are f64 rounded once as in the reference, `exp` an f32 polynomial within 1 ulp.
 //!
 //! # Threading
 //!
@@ -35,7 +38,9 @@
 //!
 //! `unsafe` is confined to: calling JIT code (`run_grid`), the raw-pointer helpers the JIT code calls
 //! (`rt.rs`), the `gemm` call (`kernels.rs`), the quantised dot intrinsics (`qdot.rs`, only behind run-time
-//! feature detection, on slices whose lengths are asserted) with the buffer slices `run` hands them, and freeing
+//! feature detection, on slices whose lengths are asserted) with the buffer slices `run` hands them, the row
+//! loops' target-feature variants (`rows.rs`, behind run-time detection, on aligned f32 slices of distinct
+//! read and write buffers, indexed through bounds-checked slices), and freeing
 //! the JIT memory. The JIT code only touches (a) its
 //! scratch, at offsets the compiler assigned inside the size it reports, and (b) buffers through the
 //! descriptor table, at flat indices built from per-dimension indices that are each either checked against
