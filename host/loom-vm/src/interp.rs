@@ -301,13 +301,14 @@ pub(crate) fn invoke(
     args: &[Value],
     limits: &InvokeLimits,
     out: &mut Vec<Value>,
+    use_jit: bool,
 ) -> Outcome {
     // The pooled stacks are used in place (no move in or out of the thread-local). A native that re-enters the
     // VM on this thread finds the pool borrowed and gets fresh stacks and heap.
     let pooled = POOL.try_with(|c| {
         let mut g = c.try_borrow_mut().ok()?;
         let st = g.get_or_insert_with(Stacks::new);
-        let (o, keep) = invoke_with(p, entry, args, limits, out, st);
+        let (o, keep) = invoke_with(p, entry, args, limits, out, st, use_jit);
         if !keep {
             *g = None;
         }
@@ -315,7 +316,7 @@ pub(crate) fn invoke(
     });
     match pooled {
         Ok(Some(o)) => o,
-        _ => invoke_with(p, entry, args, limits, out, &mut Stacks::new()).0,
+        _ => invoke_with(p, entry, args, limits, out, &mut Stacks::new(), use_jit).0,
     }
 }
 
@@ -327,11 +328,12 @@ fn invoke_with(
     limits: &InvokeLimits,
     out: &mut Vec<Value>,
     st: &mut Stacks,
+    use_jit: bool,
 ) -> (Outcome, bool) {
     let mut fuel = limits.fuel;
     st.heap.reset(limits.memory_bytes, p.strs.len());
     let r = catch_unwind(AssertUnwindSafe(|| {
-        run(p, entry, args, limits, &mut fuel, st, out)
+        run(p, entry, args, limits, &mut fuel, st, out, use_jit)
     }));
     let mem_used = st.heap.used;
     let mut keep = false;
@@ -422,7 +424,9 @@ fn run(
     fuel_out: &mut u64,
     st: &mut Stacks,
     results: &mut Vec<Value>,
+    use_jit: bool,
 ) -> Result<(), Trap> {
+    let jit = p.jit.as_ref().filter(|_| use_jit);
     let ef = p
         .funcs
         .get(entry as usize)
@@ -477,7 +481,15 @@ fn run(
                 internal("frame out of range"),
             ));
         };
-        let (exit, pc, f2) = exec(fc, s, r, heap, fr.pc as usize, fuel);
+        // A JIT-compiled function runs from the start of its frame and hands over to `exec` at the pc where the
+        // interpreter resumes (a return, or an instruction that traps), with registers and fuel in sync.
+        let (exit, pc, f2) = match jit.and_then(|j| j.get(fr.func)) {
+            Some(f) if fr.pc == 0 => {
+                let (pc0, fuel0) = crate::jit::enter(f, s, r, heap, fuel);
+                exec(fc, s, r, heap, pc0, fuel0)
+            }
+            _ => exec(fc, s, r, heap, fr.pc as usize, fuel),
+        };
         fuel = f2;
         // Only calls, returns, slow instructions and traps get here.
         let at = pc.saturating_sub(1);

@@ -55,6 +55,8 @@ mod code;
 pub mod error;
 mod heap;
 mod interp;
+#[allow(unsafe_code)]
+mod jit;
 mod lower;
 pub mod native;
 pub mod testing;
@@ -76,6 +78,10 @@ pub struct LoadLimits {
     pub max_code_per_function: u32,
     /// Bytecode instructions in the whole program.
     pub max_total_code: u64,
+    /// Compile loop-heavy functions with the baseline JIT (Cranelift) at load time. Default: on when the host
+    /// CPU is supported, off when the environment sets `LOOM_VM_JIT=0`. Results, traps, fuel and memory used
+    /// are identical in both tiers.
+    pub jit: bool,
 }
 
 impl Default for LoadLimits {
@@ -84,8 +90,21 @@ impl Default for LoadLimits {
             max_registers: 16_384,
             max_code_per_function: 1 << 20,
             max_total_code: 1 << 24,
+            jit: jit_default(),
         }
     }
+}
+
+fn jit_default() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(jit::default_on)
+}
+
+/// Test switch (see [`testing::set_jit_cross_check`]).
+static JIT_CROSS_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn jit_cross_check() -> bool {
+    JIT_CROSS_CHECK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Limits of one invocation.
@@ -162,6 +181,7 @@ pub(crate) struct Inner {
     pub(crate) imports: Vec<BoundImport>,
     pub(crate) files: Vec<String>,
     pub(crate) exports: Vec<(String, u32)>,
+    pub(crate) jit: Option<jit::JitCode>,
 }
 
 /// The loader.
@@ -277,8 +297,14 @@ impl Vm {
                 });
             }
         }
+        let jit = if limits.jit {
+            jit::compile(&funcs, jit_cross_check())
+        } else {
+            None
+        };
         Ok(Loaded {
             inner: Arc::new(Inner {
+                jit,
                 funcs,
                 types: tables.types,
                 strs: tables.strs,
@@ -428,7 +454,22 @@ impl Loaded {
                 );
             }
         }
-        let out = interp::invoke(p, fi, args, limits, results);
+        let out = if jit_cross_check() && p.jit.is_some() && p.imports.is_empty() {
+            // Test mode: run the interpreter alone first; the JIT-ed run must agree on everything.
+            let mut r0 = Vec::new();
+            let o0 = interp::invoke(p, fi, args, limits, &mut r0, false);
+            let o1 = interp::invoke(p, fi, args, limits, results, true);
+            let show = |r: &Result<(), Trap>, v: &[Value]| format!("{r:?} {v:?}");
+            assert_eq!(
+                (show(&o0.result, &r0), o0.fuel_left, o0.mem_used),
+                (show(&o1.result, results), o1.fuel_left, o1.mem_used),
+                "JIT tier disagrees with the interpreter on `{name}`"
+            );
+            assert_eq!(o0.result, o1.result);
+            o1
+        } else {
+            interp::invoke(p, fi, args, limits, results, true)
+        };
         if out.result.is_err() {
             results.clear();
         }
@@ -467,6 +508,27 @@ impl Loaded {
             }
         }
         out
+    }
+
+    /// Functions compiled by the JIT tier and the time spent compiling them.
+    pub fn jit_stats(&self) -> (usize, std::time::Duration) {
+        self.inner
+            .jit
+            .as_ref()
+            .map(|j| (j.compiled, j.compile_time))
+            .unwrap_or_default()
+    }
+
+    /// Whether function `name` (a function name, not an export name) runs JIT-compiled.
+    pub fn is_jitted(&self, name: &str) -> bool {
+        let Some(j) = &self.inner.jit else {
+            return false;
+        };
+        self.inner
+            .funcs
+            .iter()
+            .position(|f| f.name == name)
+            .is_some_and(|i| j.get(i as u32).is_some())
     }
 
     /// Total bytecode instructions (for diagnostics and tests).

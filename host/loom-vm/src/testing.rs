@@ -68,3 +68,11 @@ pub fn test_module_with_sink() -> (Arc<NativeModule>, Sink) {
     let sink: Sink = Arc::new(Mutex::new(Vec::new()));
     (Arc::new(test_module(Some(sink.clone()))), sink)
 }
+
+/// Test mode: when on, programs loaded afterwards JIT every eligible function (not only those with loops), and
+/// every invocation of a program with JIT code and no native imports runs twice, interpreted and JIT-ed, and
+/// panics unless results, traps (kind, message, function, pc, loc), fuel used and memory used are identical.
+#[doc(hidden)]
+pub fn set_jit_cross_check(on: bool) {
+    crate::JIT_CROSS_CHECK.store(on, std::sync::atomic::Ordering::Relaxed);
+}

@@ -255,6 +255,10 @@ pub struct PB {
 
 impl PB {
     pub fn new() -> PB {
+        // Every program built by the tests runs in both tiers (interpreter and JIT) and must agree exactly.
+        loom_vm::testing::set_jit_cross_check(
+            std::env::var("LOOM_VM_JIT_CROSS_CHECK").as_deref() != Ok("0"),
+        );
         PB {
             prog: Program {
                 files: vec!["test.loom".into()],

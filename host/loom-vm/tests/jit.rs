@@ -1,0 +1,295 @@
+//! The JIT tier against the interpreter: the same program loaded with `jit: false` and `jit: true` must give
+//! identical results, traps (kind, message, function, pc, loc), fuel used and memory used.
+
+mod common;
+
+use common::*;
+use loom_ir::{Opcode as O, Type as T};
+use loom_vm::{InvokeLimits, LoadLimits, Loaded, TrapKind, Value as V, Vm};
+
+fn tiers(pb: &PB) -> (Loaded, Loaded) {
+    let load = |jit| {
+        Vm::load(
+            &pb.prog,
+            &[],
+            &[],
+            &LoadLimits {
+                jit,
+                ..Default::default()
+            },
+        )
+        .expect("load")
+    };
+    (load(false), load(true))
+}
+
+fn prog(params: &[T], results: &[T], body: impl FnOnce(&mut FB, &[loom_ir::ValueId])) -> PB {
+    let (mut b, ps) = FB::new("t.main", params, results);
+    body(&mut b, &ps);
+    let mut pb = PB::new();
+    pb.add(b.finish(), Some("main"));
+    pb
+}
+
+/// Runs both tiers and asserts they agree; returns the JIT tier's invocation.
+fn same(i: &Loaded, j: &Loaded, args: &[V], lim: &InvokeLimits) -> loom_vm::Invocation {
+    let a = i.invoke_metered("main", args, lim);
+    let b = j.invoke_metered("main", args, lim);
+    assert_eq!(a.result, b.result, "args {args:?}, fuel {}", lim.fuel);
+    assert_eq!(a.fuel_used, b.fuel_used, "args {args:?}, fuel {}", lim.fuel);
+    assert_eq!(a.memory_used, b.memory_used, "args {args:?}");
+    b
+}
+
+/// `for i in lo..hi: x = load.u8(buf, i); store.i8(buf, i, x + 1); acc += x` (checked), returns (acc, buf).
+fn bytes_loop() -> PB {
+    prog(
+        &[T::Buffer, T::I64, T::I64],
+        &[T::I64, T::Buffer],
+        |b, p| {
+            let (buf, lo, hi) = (p[0], p[1], p[2]);
+            let r = b.for_(
+                v(lo),
+                v(hi),
+                i64_(1),
+                vec![(i64_(0), T::I64)],
+                |b, i, it| {
+                    let x = b.op(O::LoadU8, vec![v(buf), v(i)], T::I32);
+                    let x1 = b.op(O::Add, vec![v(x), i32_(1)], T::I32);
+                    b.op0(O::StoreI8, vec![v(buf), v(i), v(x1)]);
+                    let x64 = b.op(O::ConvI64, vec![v(x)], T::I64);
+                    vec![v(b.op(O::Add, vec![v(it[0]), v(x64)], T::I64))]
+                },
+            );
+            b.ret(vec![v(r[0]), v(buf)]);
+        },
+    )
+}
+
+#[test]
+fn loops_are_jitted_and_agree() {
+    let (i, j) = tiers(&bytes_loop());
+    assert!(!i.is_jitted("t.main"));
+    eprintln!(
+        "jit default {} stats {:?}",
+        LoadLimits::default().jit,
+        j.jit_stats()
+    );
+    if LoadLimits::default().jit {
+        assert!(j.is_jitted("t.main"));
+        assert_eq!(j.jit_stats().0, 1);
+    }
+    let data: Vec<u8> = (0..64u8).map(|x| x.wrapping_mul(37)).collect();
+    let r = same(
+        &i,
+        &j,
+        &[V::buffer(data.clone()), V::I64(0), V::I64(64)],
+        &InvokeLimits::default(),
+    );
+    let want: i64 = data.iter().map(|&x| x as i64).sum();
+    let out: Vec<u8> = data.iter().map(|x| x.wrapping_add(1)).collect();
+    assert_eq!(r.result.unwrap(), vec![V::I64(want), V::buffer(out)]);
+    // The copy-on-write of the shared input is charged in both tiers.
+    assert!(r.memory_used >= 64);
+}
+
+#[test]
+fn fuel_is_exact_at_every_budget() {
+    let (i, j) = tiers(&bytes_loop());
+    let args = [V::buffer(vec![7u8; 20]), V::I64(0), V::I64(20)];
+    let total = same(&i, &j, &args, &InvokeLimits::default()).fuel_used;
+    let mut pcs = std::collections::BTreeSet::new();
+    for fuel in 0..=total + 2 {
+        let lim = InvokeLimits {
+            fuel,
+            ..Default::default()
+        };
+        let r = same(&i, &j, &args, &lim);
+        match r.result {
+            Err(t) => {
+                assert_eq!(t.kind, TrapKind::OutOfFuel);
+                assert_eq!(r.fuel_used, fuel);
+                pcs.insert(t.pc);
+            }
+            Ok(_) => assert!(fuel >= total),
+        }
+    }
+    assert!(pcs.len() >= 2, "{pcs:?}");
+}
+
+#[test]
+fn out_of_bounds_at_both_bounds() {
+    let (i, j) = tiers(&bytes_loop());
+    for (lo, hi) in [
+        (-1, 4),
+        (0, 17),
+        (16, 17),
+        (i64::MIN, i64::MIN + 2),
+        (15, 16),
+    ] {
+        let r = same(
+            &i,
+            &j,
+            &[V::buffer(vec![1u8; 16]), V::I64(lo), V::I64(hi)],
+            &InvokeLimits::default(),
+        );
+        if (lo, hi) != (15, 16) {
+            let t = r.result.unwrap_err();
+            assert_eq!(t.kind, TrapKind::OutOfBounds, "{t}");
+            assert!(t.message.contains("buffer length 16"), "{t}");
+        }
+    }
+    // Stores past the end of an owned buffer (no copy-on-write first).
+    let pb = prog(&[T::I64, T::I64], &[T::I64], |b, p| {
+        let buf = b.op(O::BufferNew, vec![i64_(32)], T::Buffer);
+        b.for_(v(p[0]), v(p[1]), i64_(1), vec![], |b, i, _| {
+            let o = b.op(O::Mul, vec![v(i), i64_(8)], T::I64);
+            b.op0(O::StoreI64, vec![v(buf), v(o), v(i)]);
+            vec![]
+        });
+        let x = b.op(O::LoadI64, vec![v(buf), i64_(24)], T::I64);
+        b.ret(vec![v(x)]);
+    });
+    let (i, j) = tiers(&pb);
+    assert_eq!(
+        same(&i, &j, &[V::I64(0), V::I64(4)], &InvokeLimits::default())
+            .result
+            .unwrap(),
+        vec![V::I64(3)]
+    );
+    for (lo, hi) in [(0, 5), (-1, 2), (3, 5)] {
+        let t = same(&i, &j, &[V::I64(lo), V::I64(hi)], &InvokeLimits::default())
+            .result
+            .unwrap_err();
+        assert_eq!(t.kind, TrapKind::OutOfBounds, "{t}");
+    }
+    // `buffer.new` over the memory cap or of negative length.
+    for (n, cap) in [(-1i64, 1 << 20), (1 << 20, 1 << 10)] {
+        let pb = prog(&[T::I64], &[T::I64], |b, p| {
+            let r = b.for_(
+                i64_(0),
+                i64_(3),
+                i64_(1),
+                vec![(i64_(0), T::I64)],
+                |b, _, it| {
+                    let buf = b.op(O::BufferNew, vec![v(p[0])], T::Buffer);
+                    let l = b.op(O::BufferLen, vec![v(buf)], T::I64);
+                    vec![v(b.op(O::Add, vec![v(it[0]), v(l)], T::I64))]
+                },
+            );
+            b.ret(vec![v(r[0])]);
+        });
+        let (i, j) = tiers(&pb);
+        let lim = InvokeLimits {
+            memory_bytes: cap,
+            ..Default::default()
+        };
+        let t = same(&i, &j, &[V::I64(n)], &lim).result.unwrap_err();
+        assert!(
+            matches!(t.kind, TrapKind::OutOfBounds | TrapKind::OutOfMemory),
+            "{t}"
+        );
+        same(&i, &j, &[V::I64(10)], &lim).result.unwrap();
+    }
+}
+
+#[test]
+fn arithmetic_traps_agree() {
+    // acc = acc * 3 (checked) overflows; x / (i - k) divides by zero at i = k; i32 and i64.
+    for t in [T::I64, T::I32] {
+        let k = |x: i64| if t == T::I64 { i64_(x) } else { i32_(x as i32) };
+        let pb = prog(&[T::I64, T::I64], std::slice::from_ref(&t), |b, p| {
+            let r = b.for_(
+                i64_(0),
+                v(p[0]),
+                i64_(1),
+                vec![(k(1), t.clone())],
+                |b, i, it| {
+                    let i_t = if t == T::I64 {
+                        i
+                    } else {
+                        b.op(O::ConvI32, vec![v(i)], T::I32)
+                    };
+                    let kk = if t == T::I64 {
+                        p[1]
+                    } else {
+                        b.op(O::ConvI32, vec![v(p[1])], T::I32)
+                    };
+                    let m = b.op(O::Mul, vec![v(it[0]), k(3)], t.clone());
+                    let dd = b.op(O::Sub, vec![v(i_t), v(kk)], t.clone());
+                    let q = b.op(O::Div, vec![v(m), v(dd)], t.clone());
+                    let s = b.op(O::Add, vec![v(m), v(q)], t.clone());
+                    vec![v(s)]
+                },
+            );
+            b.ret(vec![v(r[0])]);
+        });
+        let (i, j) = tiers(&pb);
+        let lim = InvokeLimits::default();
+        let t1 = same(&i, &j, &[V::I64(5), V::I64(3)], &lim)
+            .result
+            .unwrap_err();
+        assert_eq!(t1.kind, TrapKind::DivisionByZero, "{t1}");
+        let t2 = same(&i, &j, &[V::I64(100), V::I64(-1)], &lim)
+            .result
+            .unwrap_err();
+        assert_eq!(t2.kind, TrapKind::IntegerOverflow, "{t2}");
+        same(&i, &j, &[V::I64(8), V::I64(-1)], &lim).result.unwrap();
+    }
+}
+
+#[test]
+fn ineligible_functions_stay_interpreted() {
+    let pb = prog(&[T::I64], &[T::I64], |b, p| {
+        let r = b.for_(
+            i64_(0),
+            v(p[0]),
+            i64_(1),
+            vec![(i64_(0), T::I64)],
+            |b, i, it| {
+                let s = b.op(O::StrFromI64, vec![v(i)], T::Str);
+                let l = b.op(O::StrLen, vec![v(s)], T::I64);
+                vec![v(b.op(O::Add, vec![v(it[0]), v(l)], T::I64))]
+            },
+        );
+        b.ret(vec![v(r[0])]);
+    });
+    let (i, j) = tiers(&pb);
+    assert!(!j.is_jitted("t.main"));
+    assert_eq!(j.jit_stats().0, 0);
+    assert_eq!(
+        same(&i, &j, &[V::I64(12)], &InvokeLimits::default())
+            .result
+            .unwrap(),
+        vec![V::I64(10 + 2 * 2)]
+    );
+}
+
+#[test]
+fn floats_and_conversions_agree() {
+    let pb = prog(&[T::I64, T::F64], &[T::F64, T::I32, T::F32], |b, p| {
+        let r = b.for_(
+            i64_(0),
+            v(p[0]),
+            i64_(1),
+            vec![(f64_(0.0), T::F64), (i32_(0), T::I32), (f32_(1.0), T::F32)],
+            |b, i, it| {
+                let fi = b.op(O::ConvF64, vec![v(i)], T::F64);
+                let x = b.op(O::Mul, vec![v(fi), v(p[1])], T::F64);
+                let y = b.op(O::Div, vec![v(x), f64_(3.0)], T::F64);
+                let s = b.op(O::Add, vec![v(it[0]), v(y)], T::F64);
+                let n = b.op(O::ConvI32, vec![v(y)], T::I32);
+                let f32x = b.op(O::ConvF32, vec![v(y)], T::F32);
+                let g = b.op(O::Mul, vec![v(it[2]), f32_(1.5)], T::F32);
+                let g2 = b.op(O::Sub, vec![v(g), v(f32x)], T::F32);
+                vec![v(s), v(b.op(O::Add, vec![v(it[1]), v(n)], T::I32)), v(g2)]
+            },
+        );
+        b.ret(vec![v(r[0]), v(r[1]), v(r[2])]);
+    });
+    let (i, j) = tiers(&pb);
+    let lim = InvokeLimits::default();
+    for (n, x) in [(10, 1.5), (3, f64::NAN), (4, 1e300), (2, -0.0), (5, 3e9)] {
+        same(&i, &j, &[V::I64(n), V::F64(x)], &lim);
+    }
+}
