@@ -22,8 +22,8 @@ const C1: i64 = 6364136223846793005;
 const C2: i64 = 1442695040888963407;
 
 /// (a) LCG with a data-dependent branch: x = x*C1 + C2; t = x >>u 33; acc = (t even) ? acc + t : acc ^ t.
-fn loom_scalar() -> Loaded {
-    single(&[T::I64, T::I64], &[T::I64], |b, p| {
+fn loom_scalar(jit: bool) -> Loaded {
+    single_jit(&[T::I64, T::I64], &[T::I64], jit, |b, p| {
         let r = b.for_(
             i64_(0),
             v(p[0]),
@@ -68,8 +68,8 @@ const WAT_SCALAR: &str = r#"
 
 /// (b) prepare_batch: ranges[b] = {offset: i64, length: i64}; copy min(length, T) i32 token ids from `tokens`
 /// into row b of a zero-padded [B, T] i32 buffer, write the lengths; repeat `reps` times; return a checksum.
-fn loom_prepare() -> Loaded {
-    single(&[T::Buffer, T::Buffer, T::I64], &[T::I64], |b, p| {
+fn loom_prepare(jit: bool) -> Loaded {
+    single_jit(&[T::Buffer, T::Buffer, T::I64], &[T::I64], jit, |b, p| {
         let (ranges, tokens) = (p[0], p[1]);
         let out = b.op(O::BufferNew, vec![i64_(B * TT * 4)], T::Buffer);
         let lens = b.op(O::BufferNew, vec![i64_(B * 4)], T::Buffer);
@@ -233,6 +233,8 @@ fn time<R: PartialEq + std::fmt::Debug>(mut f: impl FnMut() -> R) -> (Duration, 
 }
 
 fn main() {
+    // Measure each tier alone (the test cross-check would run every invocation twice).
+    CROSS_CHECK.store(false, std::sync::atomic::Ordering::Relaxed);
     let lim = InvokeLimits {
         fuel: u64::MAX,
         memory_bytes: 1 << 30,
@@ -242,13 +244,14 @@ fn main() {
     if std::env::var_os("LOOM_DIS").is_some() {
         println!(
             "{}\n{}",
-            loom_scalar().disassemble(),
-            loom_prepare().disassemble()
+            loom_scalar(false).disassemble(),
+            loom_prepare(false).disassemble()
         );
     }
     let engine = wasmi::Engine::default();
     let linker = wasmi::Linker::<()>::new(&engine);
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
 
     // `LOOM_BENCH=scalar|prepare|tiny` runs one workload (for profiling).
     let only = std::env::var("LOOM_BENCH").ok();
@@ -256,11 +259,18 @@ fn main() {
 
     // (a) scalar
     if want("scalar") {
-        let l = loom_scalar();
+        let l = loom_scalar(false);
         let (lt, lr) = time(|| {
             l.invoke("main", &[V::I64(SCALAR_N), V::I64(7)], &lim)
                 .expect("loom scalar")
         });
+        let lj = loom_scalar(true);
+        notes.push(format!("scalar JIT: {:?}", lj.jit_stats()));
+        let (jt, jr) = time(|| {
+            lj.invoke("main", &[V::I64(SCALAR_N), V::I64(7)], &lim)
+                .expect("loom scalar jit")
+        });
+        assert_eq!(lr, jr, "scalar: tiers differ");
         let module =
             wasmi::Module::new(&engine, wat::parse_str(WAT_SCALAR).expect("wat")).expect("module");
         let mut store = wasmi::Store::new(&engine, ());
@@ -272,19 +282,24 @@ fn main() {
             .expect("func");
         let (wt, wr) = time(|| f.call(&mut store, (SCALAR_N, 7)).expect("wasmi scalar"));
         assert_eq!(lr, vec![V::I64(wr)], "scalar checksums differ");
-        rows.push(("scalar LCG + branch, 10M iters", lt, wt, wr));
+        rows.push(("scalar LCG + branch, 10M (interp)", lt, wt, wr));
+        rows.push(("scalar LCG + branch, 10M (JIT)", jt, wt, wr));
     }
 
     // (b) prepare_batch
     if want("prepare") {
         let (ranges, tokens) = prepare_inputs();
-        let l = loom_prepare();
+        let l = loom_prepare(false);
+        let lj = loom_prepare(true);
+        notes.push(format!("prepare JIT: {:?}", lj.jit_stats()));
         let args = [
             V::buffer(ranges.clone()),
             V::buffer(tokens.clone()),
             V::I64(REPS),
         ];
         let (lt, lr) = time(|| l.invoke("main", &args, &lim).expect("loom prepare"));
+        let (jt, jr) = time(|| lj.invoke("main", &args, &lim).expect("loom prepare jit"));
+        assert_eq!(lr, jr, "prepare: tiers differ");
         let module = wasmi::Module::new(&engine, wat::parse_str(wat_prepare()).expect("wat"))
             .expect("module");
         let mut store = wasmi::Store::new(&engine, ());
@@ -300,7 +315,8 @@ fn main() {
             .expect("func");
         let (wt, wr) = time(|| f.call(&mut store, REPS as i32).expect("wasmi prepare"));
         assert_eq!(lr, vec![V::I64(wr)], "prepare checksums differ");
-        rows.push(("prepare_batch B=32 T=256 x200", lt, wt, wr));
+        rows.push(("prepare_batch B=32 T=256 x200 (interp)", lt, wt, wr));
+        rows.push(("prepare_batch B=32 T=256 x200 (JIT)", jt, wt, wr));
     }
 
     // (c) tiny invocation: `x + 1` on i64, called TINY_N times; loom pays a full invocation each time (argument
@@ -381,12 +397,12 @@ fn main() {
     }
 
     println!(
-        "{:<34} {:>12} {:>12} {:>8}   checksum",
+        "{:<40} {:>12} {:>12} {:>8}   checksum",
         "workload", "loom", "wasmi", "ratio"
     );
     for (name, lt, wt, ck) in rows {
         println!(
-            "{name:<34} {:>10.2}ms {:>10.2}ms {:>8.2}   {ck}",
+            "{name:<40} {:>10.2}ms {:>10.2}ms {:>8.2}   {ck}",
             lt.as_secs_f64() * 1e3,
             wt.as_secs_f64() * 1e3,
             wt.as_secs_f64() / lt.as_secs_f64()
@@ -395,4 +411,7 @@ fn main() {
     println!(
         "(median of {RUNS} runs after a warm-up; ratio = wasmi / loom, > 1 means loom is faster)"
     );
+    for n in notes {
+        println!("{n} (functions compiled, compile time)");
+    }
 }

@@ -256,8 +256,10 @@ pub struct PB {
 impl PB {
     pub fn new() -> PB {
         // Every program built by the tests runs in both tiers (interpreter and JIT) and must agree exactly.
+        // (Benchmarks turn it off with `CROSS_CHECK`.)
         loom_vm::testing::set_jit_cross_check(
-            std::env::var("LOOM_VM_JIT_CROSS_CHECK").as_deref() != Ok("0"),
+            CROSS_CHECK.load(std::sync::atomic::Ordering::Relaxed)
+                && std::env::var("LOOM_VM_JIT_CROSS_CHECK").as_deref() != Ok("0"),
         );
         PB {
             prog: Program {
@@ -321,13 +323,30 @@ impl PB {
     }
 }
 
+/// Whether programs built with [`PB`] turn on the VM's JIT cross-check (see `loom_vm::testing`).
+pub static CROSS_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// A one-function program `main(params) -> results` built by `body`.
 pub fn single(params: &[Type], results: &[Type], body: impl FnOnce(&mut FB, &[ValueId])) -> Loaded {
+    single_jit(params, results, LoadLimits::default().jit, body)
+}
+
+/// [`single`] with the JIT tier on or off.
+pub fn single_jit(
+    params: &[Type],
+    results: &[Type],
+    jit: bool,
+    body: impl FnOnce(&mut FB, &[ValueId]),
+) -> Loaded {
     let (mut b, ps) = FB::new("t.main", params, results);
     body(&mut b, &ps);
     let mut pb = PB::new();
     pb.add(b.finish(), Some("main"));
-    pb.load()
+    let lim = LoadLimits {
+        jit,
+        ..Default::default()
+    };
+    Vm::load(&pb.prog, &[], &[], &lim).expect("load")
 }
 
 pub fn run(l: &Loaded, args: &[Value]) -> Result<Vec<Value>, Trap> {
