@@ -114,6 +114,14 @@ pub enum Stmt {
     },
     /// `yield a, b` (regions) or `return a, b` (kfunc bodies).
     Yield { values: Vec<Expr>, span: Span },
+    /// Index notation `%out[i, j] = EXPR` (kernel and kfunc bodies): defines the new tile `%out` whose dims
+    /// are the index variables `i, j`; desugared by the specializer.
+    Index {
+        out: Name,
+        indices: Vec<Name>,
+        expr: Expr,
+        span: Span,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -645,6 +645,11 @@ impl Parser<'_> {
                 span: start.to(c.prev_span()),
             });
         }
+        if let (Some(T::Val(_)), Some(T::Group('[', _))) = (c.peek(), c.peek_at(1)) {
+            if matches!(c.peek_at(2), Some(T::Punct('=' | '+' | '-' | '*' | '/'))) {
+                return self.index_stmt(c, start);
+            }
+        }
         let mut results = Vec::new();
         let assigns = matches!(c.peek(), Some(T::Val(_)))
             && matches!(c.peek_at(1), Some(T::Punct(',' | '=')));
@@ -663,6 +668,52 @@ impl Parser<'_> {
             results,
             span: start.to(c.prev_span()),
             op,
+        })
+    }
+
+    /// `%out[i, j] = EXPR`: index notation (SSA: the statement defines the new tile `%out`).
+    fn index_stmt(&mut self, c: &mut Cur<'_>, start: Span) -> R<Stmt> {
+        let out = c.value("the defined tile '%name'")?;
+        let (g, gs) = c.group('[', "the index list '[i, j]'")?;
+        let mut indices = Vec::new();
+        for e in self.expr_list(g, gs)? {
+            match e {
+                Expr::Word(n) => indices.push(n),
+                other => {
+                    return Err(Diagnostic::error(
+                        other.span(),
+                        "expected an index name (a bare word such as `i`) on the left of index notation",
+                    ));
+                }
+            }
+        }
+        if indices.is_empty() {
+            return Err(Diagnostic::error(
+                gs,
+                "index notation needs at least one index on the left",
+            ));
+        }
+        if !c.eat_punct('=') {
+            if matches!(c.peek(), Some(T::Punct('+' | '-' | '*' | '/')))
+                && matches!(c.peek_at(1), Some(T::Punct('=')))
+            {
+                return Err(Diagnostic::error(
+                    c.span(),
+                    format!(
+                        "index notation is SSA: a statement defines a new tile, write `%new[...] = %{}[...] + ...`",
+                        out.text
+                    ),
+                ));
+            }
+            return Err(c.expected("'=' after the index list"));
+        }
+        let expr = self.expr(c)?;
+        c.done("at the end of the statement (statements are separated by line breaks)")?;
+        Ok(Stmt::Index {
+            out,
+            indices,
+            expr,
+            span: start.to(c.prev_span()),
         })
     }
 

@@ -20,6 +20,8 @@ use loom_syntax::ast::{ConstExpr, TParamKind};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod index;
+
 /// Deepest kfunc inlining (a kfunc calling itself is reported, not expanded forever).
 pub const MAX_INLINE_DEPTH: usize = 32;
 /// Most IR ops one kernel may have after inlining.
@@ -559,6 +561,42 @@ struct KCx<'s, 'c> {
     nops: usize,
 }
 
+/// The elementwise binary operation named `opn`.
+fn bin_op(opn: &str) -> Option<BinOp> {
+    Some(match opn {
+        "add" => BinOp::Add,
+        "sub" => BinOp::Sub,
+        "mul" => BinOp::Mul,
+        "div" => BinOp::Div,
+        "rem" => BinOp::Rem,
+        "min" => BinOp::Min,
+        "max" => BinOp::Max,
+        "and" => BinOp::And,
+        "or" => BinOp::Or,
+        "xor" => BinOp::Xor,
+        "shl" => BinOp::Shl,
+        "shr" => BinOp::Shr,
+        _ => return None,
+    })
+}
+
+/// The elementwise unary operation named `opn`.
+fn un_op(opn: &str) -> Option<UnOp> {
+    Some(match opn {
+        "neg" => UnOp::Neg,
+        "abs" => UnOp::Abs,
+        "not" => UnOp::Not,
+        "exp" => UnOp::Exp,
+        "log" => UnOp::Log,
+        "tanh" => UnOp::Tanh,
+        "erf" => UnOp::Erf,
+        "sqrt" => UnOp::Sqrt,
+        "rsqrt" => UnOp::Rsqrt,
+        "sigmoid" => UnOp::Sigmoid,
+        _ => return None,
+    })
+}
+
 fn is_int(d: DType) -> bool {
     !d.is_float() && !d.is_quantized() && d != DType::I1
 }
@@ -790,6 +828,15 @@ impl<'s, 'c> KCx<'s, 'c> {
                     for (n, v) in results.iter().zip(vals) {
                         self.bind(n, v)?;
                     }
+                }
+                Stmt::Index {
+                    out,
+                    indices,
+                    expr,
+                    span,
+                } => {
+                    let v = self.index_notation(out, indices, expr, *span)?;
+                    self.bind(out, v)?;
                 }
             }
         }
@@ -1362,41 +1409,13 @@ impl<'s, 'c> KCx<'s, 'c> {
         if ann.is_some() && !matches!(opn, "tile.full" | "tile.zeros") {
             return Err(self.err(span, format!("`{opn}` takes no type annotation")));
         }
-        let bin = match opn {
-            "add" => Some(BinOp::Add),
-            "sub" => Some(BinOp::Sub),
-            "mul" => Some(BinOp::Mul),
-            "div" => Some(BinOp::Div),
-            "rem" => Some(BinOp::Rem),
-            "min" => Some(BinOp::Min),
-            "max" => Some(BinOp::Max),
-            "and" => Some(BinOp::And),
-            "or" => Some(BinOp::Or),
-            "xor" => Some(BinOp::Xor),
-            "shl" => Some(BinOp::Shl),
-            "shr" => Some(BinOp::Shr),
-            _ => None,
-        };
-        if let Some(op) = bin {
+        if let Some(op) = bin_op(opn) {
             self.nargs(ops, 2..=2, opn, span)?;
             let a = self.eval(&ops[0], "")?;
             let b = self.eval(&ops[1], "")?;
             return self.binary(op, a, b, span, vname).map(Some);
         }
-        let un = match opn {
-            "neg" => Some(UnOp::Neg),
-            "abs" => Some(UnOp::Abs),
-            "not" => Some(UnOp::Not),
-            "exp" => Some(UnOp::Exp),
-            "log" => Some(UnOp::Log),
-            "tanh" => Some(UnOp::Tanh),
-            "erf" => Some(UnOp::Erf),
-            "sqrt" => Some(UnOp::Sqrt),
-            "rsqrt" => Some(UnOp::Rsqrt),
-            "sigmoid" => Some(UnOp::Sigmoid),
-            _ => None,
-        };
-        if let Some(op) = un {
+        if let Some(op) = un_op(opn) {
             self.nargs(ops, 1..=1, opn, span)?;
             let a = self.eval(&ops[0], "")?;
             return self.unary(op, a, span, vname).map(Some);
@@ -2210,6 +2229,10 @@ fn stage_block(cx: &mut KCx<'_, '_>, b: &Block, st: &mut Stage, errors: &mut Vec
                     errors.push(e);
                 }
             }
+            Stmt::Index { span, .. } => errors.push(cx.err(
+                *span,
+                "index notation is a kernel statement, not a stage statement",
+            )),
         }
     }
 }
