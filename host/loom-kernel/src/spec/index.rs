@@ -380,6 +380,16 @@ impl KCx<'_, '_> {
 
     /// An elementwise binary operation on aligned operands.
     fn ix_bin(&mut self, op: BinOp, a: IV, b: IV, span: Span, st: &Scan, name: &str) -> R<IV> {
+        if let (Val::D(_, ta), Val::D(_, tb)) = (&a.v, &b.v) {
+            if ta.dtype() != tb.dtype() {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "operand types differ: {ta} and {tb} (no implicit conversions: use conv.*)"
+                    ),
+                ));
+            }
+        }
         let within = |x: &[usize], y: &[usize]| y.iter().all(|i| x.contains(i));
         let target = if within(&a.idx, &b.idx) {
             a.idx.clone()
@@ -468,8 +478,9 @@ impl KCx<'_, '_> {
                 .and_then(|n| st.ext.get(n))
                 .map_or(1, |e| e.0)
         };
+        let rty_shape = vec![ext(first), ext(second)];
         let rty = KType::Tile {
-            shape: vec![ext(first), ext(second)],
+            shape: rty_shape.clone(),
             dtype: DType::F32,
         };
         let out_idx = vec![first, second];
@@ -500,7 +511,22 @@ impl KCx<'_, '_> {
                 };
                 (o, true)
             }
-            None => (self.coerce(Val::C(CV::Float(0.0)), &rty, span)?, false),
+            None => {
+                let Val::D(z, _) = self.emit1(
+                    "zero",
+                    KOpKind::Full {
+                        value: KOperand::Imm(KImm::F64(0.0), DType::F32),
+                        shape: rty_shape.clone(),
+                        dtype: DType::F32,
+                    },
+                    rty.clone(),
+                    span,
+                )?
+                else {
+                    return Err(self.err(span, "internal: zero"));
+                };
+                (z, false)
+            }
         };
         let (Val::D(a, _), Val::D(b, _)) = (av, bv) else {
             return Err(self.err(span, "internal: dot operands"));
