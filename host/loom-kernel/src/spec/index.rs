@@ -557,6 +557,9 @@ impl KCx<'_, '_> {
                 format!("`{opname}(...)` reduces no index: its operand has no index"),
             ));
         };
+        if a.idx.len() > usize::from(u8::MAX) {
+            return Err(self.err(span, "index notation: too many indices in one value"));
+        }
         if axes.is_empty() {
             return Err(self.err(
                 span,
@@ -606,6 +609,9 @@ impl KCx<'_, '_> {
     /// `iv` with dims in `target` order (a superset of its indices): transpose, then size-1 dims for the
     /// missing indices (the binary operation broadcasts them).
     fn ix_align(&mut self, iv: IV, target: &[usize], span: Span, st: &Scan) -> R<Val> {
+        if target.len() > usize::from(u8::MAX) {
+            return Err(self.err(span, "index notation: too many indices in one value"));
+        }
         let Val::D(o, KType::Tile { shape, dtype }) = &iv.v else {
             return Ok(iv.v);
         };
