@@ -293,3 +293,56 @@ fn floats_and_conversions_agree() {
         same(&i, &j, &[V::I64(n), V::F64(x)], &lim);
     }
 }
+
+#[test]
+fn copy_on_write_through_an_alias_is_seen_by_cached_reads() {
+    // `alias` (a loop-carried copy of the handle) is stored to; reads through `buf` must see the stored bytes
+    // after the first store copied the shared input.
+    let pb = prog(&[T::Buffer, T::I64], &[T::I64, T::Buffer], |b, p| {
+        let (buf, n) = (p[0], p[1]);
+        let r = b.for_(
+            i64_(0),
+            v(n),
+            i64_(1),
+            vec![(i64_(0), T::I64), (v(buf), T::Buffer)],
+            |b, i, it| {
+                let before = b.op(O::LoadU8, vec![v(buf), v(i)], T::I32);
+                let x1 = b.op(O::Add, vec![v(before), i32_(100)], T::I32);
+                b.op0(O::StoreI8, vec![v(it[1]), v(i), v(x1)]);
+                let after = b.op(O::LoadU8, vec![v(buf), v(i)], T::I32);
+                let a64 = b.op(O::ConvI64, vec![v(after)], T::I64);
+                vec![v(b.op(O::Add, vec![v(it[0]), v(a64)], T::I64)), v(it[1])]
+            },
+        );
+        b.ret(vec![v(r[0]), v(r[1])]);
+    });
+    let (i, j) = tiers(&pb);
+    let dis = j.disassemble();
+    assert!(dis.contains("MovR"), "{dis}");
+    assert!(j.is_jitted("t.main") || !LoadLimits::default().jit);
+    let data = vec![1u8, 2, 3, 4, 5, 6, 7, 8];
+    let r = same(
+        &i,
+        &j,
+        &[V::buffer(data.clone()), V::I64(8)],
+        &InvokeLimits::default(),
+    );
+    let want: i64 = data.iter().map(|&x| x as i64 + 100).sum();
+    let out: Vec<u8> = data.iter().map(|&x| x + 100).collect();
+    assert_eq!(r.result.unwrap(), vec![V::I64(want), V::buffer(out)]);
+    // Copy-on-write over the memory cap traps the same way in both tiers.
+    let lim = InvokeLimits {
+        memory_bytes: 4,
+        ..Default::default()
+    };
+    let t = same(&i, &j, &[V::buffer(data), V::I64(8)], &lim)
+        .result
+        .unwrap_err();
+    assert_eq!(t.kind, TrapKind::OutOfMemory, "{t}");
+}
+
+#[test]
+fn jit_can_be_turned_off() {
+    let (i, _) = tiers(&bytes_loop());
+    assert_eq!(i.jit_stats().0, 0);
+}
