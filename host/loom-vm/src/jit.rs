@@ -282,6 +282,10 @@ fn buf_reg(ins: &Instr) -> Option<R> {
     }
 }
 
+/// Functions longer than this (bytecode instructions) stay interpreted: compile time grows with size, and the
+/// loops worth compiling are short.
+const MAX_JIT_CODE: usize = 20_000;
+
 /// Compiles the eligible functions of a program (those with a loop, or all eligible ones when `all`). `None`
 /// when nothing was compiled or Cranelift is unavailable on this host; a function Cranelift rejects stays
 /// interpreted.
@@ -290,7 +294,7 @@ pub(crate) fn compile(funcs: &[FuncCode], all: bool) -> Option<JitCode> {
     let picked: Vec<usize> = funcs
         .iter()
         .enumerate()
-        .filter(|(_, f)| eligible(f) && (all || has_loop(f)))
+        .filter(|(_, f)| f.code.len() <= MAX_JIT_CODE && eligible(f) && (all || has_loop(f)))
         .map(|(i, _)| i)
         .collect();
     if picked.is_empty() {
