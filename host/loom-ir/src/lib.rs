@@ -16,6 +16,7 @@
 
 pub mod bytecode;
 pub mod kernel;
+pub mod kernel_codec;
 pub mod opcode;
 pub mod print;
 pub mod verify;
