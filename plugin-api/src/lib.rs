@@ -1,0 +1,436 @@
+//! The stable-ABI interfaces every loom plugin implements: the root module [`LoomPlugin`] and the HAL
+//! ([`HalDriver`], [`HalDevice`]).
+//!
+//! A plugin is a `cdylib` that exports one [`LoomPlugin`] with `#[export_root_module]`; the host
+//! (`loom-plugins`) scans a directory, checks each library's header and layout with abi_stable, checks the ABI
+//! version, probes the plugin and only then uses it. Libraries are never unloaded.
+//!
+//! # Shape of the interface
+//!
+//! Coarse and IREE-shaped, so a later hand-rolled `#[repr(C)]` vtable stays cheap:
+//!
+//! * a **driver** enumerates devices and opens one;
+//! * a **device** has limits, allocates buffers (host-visible byte arrays named by [`BufferId`]), compiles a
+//!   specialized stage (`loom_ir::kernel::Stage` encoded by `loom_ir::kernel_codec`) into an [`ExecutableId`],
+//!   and executes [`Submission`]s: plain-data [`Command`] lists that wait on and signal timeline points;
+//! * a **fence** is a [`TimelinePoint`] `(timeline, value)`. A failed submission fails its signal point with
+//!   the error, and every later wait on that timeline reports it.
+//!
+//! Errors cross the boundary as [`RBoxError`]; for execution failures their text is the kernel contract's
+//! `ExecError` text, unchanged.
+//!
+//! # No unwinding across the boundary
+//!
+//! A panic must never unwind out of a plugin: every exported function body runs under
+//! [`std::panic::catch_unwind`] and turns a panic into an error. [`guard`] and [`guard_probe`] do that; plugin
+//! implementations wrap every trait method and root-module function in one of them.
+//!
+//! ```
+//! use loom_plugin_api::{guard, guard_probe, ProbeStatus};
+//!
+//! let ok = guard("alloc", || Ok::<u32, String>(7));
+//! assert_eq!(ok.into_result().unwrap(), 7);
+//! let failed = guard("alloc", || -> Result<u32, String> { panic!("boom") });
+//! assert!(failed.into_result().unwrap_err().to_string().contains("panicked"));
+//! assert_eq!(guard_probe(|| panic!("no driver")).status, ProbeStatus::Panicked);
+//! ```
+//!
+//! # Evolution rule
+//!
+//! This crate changes **only by appending**:
+//!
+//! * the root module and both HAL traits are abi_stable prefix types; a new field or method is appended after
+//!   the current last one (never inserted, reordered, retyped or removed), and [`ABI_MINOR`] is incremented;
+//!   the `#[sabi(last_prefix_field)]` marker stays where it is, so every appended item is optional and the host
+//!   reads it as an `Option` (absent in older plugins);
+//! * plain data types (structs, enums) never change: a new shape is a new type used by a new, appended method;
+//! * anything else is a new [`ABI_MAJOR`]: old plugins are then rejected with "ABI version mismatch".
+//!
+//! The host accepts a plugin with the same major and an older or equal minor. abi_stable's own library
+//! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
+
+#![deny(missing_docs)]
+// why: abi_stable generates `LoomPlugin_Ref` / `HalDevice_TO` names and impls inside its own const blocks.
+#![allow(non_camel_case_types, non_local_definitions)]
+
+pub use abi_stable;
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RBox, RBoxError, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::{StableAbi, declare_root_module_statics, sabi_trait};
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Incompatible interface changes increment this; plugins of another major are rejected.
+pub const ABI_MAJOR: u16 = 1;
+/// Appended fields or methods increment this; plugins with a minor up to this one are accepted.
+pub const ABI_MINOR: u16 = 0;
+
+/// The library version abi_stable checks: `ABI_MAJOR.0.0` (a test keeps the two in step).
+pub const ABI_VERSION_STRING: &str = "1.0.0";
+
+/// What a plugin provides.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PluginKind(pub u32);
+
+impl PluginKind {
+    /// A hardware abstraction layer: [`LoomPlugin::hal`] returns its driver.
+    pub const HAL: PluginKind = PluginKind(1);
+    /// A media codec (not specified yet).
+    pub const CODEC: PluginKind = PluginKind(2);
+    /// An HTTP profile (not specified yet).
+    pub const PROFILE: PluginKind = PluginKind(3);
+
+    /// A short name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            PluginKind::HAL => "hal",
+            PluginKind::CODEC => "codec",
+            PluginKind::PROFILE => "profile",
+            _ => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            "unknown" => write!(f, "kind {}", self.0),
+            n => f.write_str(n),
+        }
+    }
+}
+
+/// The answer of a plugin's probe.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeStatus {
+    /// The plugin can be used; [`Probe::devices`] devices are present.
+    Available = 0,
+    /// A clean "no": the device (or its driver) is not on this machine.
+    Absent = 1,
+    /// The probe itself failed; [`Probe::detail`] says why.
+    Failed = 2,
+    /// The probe panicked (caught inside the plugin); [`Probe::detail`] holds the panic message.
+    Panicked = 3,
+}
+
+/// What [`LoomPlugin::probe`] returns.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Whether the plugin is usable.
+    pub status: ProbeStatus,
+    /// How many devices are present (0 unless available).
+    pub devices: u32,
+    /// A one-line human-readable detail (device names, or why not).
+    pub detail: RString,
+}
+
+impl Probe {
+    /// `devices` devices are present.
+    pub fn available(devices: u32, detail: impl Into<String>) -> Probe {
+        Probe {
+            status: ProbeStatus::Available,
+            devices,
+            detail: RString::from(detail.into()),
+        }
+    }
+    /// The device is not on this machine.
+    pub fn absent(detail: impl Into<String>) -> Probe {
+        Probe {
+            status: ProbeStatus::Absent,
+            devices: 0,
+            detail: RString::from(detail.into()),
+        }
+    }
+    /// The probe failed.
+    pub fn failed(detail: impl Into<String>) -> Probe {
+        Probe {
+            status: ProbeStatus::Failed,
+            devices: 0,
+            detail: RString::from(detail.into()),
+        }
+    }
+}
+
+/// The root module every plugin exports (an abi_stable prefix type: see the evolution rule in the crate doc).
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = LoomPlugin_Ref)))]
+pub struct LoomPlugin {
+    /// The plugin's [`ABI_MAJOR`] at build time.
+    pub abi_major: u16,
+    /// The plugin's [`ABI_MINOR`] at build time.
+    pub abi_minor: u16,
+    /// A short stable id with a version, e.g. `"cpu-0001"`.
+    pub id: RStr<'static>,
+    /// What the plugin provides.
+    pub kind: PluginKind,
+    /// Whether the plugin can run here. Never panics across the boundary (see [`guard_probe`]).
+    pub probe: extern "C" fn() -> Probe,
+    /// The HAL driver factory (an error for plugins that are not [`PluginKind::HAL`]).
+    #[sabi(last_prefix_field)]
+    pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+}
+
+impl fmt::Debug for LoomPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoomPlugin")
+            .field("abi_major", &self.abi_major)
+            .field("abi_minor", &self.abi_minor)
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RootModule for LoomPlugin_Ref {
+    declare_root_module_statics! {LoomPlugin_Ref}
+    const BASE_NAME: &'static str = "loom_plugin";
+    const NAME: &'static str = "loom_plugin";
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(ABI_VERSION_STRING);
+}
+
+/// A buffer of one device.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u64);
+
+/// A compiled stage of one device.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExecutableId(pub u64);
+
+/// A timeline (a monotonically increasing `u64` counter, like a Vulkan timeline semaphore) of one device.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TimelineId(pub u64);
+
+/// A fence: reached when `timeline`'s value is at least `value`.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimelinePoint {
+    /// The timeline.
+    pub timeline: TimelineId,
+    /// The value to reach.
+    pub value: u64,
+}
+
+/// What [`HalDevice::timeline_wait`] observed (a failed point is an `Err` carrying the failure).
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitStatus {
+    /// The point was reached.
+    Reached = 0,
+    /// The timeout passed first.
+    TimedOut = 1,
+}
+
+/// One device a driver can open.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Human-readable name, e.g. `"cpu (16 threads)"`.
+    pub name: RString,
+    /// The backend: `"cpu"`, `"vulkan"`, `"cuda"`, ...
+    pub backend: RString,
+    /// Device memory in bytes (0 when unknown).
+    pub memory_bytes: u64,
+}
+
+/// Limits of an open device.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Largest single buffer.
+    pub max_buffer_bytes: u64,
+    /// Largest encoded stage [`HalDevice::compile`] accepts.
+    pub max_stage_bytes: u64,
+    /// Worker threads (CPU) or compute units (GPU).
+    pub parallelism: u32,
+}
+
+/// One command of a [`Submission`]: plain data, buffers named by id.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Runs a compiled stage: one buffer per stage input, parameter, output and workspace buffer, in order.
+    Dispatch {
+        /// The compiled stage.
+        exe: ExecutableId,
+        /// The stage's inputs.
+        inputs: RVec<BufferId>,
+        /// The stage's fixed parameters.
+        params: RVec<BufferId>,
+        /// The stage's outputs.
+        outputs: RVec<BufferId>,
+        /// The stage's workspace buffers (a device may use its own scratch instead).
+        workspace: RVec<BufferId>,
+    },
+    /// Copies `len` bytes between buffers (the same buffer is allowed when the ranges do not overlap).
+    Copy {
+        /// Source buffer.
+        src: BufferId,
+        /// Byte offset in `src`.
+        src_offset: u64,
+        /// Destination buffer.
+        dst: BufferId,
+        /// Byte offset in `dst`.
+        dst_offset: u64,
+        /// Bytes to copy.
+        len: u64,
+    },
+    /// Sets `len` bytes of `dst` from `offset` to `byte`.
+    Fill {
+        /// Destination buffer.
+        dst: BufferId,
+        /// Byte offset in `dst`.
+        offset: u64,
+        /// Bytes to set.
+        len: u64,
+        /// The value.
+        byte: u8,
+    },
+}
+
+/// Work for a device's queue: runs after every `wait` point is reached, then signals `signal` (or fails it with
+/// the first error). Submissions of one device run in submission order.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct Submission {
+    /// Commands, run in order.
+    pub commands: RVec<Command>,
+    /// Points to wait for first.
+    pub wait: RVec<TimelinePoint>,
+    /// The point signalled (or failed) when the commands have run.
+    pub signal: TimelinePoint,
+}
+
+/// A HAL driver as it crosses the boundary.
+pub type HalDriverBox = HalDriver_TO<'static, RBox<()>>;
+/// A HAL device as it crosses the boundary.
+pub type HalDeviceBox = HalDevice_TO<'static, RBox<()>>;
+
+/// A HAL driver: enumerates devices and opens them.
+#[sabi_trait]
+pub trait HalDriver: Send + Sync {
+    /// The devices this driver can open (index = position).
+    fn devices(&self) -> RVec<DeviceInfo>;
+
+    /// Opens device `index`.
+    #[sabi(last_prefix_field)]
+    fn open(&self, index: u32) -> RResult<HalDevice_TO<'static, RBox<()>>, RBoxError>;
+}
+
+/// An open HAL device. Every method may be called from any thread; `write` and `read` act immediately (wait on
+/// the timeline point of the submission that produces or consumes the data first).
+#[sabi_trait]
+pub trait HalDevice: Send + Sync {
+    /// The device's limits.
+    fn limits(&self) -> DeviceLimits;
+
+    /// Allocates a zero-filled buffer of `bytes` bytes.
+    fn alloc(&self, bytes: u64) -> RResult<BufferId, RBoxError>;
+
+    /// Releases `buffer`; its memory stays alive until the last accepted submission that uses it retires.
+    fn free(&self, buffer: BufferId) -> RResult<(), RBoxError>;
+
+    /// Writes `data` into `buffer` at `offset`.
+    fn write(&self, buffer: BufferId, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RBoxError>;
+
+    /// Reads `len` bytes of `buffer` at `offset`.
+    fn read(&self, buffer: BufferId, offset: u64, len: u64) -> RResult<RVec<u8>, RBoxError>;
+
+    /// Compiles a stage encoded by `loom_ir::kernel_codec::encode_stage`.
+    fn compile(&self, stage: RSlice<'_, u8>) -> RResult<ExecutableId, RBoxError>;
+
+    /// Queues a submission (checked when accepted: unknown buffers or executables are an error here).
+    fn submit(&self, submission: Submission) -> RResult<(), RBoxError>;
+
+    /// Creates a timeline at value 0.
+    fn timeline_create(&self) -> RResult<TimelineId, RBoxError>;
+
+    /// The timeline's current value, or its failure.
+    fn timeline_value(&self, timeline: TimelineId) -> RResult<u64, RBoxError>;
+
+    /// Signals a point from the host (the value must increase).
+    fn timeline_signal(&self, point: TimelinePoint) -> RResult<(), RBoxError>;
+
+    /// Blocks until `point` is reached (`Reached`), `timeout_ns` passes (`TimedOut`), or the timeline fails
+    /// (`Err` with the failure).
+    #[sabi(last_prefix_field)]
+    fn timeline_wait(
+        &self,
+        point: TimelinePoint,
+        timeout_ns: u64,
+    ) -> RResult<WaitStatus, RBoxError>;
+}
+
+/// An [`RBoxError`] whose text is `message`'s `Display`.
+pub fn error(message: impl fmt::Display) -> RBoxError {
+    RBoxError::from_fmt(&message.to_string())
+}
+
+/// The text of a caught panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}
+
+/// Runs `f` under `catch_unwind`: its error becomes an [`RBoxError`] with the same text, and a panic becomes
+/// the error `"{what}: the plugin panicked: {message}"`. Wrap every exported function body in this.
+pub fn guard<T, E: fmt::Display>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, E>,
+) -> RResult<T, RBoxError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => RResult::ROk(v),
+        Ok(Err(e)) => RResult::RErr(error(e)),
+        Err(p) => RResult::RErr(error(format_args!(
+            "{what}: the plugin panicked: {}",
+            panic_message(&*p)
+        ))),
+    }
+}
+
+/// Runs a probe under `catch_unwind`: a panic becomes [`ProbeStatus::Panicked`] with the panic message.
+pub fn guard_probe(f: impl FnOnce() -> Probe) -> Probe {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(p) => p,
+        Err(p) => Probe {
+            status: ProbeStatus::Panicked,
+            devices: 0,
+            detail: RString::from(panic_message(&*p)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_string_is_the_major() {
+        assert_eq!(ABI_VERSION_STRING, format!("{ABI_MAJOR}.0.0"));
+    }
+
+    #[test]
+    fn guard_keeps_error_text() {
+        let r: RResult<(), RBoxError> = guard("x", || Err("exact text"));
+        assert_eq!(r.into_result().unwrap_err().to_string(), "exact text");
+    }
+
+    #[test]
+    fn kind_names() {
+        assert_eq!(PluginKind::HAL.to_string(), "hal");
+        assert_eq!(PluginKind(9).to_string(), "kind 9");
+    }
+}
