@@ -1,0 +1,608 @@
+//! The CPU HAL plugin (`cpu-0001`): the HAL of `loom-plugin-api` on host memory, with stages lowered by
+//! `loom-cpu`.
+//!
+//! * Buffers are zero-filled `Vec<u8>`s; `write`/`read` act immediately under the buffer's lock.
+//! * `compile` decodes the stage (`loom_ir::kernel_codec`) and compiles it with `loom_cpu::compile_stage`.
+//! * One queue thread per device runs submissions in submission order: it waits for every wait point, runs the
+//!   commands, then advances the signal point's timeline, or, on the first error, fails the timeline with the
+//!   error's text (a dispatch's `ExecError` text unchanged). A submission whose wait point failed does not run
+//!   and fails its own signal point with the same error, so failures propagate along fence chains.
+//! * A submission holds its buffers (resolved from ids when it is accepted), so a buffer freed while a
+//!   submission that uses it is queued stays alive until that submission retires.
+//! * Every exported function runs under `catch_unwind` (`loom_plugin_api::guard`); a panic on the queue thread
+//!   fails the submission's signal point.
+//!
+//! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use abi_stable::export_root_module;
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
+use loom_cpu::CpuStage;
+use loom_ir::kernel::ExecError;
+use loom_ir::kernel_codec;
+use loom_plugin_api::{
+    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, HalDevice,
+    HalDevice_TO, HalDeviceBox, HalDriver, HalDriver_TO, HalDriverBox, LoomPlugin, LoomPlugin_Ref,
+    PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
+    panic_message,
+};
+
+/// This plugin's id.
+pub const PLUGIN_ID: &str = "cpu-0001";
+
+/// Largest buffer `alloc` accepts.
+pub const MAX_BUFFER_BYTES: u64 = 1 << 40;
+
+/// The exported root module.
+#[export_root_module]
+pub fn root_module() -> LoomPlugin_Ref {
+    LoomPlugin {
+        abi_major: ABI_MAJOR,
+        abi_minor: ABI_MINOR,
+        id: RStr::from_str(PLUGIN_ID),
+        kind: PluginKind::HAL,
+        probe,
+        hal,
+    }
+    .leak_into_prefix()
+}
+
+extern "C" fn probe() -> Probe {
+    guard_probe(|| Probe::available(1, device_name()))
+}
+
+extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
+    guard("hal-cpu driver", || Ok::<_, String>(driver()))
+}
+
+/// The CPU driver (also what the plugin's `hal` returns).
+pub fn driver() -> HalDriverBox {
+    HalDriver_TO::from_value(CpuDriver, TD_Opaque)
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn device_name() -> String {
+    format!("cpu ({} threads)", threads())
+}
+
+#[derive(Debug)]
+struct CpuDriver;
+
+impl HalDriver for CpuDriver {
+    fn devices(&self) -> RVec<DeviceInfo> {
+        let r = guard("devices", || {
+            Ok::<_, String>(RVec::from(vec![DeviceInfo {
+                name: RString::from(device_name()),
+                backend: RString::from("cpu"),
+                memory_bytes: 0,
+            }]))
+        });
+        r.into_result().unwrap_or_default()
+    }
+
+    fn open(&self, index: u32) -> RResult<HalDeviceBox, RBoxError> {
+        guard("open", || {
+            if index != 0 {
+                return Err(format!("no cpu device {index} (there is 1)"));
+            }
+            Ok(HalDevice_TO::from_value(CpuDevice::new(), TD_Opaque))
+        })
+    }
+}
+
+// ---- device state ----------------------------------------------------------------------------------------------
+
+type Buf = Arc<Mutex<Vec<u8>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // why: a panic on another thread is already reported as an error; the data is still usable bytes
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug)]
+struct Exe {
+    stage: CpuStage,
+    name: String,
+    n_workspace: usize,
+}
+
+#[derive(Debug, Default)]
+struct Timeline {
+    value: u64,
+    failure: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    buffers: HashMap<u64, Buf>,
+    exes: HashMap<u64, Arc<Exe>>,
+    timelines: HashMap<u64, Timeline>,
+    next_id: u64,
+    closed: bool,
+}
+
+impl State {
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+    fn buffer(&self, id: BufferId) -> Result<Buf, String> {
+        self.buffers
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| format!("unknown buffer {}", id.0))
+    }
+    fn timeline(&self, id: TimelineId) -> Result<&Timeline, String> {
+        self.timelines
+            .get(&id.0)
+            .ok_or_else(|| format!("unknown timeline {}", id.0))
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<State>,
+    /// Notified whenever a timeline advances or fails, and on close.
+    changed: Condvar,
+}
+
+impl Inner {
+    /// Advances (`Ok`) or fails (`Err`) the timeline of `point`.
+    fn retire(&self, point: TimelinePoint, result: Result<(), String>) {
+        let mut st = lock(&self.state);
+        if let Some(t) = st.timelines.get_mut(&point.timeline.0) {
+            match result {
+                Ok(()) => t.value = t.value.max(point.value),
+                Err(e) => {
+                    if t.failure.is_none() {
+                        t.failure = Some(e);
+                    }
+                }
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Blocks until `point` is reached, failed, the device closes, or `deadline` passes.
+    fn wait(&self, point: TimelinePoint, deadline: Option<Instant>) -> Result<WaitStatus, String> {
+        let mut st = lock(&self.state);
+        loop {
+            let t = st.timeline(point.timeline)?;
+            if t.value >= point.value {
+                return Ok(WaitStatus::Reached);
+            }
+            if let Some(f) = &t.failure {
+                return Err(f.clone());
+            }
+            if st.closed {
+                return Err("the device was closed".into());
+            }
+            st = match deadline {
+                None => self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(WaitStatus::TimedOut);
+                    }
+                    self.changed
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+/// A command with its buffers and executable resolved (and so kept alive) when the submission is accepted.
+#[derive(Debug)]
+enum Cmd {
+    Dispatch {
+        exe: Arc<Exe>,
+        inputs: Vec<Buf>,
+        params: Vec<Buf>,
+        outputs: Vec<Buf>,
+    },
+    Copy {
+        src: Buf,
+        src_offset: u64,
+        dst: Buf,
+        dst_offset: u64,
+        len: u64,
+    },
+    Fill {
+        dst: Buf,
+        offset: u64,
+        len: u64,
+        byte: u8,
+    },
+}
+
+#[derive(Debug)]
+struct Job {
+    commands: Vec<Cmd>,
+    wait: Vec<TimelinePoint>,
+    signal: TimelinePoint,
+}
+
+#[derive(Debug)]
+struct CpuDevice {
+    inner: Arc<Inner>,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl CpuDevice {
+    fn new() -> CpuDevice {
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let (tx, rx) = mpsc::channel::<Job>();
+        let q = Arc::clone(&inner);
+        let worker = std::thread::Builder::new()
+            .name("hal-cpu-queue".into())
+            .spawn(move || queue_thread(&q, &rx))
+            .ok();
+        CpuDevice {
+            inner,
+            queue: Mutex::new(worker.as_ref().map(|_| tx)),
+            worker: Mutex::new(worker),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.state)
+    }
+}
+
+impl Drop for CpuDevice {
+    fn drop(&mut self) {
+        lock(&self.inner.state).closed = true;
+        self.inner.changed.notify_all();
+        drop(lock(&self.queue).take());
+        if let Some(w) = lock(&self.worker).take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn queue_thread(inner: &Inner, rx: &mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let signal = job.signal;
+        let result = catch_unwind(AssertUnwindSafe(|| run_job(inner, job)))
+            .unwrap_or_else(|p| Err(format!("hal-cpu panicked: {}", panic_message(&*p))));
+        inner.retire(signal, result);
+    }
+}
+
+fn run_job(inner: &Inner, job: Job) -> Result<(), String> {
+    for &w in &job.wait {
+        inner.wait(w, None)?;
+    }
+    for c in &job.commands {
+        run_command(c)?;
+    }
+    // `job` (and with it the last references to freed buffers) drops here, before the point is signalled.
+    drop(job);
+    Ok(())
+}
+
+fn range(what: &str, len: usize, offset: u64, n: u64) -> Result<std::ops::Range<usize>, String> {
+    let end = offset.checked_add(n);
+    match end {
+        Some(end) if end <= len as u64 => Ok(offset as usize..end as usize),
+        _ => Err(format!(
+            "{what}: bytes {offset}..{offset}+{n} are outside the buffer ({len} bytes)"
+        )),
+    }
+}
+
+fn run_command(c: &Cmd) -> Result<(), String> {
+    match c {
+        Cmd::Fill {
+            dst,
+            offset,
+            len,
+            byte,
+        } => {
+            let mut d = lock(dst);
+            let r = range("fill", d.len(), *offset, *len)?;
+            d[r].fill(*byte);
+        }
+        Cmd::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            len,
+        } => {
+            if Arc::ptr_eq(src, dst) {
+                let mut b = lock(src);
+                let s = range("copy source", b.len(), *src_offset, *len)?;
+                let d = range("copy destination", b.len(), *dst_offset, *len)?;
+                if s.start < d.end && d.start < s.end {
+                    return Err("copy: source and destination overlap".into());
+                }
+                b.copy_within(s, d.start);
+            } else {
+                let s = lock(src);
+                let mut d = lock(dst);
+                let sr = range("copy source", s.len(), *src_offset, *len)?;
+                let dr = range("copy destination", d.len(), *dst_offset, *len)?;
+                d[dr].copy_from_slice(&s[sr]);
+            }
+        }
+        Cmd::Dispatch {
+            exe,
+            inputs,
+            params,
+            outputs,
+        } => {
+            for (i, o) in outputs.iter().enumerate() {
+                let aliased = inputs.iter().chain(params).chain(&outputs[..i]);
+                if aliased.clone().any(|b| Arc::ptr_eq(b, o)) {
+                    return Err(format!(
+                        "dispatch of `{}`: output {i} is also bound to another argument",
+                        exe.name
+                    ));
+                }
+            }
+            // Read-only arguments: lock each distinct buffer once (the same buffer may be bound twice).
+            let mut distinct: Vec<&Buf> = Vec::new();
+            let in_slots: Vec<usize> = inputs.iter().map(|b| slot(b, &mut distinct)).collect();
+            let p_slots: Vec<usize> = params.iter().map(|b| slot(b, &mut distinct)).collect();
+            let guards: Vec<MutexGuard<'_, Vec<u8>>> = distinct.iter().map(|b| lock(b)).collect();
+            let ins: Vec<&[u8]> = in_slots.iter().map(|&i| guards[i].as_slice()).collect();
+            let ps: Vec<&[u8]> = p_slots.iter().map(|&i| guards[i].as_slice()).collect();
+            let mut out_guards: Vec<MutexGuard<'_, Vec<u8>>> =
+                outputs.iter().map(|b| lock(b)).collect();
+            let mut outs: Vec<Vec<u8>> = out_guards
+                .iter_mut()
+                .map(|g| std::mem::take(&mut **g))
+                .collect();
+            let r = exe.stage.run(&ins, &ps, &mut outs, threads());
+            for (g, o) in out_guards.iter_mut().zip(outs) {
+                **g = o;
+            }
+            r.map_err(|e: ExecError| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// The position of `b` in `distinct`, appending it when new.
+fn slot<'a>(b: &'a Buf, distinct: &mut Vec<&'a Buf>) -> usize {
+    match distinct.iter().position(|d| Arc::ptr_eq(d, b)) {
+        Some(i) => i,
+        None => {
+            distinct.push(b);
+            distinct.len() - 1
+        }
+    }
+}
+
+fn check_workspace(exe: &Exe, given: usize) -> Result<(), String> {
+    if given != exe.n_workspace {
+        return Err(ExecError::BufferCount {
+            what: format!("stage `{}` workspace", exe.name),
+            expected: exe.n_workspace,
+            actual: given,
+        }
+        .to_string());
+    }
+    Ok(())
+}
+
+impl HalDevice for CpuDevice {
+    fn limits(&self) -> DeviceLimits {
+        DeviceLimits {
+            max_buffer_bytes: MAX_BUFFER_BYTES,
+            max_stage_bytes: kernel_codec::MAX_STAGE_BYTES as u64,
+            parallelism: u32::try_from(threads()).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn alloc(&self, bytes: u64) -> RResult<BufferId, RBoxError> {
+        guard("alloc", || {
+            let n = usize::try_from(bytes)
+                .ok()
+                .filter(|_| bytes <= MAX_BUFFER_BYTES)
+                .ok_or_else(|| {
+                    format!("alloc: {bytes} bytes is over the limit of {MAX_BUFFER_BYTES}")
+                })?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|_| format!("alloc: out of memory for {bytes} bytes"))?;
+            v.resize(n, 0u8);
+            let mut st = self.state();
+            let id = st.id();
+            st.buffers.insert(id, Arc::new(Mutex::new(v)));
+            Ok::<_, String>(BufferId(id))
+        })
+    }
+
+    fn free(&self, buffer: BufferId) -> RResult<(), RBoxError> {
+        guard("free", || match self.state().buffers.remove(&buffer.0) {
+            Some(_) => Ok(()),
+            None => Err(format!("free: unknown buffer {}", buffer.0)),
+        })
+    }
+
+    fn write(&self, buffer: BufferId, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RBoxError> {
+        guard("write", || {
+            let b = self.state().buffer(buffer)?;
+            let mut b = lock(&b);
+            let r = range("write", b.len(), offset, data.len() as u64)?;
+            b[r].copy_from_slice(data.as_slice());
+            Ok::<_, String>(())
+        })
+    }
+
+    fn read(&self, buffer: BufferId, offset: u64, len: u64) -> RResult<RVec<u8>, RBoxError> {
+        guard("read", || {
+            let b = self.state().buffer(buffer)?;
+            let b = lock(&b);
+            let r = range("read", b.len(), offset, len)?;
+            Ok::<_, String>(RVec::from(&b[r]))
+        })
+    }
+
+    fn compile(&self, stage: RSlice<'_, u8>) -> RResult<ExecutableId, RBoxError> {
+        guard("compile", || {
+            let stage = kernel_codec::decode_stage(stage.as_slice()).map_err(|e| e.to_string())?;
+            let compiled = loom_cpu::compile_stage(&stage).map_err(|e| e.to_string())?;
+            let exe = Exe {
+                stage: compiled,
+                name: stage.name.clone(),
+                n_workspace: stage.workspace.len(),
+            };
+            let mut st = self.state();
+            let id = st.id();
+            st.exes.insert(id, Arc::new(exe));
+            Ok::<_, String>(ExecutableId(id))
+        })
+    }
+
+    fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
+        guard("submit", || {
+            let st = self.state();
+            for p in submission.wait.iter().chain([&submission.signal]) {
+                st.timeline(p.timeline)?;
+            }
+            let bufs = |ids: &RVec<BufferId>| -> Result<Vec<Buf>, String> {
+                ids.iter().map(|&id| st.buffer(id)).collect()
+            };
+            let mut commands = Vec::with_capacity(submission.commands.len());
+            for c in submission.commands.iter() {
+                commands.push(match c {
+                    Command::Dispatch {
+                        exe,
+                        inputs,
+                        params,
+                        outputs,
+                        workspace,
+                    } => {
+                        let exe = st
+                            .exes
+                            .get(&exe.0)
+                            .cloned()
+                            .ok_or_else(|| format!("unknown executable {}", exe.0))?;
+                        check_workspace(&exe, workspace.len())?;
+                        // The CPU uses its own (poisoned) scratch: workspace buffers are only checked to exist.
+                        bufs(workspace)?;
+                        Cmd::Dispatch {
+                            exe,
+                            inputs: bufs(inputs)?,
+                            params: bufs(params)?,
+                            outputs: bufs(outputs)?,
+                        }
+                    }
+                    Command::Copy {
+                        src,
+                        src_offset,
+                        dst,
+                        dst_offset,
+                        len,
+                    } => Cmd::Copy {
+                        src: st.buffer(*src)?,
+                        src_offset: *src_offset,
+                        dst: st.buffer(*dst)?,
+                        dst_offset: *dst_offset,
+                        len: *len,
+                    },
+                    Command::Fill {
+                        dst,
+                        offset,
+                        len,
+                        byte,
+                    } => Cmd::Fill {
+                        dst: st.buffer(*dst)?,
+                        offset: *offset,
+                        len: *len,
+                        byte: *byte,
+                    },
+                });
+            }
+            if st.closed {
+                return Err("submit: the device is closed".to_string());
+            }
+            drop(st);
+            let job = Job {
+                commands,
+                wait: submission.wait.to_vec(),
+                signal: submission.signal,
+            };
+            lock(&self.queue)
+                .as_ref()
+                .ok_or("submit: the device has no queue thread")?
+                .send(job)
+                .map_err(|_| "submit: the queue thread has stopped".to_string())
+        })
+    }
+
+    fn timeline_create(&self) -> RResult<TimelineId, RBoxError> {
+        guard("timeline_create", || {
+            let mut st = self.state();
+            let id = st.id();
+            st.timelines.insert(id, Timeline::default());
+            Ok::<_, String>(TimelineId(id))
+        })
+    }
+
+    fn timeline_value(&self, timeline: TimelineId) -> RResult<u64, RBoxError> {
+        guard("timeline_value", || {
+            let st = self.state();
+            let t = st.timeline(timeline)?;
+            match &t.failure {
+                Some(f) => Err(f.clone()),
+                None => Ok(t.value),
+            }
+        })
+    }
+
+    fn timeline_signal(&self, point: TimelinePoint) -> RResult<(), RBoxError> {
+        guard("timeline_signal", || {
+            let mut st = self.state();
+            let t = st
+                .timelines
+                .get_mut(&point.timeline.0)
+                .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
+            if let Some(f) = &t.failure {
+                return Err(f.clone());
+            }
+            if point.value <= t.value {
+                return Err(format!(
+                    "timeline_signal: value {} is not above the current {}",
+                    point.value, t.value
+                ));
+            }
+            t.value = point.value;
+            drop(st);
+            self.inner.changed.notify_all();
+            Ok(())
+        })
+    }
+
+    fn timeline_wait(
+        &self,
+        point: TimelinePoint,
+        timeout_ns: u64,
+    ) -> RResult<WaitStatus, RBoxError> {
+        guard("timeline_wait", || {
+            let deadline = Instant::now().checked_add(Duration::from_nanos(timeout_ns));
+            self.inner.wait(point, deadline)
+        })
+    }
+}
