@@ -481,14 +481,16 @@ fn run(
                 internal("frame out of range"),
             ));
         };
-        // A JIT-compiled function runs from the start of its frame and hands over to `exec` at the pc where the
-        // interpreter resumes (a return, or an instruction that traps), with registers and fuel in sync.
+        // A JIT-compiled function runs from the frame's pc and hands over to `exec` at the pc where the
+        // interpreter resumes (a return, a call, an instruction the JIT does not translate, or one that traps),
+        // with registers and fuel in sync; `exec` then stops after that instruction (a call, return or slow
+        // instruction) and the JIT is re-entered at the next pc.
         let (exit, pc, f2) = match jit.and_then(|j| j.get(fr.func)) {
-            Some(f) if fr.pc == 0 => {
-                let (pc0, fuel0) = crate::jit::enter(f, s, r, heap, fuel);
+            Some(f) => {
+                let (pc0, fuel0) = crate::jit::enter(f, s, r, heap, fuel, fr.pc as usize);
                 exec(fc, s, r, heap, pc0, fuel0)
             }
-            _ => exec(fc, s, r, heap, fr.pc as usize, fuel),
+            None => exec(fc, s, r, heap, fr.pc as usize, fuel),
         };
         fuel = f2;
         // Only calls, returns, slow instructions and traps get here.

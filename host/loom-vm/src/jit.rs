@@ -3,24 +3,27 @@
 //!
 //! # What is translated
 //!
-//! A function is *eligible* when every instruction is in the translated set: control flow (`Fuel`, jumps, fused
-//! compare-and-branch, `ForLoop*`, `StepCheck`, `Ret`), scalar moves and constants, integer arithmetic (checked,
-//! wrapping, immediate forms, division), bitwise ops, shifts, compares, `f32`/`f64` add/sub/mul/div, neg/abs/sqrt,
-//! float compares, conversions, reference moves/selects/`null` tests, `buffer.new`, `buffer.len`, and every buffer
-//! load/store form (plain, indexed, record fields). Calls, natives, strings, lists, opaque tuples, slices/copies,
-//! `assert`/`trap` and the rare float ops (`rem`, `min`, `max`, `floor`, `ceil`, `exp`, `log`) make it ineligible:
-//! it stays interpreted. Tier-up happens at load time ([`compile`]): eligible functions that contain a loop (a
-//! backward jump) are compiled (all eligible functions when the test cross-check is on).
+//! Control flow (`Fuel`, jumps, fused compare-and-branch, `ForLoop*`, `StepCheck`, `Ret`), scalar moves and
+//! constants, integer arithmetic (checked, wrapping, immediate forms, division), bitwise ops, shifts, compares,
+//! `f32`/`f64` add/sub/mul/div, neg/abs/sqrt, float compares, conversions, reference moves/selects/`null` tests,
+//! `buffer.new`, `buffer.len`, and every buffer load/store form (plain, indexed, record fields). Every other
+//! instruction (Loom calls, native calls, strings, lists, opaque tuples, slices/copies/fills, `assert`/`trap`, the
+//! rare float ops `rem`/`min`/`max`/`floor`/`ceil`/`exp`/`log`) is an *exit point*: JIT code leaves to the
+//! interpreter there, the interpreter executes that one instruction (for a call: the whole callee, itself JIT-ed
+//! or not) and re-enters the JIT code at the next pc. Tier-up happens at load time ([`compile`]): functions that
+//! contain a loop (a backward jump) and have at most [`MAX_JIT_CODE`] instructions are compiled (every function
+//! up to that size when the test cross-check is on).
 //!
 //! # Exits and traps: the interpreter finishes the job
 //!
-//! JIT code runs from pc 0 of a fresh frame and leaves with a **resume pc**: the interpreter continues at that pc
-//! with the register window and fuel exactly as they would be had it executed everything before that pc itself.
-//! It leaves (a) at `Ret` (the interpreter executes the return) and (b) *before* any instruction that would trap
-//! (out of fuel, overflow, division by zero, out-of-bounds, bad conversion, null, a failed `buffer.new`, a
-//! non-buffer handle): every check is done before the instruction's first side effect, so the interpreter
-//! re-executes that instruction, traps on it, and builds the trap itself (kind, message with offsets and
-//! lengths, pc, loc). Semantics of traps are therefore the interpreter's by construction. Fuel is a counter
+//! JIT code is entered at pc 0 of a fresh frame or at the pc after an exit point (a jump table in the entry block;
+//! any other pc returns at once), and leaves with a **resume pc**: the interpreter continues at that pc with the
+//! register window and fuel exactly as they would be had it executed everything before that pc itself. It leaves
+//! (a) at `Ret` (the interpreter executes the return), (b) at exit points, and (c) *before* any instruction that
+//! would trap (out of fuel, overflow, division by zero, out-of-bounds, bad conversion, null, a failed
+//! `buffer.new`, a non-buffer handle): every check is done before the instruction's first side effect, so the
+//! interpreter re-executes that instruction, traps on it, and builds the trap itself (kind, message with offsets
+//! and lengths, pc, loc). Semantics of traps are therefore the interpreter's by construction. Fuel is a counter
 //! decremented at exactly the instructions and by exactly the amounts the interpreter charges (the jump
 //! instructions' `fuel`/`tfuel`, `Fuel { n }`), so both tiers run out of fuel at the same pc with the same fuel
 //! used.
@@ -38,7 +41,8 @@
 //! - **Buffers**: a buffer's data pointer and length come from the heap through [`loom_vm_jit_buf`] (which goes
 //!   through [`Heap::buf`] / [`Heap::buf_mut`]: a non-buffer handle makes the JIT code exit). Every access of `n`
 //!   bytes at offset `o` is checked `0 <= o` and `o + n <= len` against that length before it happens; buffers
-//!   never change length. A data pointer is cached in a Cranelift variable and reused only while it is
+//!   never change length. A data pointer is cached in a Cranelift variable (reset at every entry, since the
+//!   interpreter may have run anything in between) and reused only while it is
 //!   provably current: it is keyed by the register holding the handle and dropped when that register is written;
 //!   a *read* pointer is dropped for every register when any store fetches a writable pointer (a store may copy a
 //!   shared buffer on write, which moves its data; writable pointers are to owned buffers, whose data never moves
@@ -58,7 +62,8 @@ use crate::interp::WINDOW;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I8, I32, I64};
 use cranelift_codegen::ir::{
-    AbiParam, Block, BlockArg, FuncRef, InstBuilder, MemFlagsData, UserFuncName, Value,
+    AbiParam, Block, BlockArg, FuncRef, InstBuilder, JumpTableData, MemFlagsData, UserFuncName,
+    Value,
 };
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -67,7 +72,7 @@ use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use std::time::{Duration, Instant};
 
 /// The compiled function: `(ctx, scalar window, reference window) -> resume pc`.
-type JitFn = unsafe extern "C" fn(*mut Ctx, *mut u64, *mut u32) -> u32;
+type JitFn = unsafe extern "C" fn(*mut Ctx, *mut u64, *mut u32, u32) -> u32;
 
 /// State shared between JIT code and its helpers (field offsets are used by the generated code).
 #[repr(C)]
@@ -166,14 +171,20 @@ impl JitCode {
 #[derive(Clone, Copy)]
 pub(crate) struct JitFnRef(JitFn);
 
-/// Runs compiled code on a frame from pc 0; returns where the interpreter resumes and the fuel left.
+/// Runs compiled code on a frame from `pc`; returns where the interpreter resumes and the fuel left. JIT code
+/// entered at a pc that is not one of its entry points (pc 0 and the pc after each instruction it leaves to the
+/// interpreter) returns at once with the same pc.
 pub(crate) fn enter(
     f: JitFnRef,
     s: &mut [u64; WINDOW],
     r: &mut [u32; WINDOW],
     heap: &mut Heap,
     fuel: u64,
+    pc: usize,
 ) -> (usize, u64) {
+    let Ok(pc) = u32::try_from(pc) else {
+        return (pc, fuel);
+    };
     let mut ctx = Ctx {
         fuel,
         heap,
@@ -184,7 +195,7 @@ pub(crate) fn enter(
     // alive by the `JitCode` borrowed (through the program) by the caller. It accesses the windows only at
     // `u16` register indices (in bounds of the 65536-slot arrays), buffers only after checking offsets against
     // the current length (module doc), and the heap only through the helpers.
-    let pc = unsafe { (f.0)(&mut ctx, s.as_mut_ptr(), r.as_mut_ptr()) };
+    let pc = unsafe { (f.0)(&mut ctx, s.as_mut_ptr(), r.as_mut_ptr(), pc) };
     (pc as usize, ctx.fuel)
 }
 
@@ -196,7 +207,9 @@ pub(crate) fn default_on() -> bool {
     cfg!(target_pointer_width = "64") && cranelift_native::builder().is_ok()
 }
 
-fn eligible_instr(ins: &Instr) -> bool {
+/// Whether the JIT translates `ins`; JIT code leaves to the interpreter at any other instruction and is
+/// re-entered right after it.
+fn translated(ins: &Instr) -> bool {
     use Instr as I;
     match *ins {
         I::Call { .. }
@@ -236,13 +249,13 @@ fn eligible_instr(ins: &Instr) -> bool {
     }
 }
 
-/// Whether every instruction of `fc` is translated.
+/// Whether `fc` can be compiled (well-formed jump targets; any instruction is allowed).
 pub(crate) fn eligible(fc: &FuncCode) -> bool {
     let n = fc.code.len();
     n > 0
         && fc.code.iter().all(|i| {
             let mut c = *i;
-            eligible_instr(i) && c.target_mut().is_none_or(|t| (*t as usize) < n)
+            c.target_mut().is_none_or(|t| (*t as usize) < n)
         })
 }
 
@@ -330,6 +343,7 @@ pub(crate) fn compile(funcs: &[FuncCode], all: bool) -> Option<JitCode> {
         .ok()?;
     let mut sig = module.make_signature();
     sig.params.extend([AbiParam::new(I64); 3]);
+    sig.params.push(AbiParam::new(I32));
     sig.returns.push(AbiParam::new(I32));
 
     let tcfg = module.target_config();
@@ -361,7 +375,7 @@ pub(crate) fn compile(funcs: &[FuncCode], all: bool) -> Option<JitCode> {
     let mut fns = vec![None; funcs.len()];
     for &(fi, id) in &ids {
         let p = module.get_finalized_function(id);
-        // SAFETY: `id` was defined with the signature (i64, i64, i64) -> i32 in the platform's C ABI, which is
+        // SAFETY: `id` was defined with the signature (i64, i64, i64, i32) -> i32 in the platform's C ABI, which is
         // what `JitFn` describes (pointers are 64-bit, checked above).
         fns[fi] = Some(unsafe { std::mem::transmute::<*const u8, JitFn>(p) });
     }
@@ -419,7 +433,7 @@ fn translate(b: &mut FunctionBuilder<'_>, fc: &FuncCode, h_buf: FuncRef, h_new: 
             }
             leader[pc + 1] = true;
         }
-        if matches!(ins, Instr::Ret { .. }) {
+        if matches!(ins, Instr::Ret { .. }) || !translated(ins) {
             leader[pc + 1] = true;
         }
     }
@@ -508,8 +522,37 @@ fn translate(b: &mut FunctionBuilder<'_>, fc: &FuncCode, h_buf: FuncRef, h_new: 
         t.b.def_var(c.wptr, zero);
         t.b.def_var(c.len, zero);
     }
-    let b0 = t.blocks[0].expect("pc 0 is a leader");
-    t.b.ins().jump(b0, &[]);
+    // Dispatch on the entry pc: 0, or the pc after an instruction left to the interpreter.
+    let mut entries = vec![0usize];
+    entries.extend(
+        fc.code
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| !translated(i))
+            .map(|(pc, _)| pc + 1),
+    );
+    let start = p[3];
+    if entries.len() == 1 {
+        let b0 = t.blocks[0].expect("pc 0 is a leader");
+        let other = t.b.create_block();
+        t.b.ins().brif(start, other, &[], b0, &[]);
+        t.b.switch_to_block(other);
+        t.b.ins().jump(exit, &[BlockArg::Value(start)]);
+    } else {
+        let other = t.b.create_block();
+        let top = entries.iter().copied().max().unwrap_or(0);
+        let def = t.b.func.dfg.block_call(other, &[]);
+        let mut table = vec![def; top + 1];
+        for &e in &entries {
+            if let Some(blk) = t.blocks[e] {
+                table[e] = t.b.func.dfg.block_call(blk, &[]);
+            }
+        }
+        let jt = t.b.create_jump_table(JumpTableData::new(def, &table));
+        t.b.ins().br_table(start, jt);
+        t.b.switch_to_block(other);
+        t.b.ins().jump(exit, &[BlockArg::Value(start)]);
+    }
     // The exit block: fuel back to memory (register writes are already stored).
     t.b.switch_to_block(exit);
     let pc = t.b.block_params(exit)[0];
@@ -979,6 +1022,11 @@ impl Tr<'_, '_> {
     fn instr(&mut self, pc: usize) -> bool {
         use Instr as I;
         let ins = self.fc.code[pc];
+        if !translated(&ins) {
+            // The interpreter executes it (a call, a native, a string or list op, ...) and re-enters at pc + 1.
+            self.exit_at(pc);
+            return false;
+        }
         macro_rules! ii {
             ($op:ident, $d:expr, $a:expr, $b:expr) => {{
                 let (x, y) = (self.g($a), self.g($b));
@@ -1728,7 +1776,7 @@ impl Tr<'_, '_> {
                 self.store(b, o, v, n, pc)
             }
             _ => {
-                // Not translated (the function would not have been picked): leave for the interpreter.
+                // Not translated (filtered above).
                 self.exit_at(pc);
                 return false;
             }

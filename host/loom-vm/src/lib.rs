@@ -48,12 +48,12 @@
 //! [`InvokeLimits::retained_bytes`] makes the VM enforce that cap on the returned values.
 //!
 //! **Tiers.** With [`LoadLimits::jit`] (default on when Cranelift supports the host CPU, off under
-//! `LOOM_VM_JIT=0`), loading also compiles functions that contain a loop and use only the instructions the baseline
-//! JIT translates (no calls, natives, strings, lists or opaque tuples; see `src/jit.rs`) to machine code with
-//! Cranelift, translating the register bytecode instruction by instruction. JIT code charges fuel at the same
-//! instructions and amounts, and hands over to the interpreter *before* any instruction that would trap, which
-//! then traps exactly as it always does: results, traps (kind, message, pc, loc), fuel used and memory used are
-//! identical in both tiers. [`Loaded::jit_stats`] reports what was compiled and how long it took.
+//! `LOOM_VM_JIT=0`), loading also compiles functions that contain a loop to machine code with Cranelift,
+//! translating the register bytecode instruction by instruction (see `src/jit.rs`). Instructions the JIT does not
+//! translate (calls, natives, strings, lists, opaque tuples, rare float ops) are executed by the interpreter, which
+//! then re-enters the JIT code at the next pc. JIT code charges fuel at the same instructions and amounts, and
+//! hands over to the interpreter *before* any instruction that would trap, which then traps exactly as it always
+//! does: results, traps (kind, message, pc, loc), fuel used and memory used are identical in both tiers. [`Loaded::jit_stats`] reports what was compiled and how long it took.
 //!
 //! **Traps.** Every failure is a [`Trap`] with kind, function, bytecode pc and source location; nothing in the VM
 //! panics the process (integer arithmetic is checked per the opcode semantics, every buffer/list access is

@@ -239,7 +239,8 @@ fn arithmetic_traps_agree() {
 }
 
 #[test]
-fn ineligible_functions_stay_interpreted() {
+fn untranslated_instructions_leave_and_reenter() {
+    // Strings inside the loop: the JIT code leaves to the interpreter at each string op and is re-entered after it.
     let pb = prog(&[T::I64], &[T::I64], |b, p| {
         let r = b.for_(
             i64_(0),
@@ -249,20 +250,119 @@ fn ineligible_functions_stay_interpreted() {
             |b, i, it| {
                 let s = b.op(O::StrFromI64, vec![v(i)], T::Str);
                 let l = b.op(O::StrLen, vec![v(s)], T::I64);
-                vec![v(b.op(O::Add, vec![v(it[0]), v(l)], T::I64))]
+                let m = b.op(O::Mul, vec![v(l), v(i)], T::I64);
+                vec![v(b.op(O::Add, vec![v(it[0]), v(m)], T::I64))]
             },
         );
         b.ret(vec![v(r[0])]);
     });
     let (i, j) = tiers(&pb);
+    assert!(j.is_jitted("t.main") || !LoadLimits::default().jit);
+    let want: i64 = (0..12).map(|x: i64| x.to_string().len() as i64 * x).sum();
+    let lim = InvokeLimits::default();
+    let total = same(&i, &j, &[V::I64(12)], &lim);
+    assert_eq!(total.result.unwrap(), vec![V::I64(want)]);
+    for fuel in 0..=total.fuel_used {
+        let lim = InvokeLimits {
+            fuel,
+            ..Default::default()
+        };
+        same(&i, &j, &[V::I64(12)], &lim);
+    }
+    for mem in [0, 40, 100, 200] {
+        let lim = InvokeLimits {
+            memory_bytes: mem,
+            ..Default::default()
+        };
+        same(&i, &j, &[V::I64(12)], &lim);
+    }
+}
+
+#[test]
+fn calls_between_jitted_functions() {
+    // main: for i in 0..n: acc += sum_to(i) (a callee with its own loop); the call depth limit traps alike.
+    let mut pb = PB::new();
+    let (mut cb, cp) = FB::new("t.sum_to", &[T::I64], &[T::I64]);
+    let r = cb.for_(
+        i64_(0),
+        v(cp[0]),
+        i64_(1),
+        vec![(i64_(0), T::I64)],
+        |b, k, it| vec![v(b.op(O::Add, vec![v(it[0]), v(k)], T::I64))],
+    );
+    cb.ret(vec![v(r[0])]);
+    let callee = pb.add(cb.finish(), None);
+    let (mut b, ps) = FB::new("t.main", &[T::I64], &[T::I64]);
+    let r = b.for_(
+        i64_(0),
+        v(ps[0]),
+        i64_(1),
+        vec![(i64_(0), T::I64)],
+        |b, i, it| {
+            let x = b.call(loom_ir::Callee::Func(callee), vec![v(i)], &[T::I64]);
+            vec![v(b.op(O::Add, vec![v(it[0]), v(x[0])], T::I64))]
+        },
+    );
+    b.ret(vec![v(r[0])]);
+    pb.add(b.finish(), Some("main"));
+    let (i, j) = tiers(&pb);
+    if LoadLimits::default().jit {
+        assert!(j.is_jitted("t.main") && j.is_jitted("t.sum_to"));
+    }
+    let want: i64 = (0..30i64).map(|x| x * (x - 1) / 2).sum();
+    let r = same(&i, &j, &[V::I64(30)], &InvokeLimits::default());
+    assert_eq!(r.result.unwrap(), vec![V::I64(want)]);
+    for fuel in 0..=r.fuel_used {
+        let lim = InvokeLimits {
+            fuel,
+            ..Default::default()
+        };
+        same(&i, &j, &[V::I64(30)], &lim);
+    }
+    let lim = InvokeLimits {
+        call_depth: 1,
+        ..Default::default()
+    };
+    let t = same(&i, &j, &[V::I64(3)], &lim).result.unwrap_err();
+    assert_eq!(t.kind, TrapKind::CallDepth, "{t}");
+}
+
+#[test]
+fn oversized_functions_stay_interpreted() {
+    let pb = prog(&[T::I64], &[T::I64], |b, p| {
+        let r = b.for_(
+            i64_(0),
+            v(p[0]),
+            i64_(1),
+            vec![(i64_(0), T::I64)],
+            |b, i, it| {
+                let mut x = b.op(O::AddWrap, vec![v(it[0]), v(i)], T::I64);
+                for k in 0..21_000 {
+                    x = b.op(O::AddWrap, vec![v(x), v(i)], T::I64);
+                    if k % 1000 == 0 {
+                        x = b.op(O::Xor, vec![v(x), i64_(k)], T::I64);
+                    }
+                }
+                vec![v(x)]
+            },
+        );
+        b.ret(vec![v(r[0])]);
+    });
+    let load = |jit| {
+        let lim = LoadLimits {
+            jit,
+            max_registers: 65_535,
+            ..Default::default()
+        };
+        Vm::load(&pb.prog, &[], &[], &lim).expect("load")
+    };
+    let (i, j) = (load(false), load(true));
+    assert!(j.code_size() > 20_000);
     assert!(!j.is_jitted("t.main"));
     assert_eq!(j.jit_stats().0, 0);
-    assert_eq!(
-        same(&i, &j, &[V::I64(12)], &InvokeLimits::default())
-            .result
-            .unwrap(),
-        vec![V::I64(10 + 2 * 2)]
-    );
+    same(&i, &j, &[V::I64(3)], &InvokeLimits::default())
+        .result
+        .unwrap();
 }
 
 #[test]
