@@ -111,8 +111,12 @@ fn jit_default() -> bool {
 /// Test switch (see [`testing::set_jit_cross_check`]).
 static JIT_CROSS_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The cross-check is on when a test turned it on, or for the whole process under `LOOM_VM_JIT_CROSS_CHECK=1`
+/// (e.g. to run another crate's test suite in both tiers).
 pub(crate) fn jit_cross_check() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     JIT_CROSS_CHECK.load(std::sync::atomic::Ordering::Relaxed)
+        || *ENV.get_or_init(|| std::env::var("LOOM_VM_JIT_CROSS_CHECK").as_deref() == Ok("1"))
 }
 
 /// Limits of one invocation.

@@ -72,6 +72,7 @@ pub fn test_module_with_sink() -> (Arc<NativeModule>, Sink) {
 /// Test mode: when on, programs loaded afterwards JIT every eligible function (not only those with loops), and
 /// every invocation of a program with JIT code and no native imports runs twice, interpreted and JIT-ed, and
 /// panics unless results, traps (kind, message, function, pc, loc), fuel used and memory used are identical.
+/// `LOOM_VM_JIT_CROSS_CHECK=1` in the environment turns it on for the whole process.
 #[doc(hidden)]
 pub fn set_jit_cross_check(on: bool) {
     crate::JIT_CROSS_CHECK.store(on, std::sync::atomic::Ordering::Relaxed);
