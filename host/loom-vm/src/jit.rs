@@ -685,7 +685,8 @@ impl Tr<'_, '_> {
         let (c1, fall) = (self.b.create_block(), self.b.create_block());
         self.b.ins().brif(of, fall, &[], c1, &[]);
         self.b.switch_to_block(c1);
-        let h = self.g(hi);
+        // The interpreter writes `iv` before reading `hi`: the same register reads the new value.
+        let h = if hi == iv { nv } else { self.g(hi) };
         let lt = self.b.ins().icmp(IntCC::SignedLessThan, nv, h);
         let (take, stay) = (self.b.create_block(), self.b.create_block());
         self.b.ins().brif(lt, take, &[], stay, &[]);
