@@ -823,6 +823,7 @@ impl Tr<'_, '_> {
         let var = if write { c.wptr } else { c.rptr };
         let cur = self.b.use_var(var);
         let (slow, join) = (self.b.create_block(), self.b.create_block());
+        self.b.set_cold_block(slow);
         let z = self.b.ins().icmp_imm_s(IntCC::Equal, cur, 0);
         self.b.ins().brif(z, slow, &[], join, &[]);
         self.b.switch_to_block(slow);
