@@ -309,8 +309,12 @@ impl Vm {
                 });
             }
         }
+        // A Cranelift failure (even a panic) only means no JIT code: the interpreter runs everything.
         let jit = if limits.jit {
-            jit::compile(&funcs, jit_cross_check())
+            let all = jit_cross_check();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| jit::compile(&funcs, all)))
+                .ok()
+                .flatten()
         } else {
             None
         };
