@@ -446,3 +446,180 @@ fn jit_can_be_turned_off() {
     let (i, _) = tiers(&bytes_loop());
     assert_eq!(i.jit_stats().0, 0);
 }
+
+/// Random loop bodies over i32/i64 arithmetic, bitwise ops, shifts, compares and selects, at edge-case inputs:
+/// both tiers must agree on every result, trap, fuel and memory figure.
+#[test]
+fn random_integer_loops_agree() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n
+    };
+    let edge = [
+        0i64,
+        1,
+        -1,
+        2,
+        7,
+        31,
+        32,
+        63,
+        64,
+        i32::MIN as i64,
+        i32::MAX as i64,
+        i64::MIN,
+        i64::MAX,
+    ];
+    let bin = [
+        O::Add,
+        O::Sub,
+        O::Mul,
+        O::Div,
+        O::Rem,
+        O::Min,
+        O::Max,
+        O::AddWrap,
+        O::SubWrap,
+        O::MulWrap,
+        O::DivU,
+        O::RemU,
+        O::And,
+        O::Or,
+        O::Xor,
+        O::Shl,
+        O::Shr,
+        O::ShrU,
+    ];
+    let cmps = [
+        O::CmpEq,
+        O::CmpNe,
+        O::CmpLt,
+        O::CmpLe,
+        O::CmpGt,
+        O::CmpGe,
+        O::CmpUlt,
+        O::CmpUge,
+    ];
+    let un = [O::Neg, O::Abs, O::Not];
+    for case in 0..120 {
+        let t = if case % 2 == 0 { T::I64 } else { T::I32 };
+        let imm = |k: i64| {
+            if t == T::I64 { i64_(k) } else { i32_(k as i32) }
+        };
+        let nops = 2 + rnd(6);
+        let choices: Vec<(usize, usize, usize, usize, usize)> = (0..nops)
+            .map(|_| (rnd(4), rnd(bin.len()), rnd(64), rnd(64), rnd(edge.len())))
+            .collect();
+        let (r0, r1) = (rnd(64), rnd(64));
+        let pb = prog(
+            &[T::I64, t.clone(), t.clone()],
+            &[t.clone(), t.clone()],
+            |b, p| {
+                let r = b.for_(
+                    i64_(0),
+                    v(p[0]),
+                    i64_(1),
+                    vec![(v(p[1]), t.clone()), (v(p[2]), t.clone())],
+                    |b, i, it| {
+                        let it_t = if t == T::I64 {
+                            i
+                        } else {
+                            b.op(O::ConvI32, vec![v(i)], T::I32)
+                        };
+                        let mut pool = vec![it[0], it[1], it_t];
+                        for &(kind, op, x, y, k) in &choices {
+                            let a = v(pool[x % pool.len()]);
+                            let c = if y % 3 == 0 {
+                                imm(edge[k])
+                            } else {
+                                v(pool[y % pool.len()])
+                            };
+                            let res = match kind {
+                                0 | 1 => b.op(bin[op], vec![a, c], t.clone()),
+                                2 => {
+                                    let cc = b.op(
+                                        cmps[op % cmps.len()],
+                                        vec![a.clone(), c.clone()],
+                                        T::I1,
+                                    );
+                                    b.op(O::Select, vec![v(cc), a, c], t.clone())
+                                }
+                                _ => b.op(un[op % un.len()], vec![a], t.clone()),
+                            };
+                            pool.push(res);
+                        }
+                        vec![v(pool[r0 % pool.len()]), v(pool[r1 % pool.len()])]
+                    },
+                );
+                b.ret(vec![v(r[0]), v(r[1])]);
+            },
+        );
+        let (i, j) = tiers(&pb);
+        for _ in 0..6 {
+            let (a, bb) = (edge[rnd(edge.len())], edge[rnd(edge.len())]);
+            let val = |x: i64| {
+                if t == T::I64 {
+                    V::I64(x)
+                } else {
+                    V::I32(x as i32)
+                }
+            };
+            let n = rnd(4) as i64;
+            let args = [V::I64(n), val(a), val(bb)];
+            let full = same(&i, &j, &args, &InvokeLimits::default());
+            let fuel = rnd(full.fuel_used as usize + 1) as u64;
+            same(
+                &i,
+                &j,
+                &args,
+                &InvokeLimits {
+                    fuel,
+                    ..Default::default()
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn division_edge_cases_agree() {
+    // MIN / -1 and MIN % -1 (overflow traps), x / 0 (division by zero), unsigned forms, both widths.
+    for t in [T::I64, T::I32] {
+        for op in [O::Div, O::Rem, O::DivU, O::RemU] {
+            let pb = prog(&[T::I64, t.clone(), t.clone()], &[t.clone()], |b, p| {
+                let r = b.for_(
+                    i64_(0),
+                    v(p[0]),
+                    i64_(1),
+                    vec![(v(p[1]), t.clone())],
+                    |b, _, it| vec![v(b.op(op, vec![v(it[0]), v(p[2])], t.clone()))],
+                );
+                b.ret(vec![v(r[0])]);
+            });
+            let (i, j) = tiers(&pb);
+            let val = |x: i64| {
+                if t == T::I64 {
+                    V::I64(x)
+                } else {
+                    V::I32(x as i32)
+                }
+            };
+            let min = if t == T::I64 {
+                i64::MIN
+            } else {
+                i32::MIN as i64
+            };
+            for (a, d) in [(min, -1), (min, 0), (7, 0), (-7, 2), (min, 1), (-1, -1)] {
+                same(
+                    &i,
+                    &j,
+                    &[V::I64(2), val(a), val(d)],
+                    &InvokeLimits::default(),
+                );
+            }
+        }
+    }
+}
