@@ -589,16 +589,20 @@ fn division_edge_cases_agree() {
     // MIN / -1 and MIN % -1 (overflow traps), x / 0 (division by zero), unsigned forms, both widths.
     for t in [T::I64, T::I32] {
         for op in [O::Div, O::Rem, O::DivU, O::RemU] {
-            let pb = prog(&[T::I64, t.clone(), t.clone()], &[t.clone()], |b, p| {
-                let r = b.for_(
-                    i64_(0),
-                    v(p[0]),
-                    i64_(1),
-                    vec![(v(p[1]), t.clone())],
-                    |b, _, it| vec![v(b.op(op, vec![v(it[0]), v(p[2])], t.clone()))],
-                );
-                b.ret(vec![v(r[0])]);
-            });
+            let pb = prog(
+                &[T::I64, t.clone(), t.clone()],
+                std::slice::from_ref(&t),
+                |b, p| {
+                    let r = b.for_(
+                        i64_(0),
+                        v(p[0]),
+                        i64_(1),
+                        vec![(v(p[1]), t.clone())],
+                        |b, _, it| vec![v(b.op(op, vec![v(it[0]), v(p[2])], t.clone()))],
+                    );
+                    b.ret(vec![v(r[0])]);
+                },
+            );
             let (i, j) = tiers(&pb);
             let val = |x: i64| {
                 if t == T::I64 {
