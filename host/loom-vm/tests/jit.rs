@@ -627,3 +627,115 @@ fn division_edge_cases_agree() {
         }
     }
 }
+
+/// Random float loop bodies (add/sub/mul/div, neg/abs/sqrt, compares and selects, conversions between f32, f64,
+/// i32 and i64) at NaN, infinities, signed zeros, subnormals and out-of-range values: bit-identical in both tiers.
+#[test]
+fn random_float_loops_agree() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n
+    };
+    let edge = [
+        0.0f64,
+        -0.0,
+        1.0,
+        -1.5,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e300,
+        3e9,
+        2147483648.0,
+        -2147483649.0,
+        1e-310,
+        f32::MAX as f64 * 2.0,
+        9.3e18,
+    ];
+    let bin = [O::Add, O::Sub, O::Mul, O::Div];
+    let cmps = [O::CmpEq, O::CmpNe, O::CmpLt, O::CmpLe, O::CmpGt, O::CmpGe];
+    let un = [O::Neg, O::Abs, O::Sqrt];
+    for _case in 0..80 {
+        let nops = 2 + rnd(7);
+        let choices: Vec<[usize; 5]> = (0..nops)
+            .map(|_| [rnd(5), rnd(12), rnd(64), rnd(64), rnd(edge.len())])
+            .collect();
+        let pb = prog(&[T::I64, T::F64, T::F32], &[T::F64, T::F32], |b, p| {
+            let r = b.for_(
+                i64_(0),
+                v(p[0]),
+                i64_(1),
+                vec![(v(p[1]), T::F64), (v(p[2]), T::F32)],
+                |b, _, it| {
+                    let (mut p64, mut p32) = (vec![it[0]], vec![it[1]]);
+                    for &[kind, op, x, y, k] in &choices {
+                        let wide = y % 2 == 0;
+                        let (t, pool) = if wide { (T::F64, &p64) } else { (T::F32, &p32) };
+                        let a = v(pool[x % pool.len()]);
+                        let c = if y % 3 == 0 {
+                            if wide {
+                                f64_(edge[k])
+                            } else {
+                                f32_(edge[k] as f32)
+                            }
+                        } else {
+                            v(pool[y % pool.len()])
+                        };
+                        let res = match kind {
+                            0 | 1 => b.op(bin[op % bin.len()], vec![a, c], t.clone()),
+                            2 => {
+                                let cc =
+                                    b.op(cmps[op % cmps.len()], vec![a.clone(), c.clone()], T::I1);
+                                b.op(O::Select, vec![v(cc), a, c], t.clone())
+                            }
+                            3 => b.op(un[op % un.len()], vec![a], t.clone()),
+                            _ => {
+                                // through an integer (may trap) or the other float width
+                                let (ct, back) = match op % 3 {
+                                    0 => (T::I32, true),
+                                    1 => (T::I64, true),
+                                    _ => (if wide { T::F32 } else { T::F64 }, false),
+                                };
+                                let cop = match ct {
+                                    T::I32 => O::ConvI32,
+                                    T::I64 => O::ConvI64,
+                                    T::F32 => O::ConvF32,
+                                    _ => O::ConvF64,
+                                };
+                                let m = b.op(cop, vec![a], ct.clone());
+                                if back {
+                                    let bop = if wide { O::ConvF64 } else { O::ConvF32 };
+                                    b.op(bop, vec![v(m)], t.clone())
+                                } else {
+                                    // now in the other width: put it in that pool
+                                    if wide {
+                                        p32.push(m);
+                                    } else {
+                                        p64.push(m);
+                                    }
+                                    continue;
+                                }
+                            }
+                        };
+                        if wide {
+                            p64.push(res);
+                        } else {
+                            p32.push(res);
+                        }
+                    }
+                    vec![v(*p64.last().unwrap()), v(*p32.last().unwrap())]
+                },
+            );
+            b.ret(vec![v(r[0]), v(r[1])]);
+        });
+        let (i, j) = tiers(&pb);
+        for _ in 0..6 {
+            let (a, bb) = (edge[rnd(edge.len())], edge[rnd(edge.len())]);
+            let args = [V::I64(rnd(4) as i64), V::F64(a), V::F32(bb as f32)];
+            same(&i, &j, &args, &InvokeLimits::default());
+        }
+    }
+}
