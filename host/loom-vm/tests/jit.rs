@@ -739,3 +739,104 @@ fn random_float_loops_agree() {
         }
     }
 }
+
+/// Random loads and stores of every width on an input (shared, copy-on-write) buffer and a fresh one, at offsets
+/// that may be negative or past the end, under small memory caps: identical in both tiers.
+#[test]
+fn random_buffer_loops_agree() {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut rnd = move |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n
+    };
+    let loads = [
+        (O::LoadI8, T::I32),
+        (O::LoadU8, T::I32),
+        (O::LoadI16, T::I32),
+        (O::LoadU16, T::I32),
+        (O::LoadI32, T::I32),
+        (O::LoadU32, T::I64),
+        (O::LoadI64, T::I64),
+        (O::LoadF32, T::F32),
+        (O::LoadF64, T::F64),
+    ];
+    let stores = [
+        (O::StoreI8, T::I32),
+        (O::StoreI16, T::I32),
+        (O::StoreI32, T::I32),
+        (O::StoreI64, T::I64),
+        (O::StoreF32, T::F32),
+        (O::StoreF64, T::F64),
+    ];
+    for _case in 0..60 {
+        let nops = 1 + rnd(6);
+        let choices: Vec<[usize; 4]> = (0..nops)
+            .map(|_| [rnd(2), rnd(9), rnd(4), rnd(40)])
+            .collect();
+        let pb = prog(
+            &[T::Buffer, T::I64],
+            &[T::Buffer, T::Buffer, T::I64],
+            |b, p| {
+                let fresh = b.op(O::BufferNew, vec![i64_(24)], T::Buffer);
+                let r = b.for_(
+                    i64_(0),
+                    v(p[1]),
+                    i64_(1),
+                    vec![(i64_(0), T::I64)],
+                    |b, i, it| {
+                        let mut acc = it[0];
+                        let mut last: std::collections::HashMap<String, loom_ir::ValueId> =
+                            Default::default();
+                        for &[which, op, scale, k] in &choices {
+                            let buf = if which == 0 { p[0] } else { fresh };
+                            let o1 = b.op(O::Mul, vec![v(i), i64_(scale as i64)], T::I64);
+                            let off = b.op(O::Add, vec![v(o1), i64_(k as i64 - 8)], T::I64);
+                            if op % 2 == 0 {
+                                let (lop, lt) = &loads[op % loads.len()];
+                                let x = b.op(*lop, vec![v(buf), v(off)], lt.clone());
+                                last.insert(format!("{lt:?}"), x);
+                                let x64 = match lt {
+                                    T::I32 => b.op(O::ConvI64, vec![v(x)], T::I64),
+                                    T::I64 => x,
+                                    T::F32 => {
+                                        let y = b.op(O::BitcastI32, vec![v(x)], T::I32);
+                                        b.op(O::ConvI64, vec![v(y)], T::I64)
+                                    }
+                                    _ => b.op(O::BitcastI64, vec![v(x)], T::I64),
+                                };
+                                acc = b.op(O::AddWrap, vec![v(acc), v(x64)], T::I64);
+                            } else {
+                                let (sop, st) = &stores[op % stores.len()];
+                                let val = match last.get(&format!("{st:?}")) {
+                                    Some(&x) => v(x),
+                                    None => match st {
+                                        T::I32 => i32_(-0x1234_5678),
+                                        T::I64 => v(i),
+                                        T::F32 => f32_(-1.25),
+                                        _ => f64_(3.5e-300),
+                                    },
+                                };
+                                b.op0(*sop, vec![v(buf), v(off), val]);
+                            }
+                        }
+                        vec![v(acc)]
+                    },
+                );
+                b.ret(vec![v(p[0]), v(fresh), v(r[0])]);
+            },
+        );
+        let (i, j) = tiers(&pb);
+        for _ in 0..4 {
+            let input: Vec<u8> = (0..(8 + rnd(24))).map(|_| rnd(256) as u8).collect();
+            let n = rnd(6) as i64;
+            let mem = [1 << 20, 80, 100, 40][rnd(4)];
+            let lim = InvokeLimits {
+                memory_bytes: mem,
+                ..Default::default()
+            };
+            same(&i, &j, &[V::buffer(input), V::I64(n)], &lim);
+        }
+    }
+}
