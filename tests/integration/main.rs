@@ -2,5 +2,6 @@
 
 mod golden_compile;
 mod golden_link;
+mod hal_conformance;
 mod pipeline_props;
 mod vm_sandbox;

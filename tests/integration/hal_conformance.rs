@@ -1,0 +1,579 @@
+//! HAL conformance: every HAL plugin found in this build's target directory (`target/<profile>/deps/` or
+//! `target/<profile>/`, `libhal_*.so`; `hal-cpu` is built because it is a dev-dependency) is loaded through `loom-plugins` and checked against the HAL
+//! contract of `loom-plugin-api`: allocation, write/read, copy and fill, a compiled motif stage against
+//! `loom-reference`, fence ordering and joins, failure propagation with the kernel contract's error text, and
+//! buffers kept alive after `free` until the submission using them retires. The loader's rejection lines (a
+//! junk `.so`, a non-loom `.so`) are checked next to a real plugin.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use loom_compiler::Catalog;
+use loom_ir::TValue;
+use loom_ir::kernel::Stage;
+use loom_ir::kernel_codec::encode_stage;
+use loom_plugin_api::abi_stable::std_types::{RBoxError, RResult, RSlice, RVec};
+use loom_plugin_api::{
+    BufferId, Command, HalDeviceBox, PluginKind, Submission, TimelineId, TimelinePoint, WaitStatus,
+};
+use loom_plugins::{LoadedPlugin, Rejection};
+
+const WAIT_NS: u64 = 30_000_000_000;
+
+// ---- plugins ----------------------------------------------------------------------------------------------
+
+/// `target/<profile>`: the test binary is `target/<profile>/deps/integration-<hash>`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+fn lib_name(stem: &str) -> String {
+    format!(
+        "{}{stem}.{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_EXTENSION
+    )
+}
+
+/// Every `libhal_*` library of this build. A dev-dependency's cdylib is built into `target/<profile>/deps/`
+/// (only `cargo build -p` uplifts it to `target/<profile>/`, where it may be stale), so `deps/` comes first; the
+/// first found per name wins.
+fn hal_libraries() -> Vec<PathBuf> {
+    let prefix = format!("{}hal_", std::env::consts::DLL_PREFIX);
+    let suffix = format!(".{}", std::env::consts::DLL_EXTENSION);
+    let mut found: Vec<PathBuf> = Vec::new();
+    for dir in [profile_dir().join("deps"), profile_dir()] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(&suffix))
+            })
+            .collect();
+        names.sort();
+        for p in names {
+            if !found.iter().any(|q| q.file_name() == p.file_name()) {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// Every HAL plugin of this build, loaded once.
+fn plugins() -> &'static [LoadedPlugin] {
+    static PLUGINS: OnceLock<Vec<LoadedPlugin>> = OnceLock::new();
+    PLUGINS.get_or_init(|| {
+        let libs = hal_libraries();
+        assert!(
+            libs.iter()
+                .any(|p| p.file_name().is_some_and(|n| *n == *lib_name("hal_cpu"))),
+            "libhal_cpu is not in {} (is hal-cpu a dev-dependency?): {libs:?}",
+            profile_dir().display()
+        );
+        libs.iter()
+            .map(|p| loom_plugins::load_file(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+            .filter(|p| p.kind == PluginKind::HAL)
+            .collect()
+    })
+}
+
+/// Runs `check` on device 0 of every HAL plugin.
+fn each_device(check: impl Fn(&str, &HalDeviceBox)) {
+    for p in plugins() {
+        let driver = p.hal().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!driver.devices().is_empty(), "{}: no devices", p.id);
+        let dev = ok(&p.id, driver.open(0));
+        check(&p.id, &dev);
+    }
+}
+
+fn ok<T>(what: &str, r: RResult<T, RBoxError>) -> T {
+    r.into_result().unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+fn err<T: std::fmt::Debug>(r: RResult<T, RBoxError>) -> String {
+    r.into_result().expect_err("an error").to_string()
+}
+
+fn point(timeline: TimelineId, value: u64) -> TimelinePoint {
+    TimelinePoint { timeline, value }
+}
+
+fn submit(
+    dev: &HalDeviceBox,
+    commands: Vec<Command>,
+    wait: &[TimelinePoint],
+    signal: TimelinePoint,
+) {
+    ok(
+        "submit",
+        dev.submit(Submission {
+            commands: RVec::from(commands),
+            wait: RVec::from(wait.to_vec()),
+            signal,
+        }),
+    );
+}
+
+fn reached(dev: &HalDeviceBox, p: TimelinePoint) {
+    assert_eq!(
+        ok("wait", dev.timeline_wait(p, WAIT_NS)),
+        WaitStatus::Reached
+    );
+}
+
+fn upload(dev: &HalDeviceBox, data: &[u8]) -> BufferId {
+    let b = ok("alloc", dev.alloc(data.len() as u64));
+    ok("write", dev.write(b, 0, RSlice::from_slice(data)));
+    b
+}
+
+fn read_all(dev: &HalDeviceBox, b: BufferId, len: usize) -> Vec<u8> {
+    ok("read", dev.read(b, 0, len as u64)).into_vec()
+}
+
+// ---- motifs -----------------------------------------------------------------------------------------------
+
+fn catalog() -> &'static Catalog {
+    static CAT: OnceLock<Catalog> = OnceLock::new();
+    CAT.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packages/motifs");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("packages/motifs")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "loom"))
+            .collect();
+        files.sort();
+        let mut cat = Catalog::new();
+        for p in files {
+            let text = std::fs::read_to_string(&p).expect("motif");
+            let name = format!(
+                "motifs/{}",
+                p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
+            );
+            if let Err(e) = cat.add_source(&name, &text) {
+                panic!("{name}:\n{e}");
+            }
+        }
+        cat
+    })
+}
+
+fn specialize(stage: &str, cfg: &[(&str, i64)]) -> Stage {
+    let (module, name) = stage.rsplit_once('.').expect("MODULE.STAGE");
+    let cat = catalog();
+    let cfg: Vec<(String, TValue)> = cfg
+        .iter()
+        .map(|(k, v)| (k.to_string(), TValue::I64(*v)))
+        .collect();
+    loom_kernel::specialize_stage(cat, cat.find(module).expect("module"), name, &cfg)
+        .unwrap_or_else(|e| panic!("{stage}: {}", e.join("")))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+// ---- conformance ------------------------------------------------------------------------------------------
+
+#[test]
+fn hal_alloc_write_read_copy_fill() {
+    each_device(|id, dev| {
+        let limits = dev.limits();
+        assert!(limits.max_buffer_bytes >= 1 << 20, "{id}: {limits:?}");
+        let a = ok(id, dev.alloc(64));
+        assert_eq!(
+            read_all(dev, a, 64),
+            vec![0u8; 64],
+            "{id}: alloc is zero-filled"
+        );
+        let data: Vec<u8> = (0..40u8).collect();
+        ok(id, dev.write(a, 8, RSlice::from_slice(&data)));
+        assert_eq!(
+            ok(id, dev.read(a, 8, 40)).into_vec(),
+            data,
+            "{id}: round trip"
+        );
+        assert!(
+            err(dev.write(a, 60, RSlice::from_slice(&data))).contains("outside"),
+            "{id}"
+        );
+        assert!(
+            dev.read(a, 0, 65).into_result().is_err(),
+            "{id}: read past the end"
+        );
+        assert!(
+            dev.read(BufferId(u64::MAX), 0, 1).into_result().is_err(),
+            "{id}: unknown buffer"
+        );
+
+        let b = ok(id, dev.alloc(64));
+        let t = ok(id, dev.timeline_create());
+        assert_eq!(ok(id, dev.timeline_value(t)), 0);
+        submit(
+            dev,
+            vec![
+                Command::Fill {
+                    dst: b,
+                    offset: 0,
+                    len: 64,
+                    byte: 0xab,
+                },
+                Command::Copy {
+                    src: a,
+                    src_offset: 8,
+                    dst: b,
+                    dst_offset: 16,
+                    len: 40,
+                },
+                Command::Copy {
+                    src: b,
+                    src_offset: 16,
+                    dst: b,
+                    dst_offset: 0,
+                    len: 8,
+                },
+            ],
+            &[],
+            point(t, 1),
+        );
+        reached(dev, point(t, 1));
+        assert_eq!(ok(id, dev.timeline_value(t)), 1);
+        let mut want = vec![0xabu8; 64];
+        want[16..56].copy_from_slice(&data);
+        want.copy_within(16..24, 0);
+        assert_eq!(
+            read_all(dev, b, 64),
+            want,
+            "{id}: fill then copies, in order"
+        );
+        ok(id, dev.free(a));
+        ok(id, dev.free(b));
+        assert!(dev.free(a).into_result().is_err(), "{id}: double free");
+    });
+}
+
+#[test]
+fn hal_dispatch_of_a_motif_stage_matches_the_reference() {
+    let (r, c) = (13usize, 37usize);
+    let stage = specialize(
+        "motifs.softmax.softmax",
+        &[("R", r as i64), ("C", c as i64)],
+    );
+    let x: Vec<f32> = (0..r * c)
+        .map(|i| ((i * 7919) % 1601) as f32 / 100.0 - 8.0)
+        .collect();
+    let xb = f32_bytes(&x);
+    let mut want = loom_reference::alloc_outputs(&stage).expect("outputs");
+    loom_reference::run_stage(&stage, &[&xb], &[], &mut want).expect("reference");
+    let want = floats(&want[0]);
+    let bytes = encode_stage(&stage);
+    each_device(|id, dev| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        assert!(
+            dev.compile(RSlice::from_slice(&bytes[..bytes.len() - 1]))
+                .into_result()
+                .is_err(),
+            "{id}: a truncated stage compiles"
+        );
+        let input = upload(dev, &xb);
+        let output = ok(id, dev.alloc((r * c * 4) as u64));
+        let t = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Dispatch {
+                exe,
+                inputs: RVec::from(vec![input]),
+                params: RVec::new(),
+                outputs: RVec::from(vec![output]),
+                workspace: RVec::new(),
+            }],
+            &[],
+            point(t, 1),
+        );
+        reached(dev, point(t, 1));
+        let got = floats(&read_all(dev, output, r * c * 4));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs() + 1e-9,
+                "{id}: element {i}: {g} vs reference {w}"
+            );
+        }
+    });
+}
+
+#[test]
+fn hal_fences_order_and_join_submissions() {
+    each_device(|id, dev| {
+        let n = 1 << 16;
+        let a = ok(id, dev.alloc(n));
+        let b = ok(id, dev.alloc(n));
+        let host = ok(id, dev.timeline_create());
+        let t1 = ok(id, dev.timeline_create());
+        let t2 = ok(id, dev.timeline_create());
+        // First: gated on a host signal; fills `a`. Second: waits for the first's point, copies a -> b.
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst: a,
+                offset: 0,
+                len: n,
+                byte: 7,
+            }],
+            &[point(host, 1)],
+            point(t1, 1),
+        );
+        submit(
+            dev,
+            vec![Command::Copy {
+                src: a,
+                src_offset: 0,
+                dst: b,
+                dst_offset: 0,
+                len: n,
+            }],
+            &[point(t1, 1)],
+            point(t2, 5),
+        );
+        assert_eq!(
+            ok(id, dev.timeline_wait(point(t2, 5), 20_000_000)),
+            WaitStatus::TimedOut,
+            "{id}: ran before its wait point"
+        );
+        assert_eq!(ok(id, dev.timeline_value(t1)), 0);
+        ok(id, dev.timeline_signal(point(host, 1)));
+        assert!(
+            dev.timeline_signal(point(host, 1)).into_result().is_err(),
+            "{id}: signal must increase"
+        );
+        reached(dev, point(t2, 5));
+        reached(dev, point(t2, 3));
+        assert_eq!(ok(id, dev.timeline_value(t1)), 1);
+        assert!(
+            read_all(dev, b, n as usize).iter().all(|&x| x == 7),
+            "{id}: copy saw the fill"
+        );
+    });
+}
+
+#[test]
+fn hal_failure_propagates_with_the_kernel_error_text() {
+    let (r, h, v) = (4usize, 8usize, 10usize);
+    let stage = specialize(
+        "motifs.embed.embed",
+        &[("R", r as i64), ("H", h as i64), ("V", v as i64)],
+    );
+    let ids: Vec<i32> = vec![1, 2, v as i32, 3];
+    let idb: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let table: Vec<f32> = (0..v * h).map(|i| i as f32).collect();
+    let tb = f32_bytes(&table);
+    let mut out = loom_reference::alloc_outputs(&stage).expect("outputs");
+    let want = loom_reference::run_stage(&stage, &[&idb], &[&tb], &mut out)
+        .expect_err("out-of-vocabulary id")
+        .to_string();
+    assert!(want.contains("checked load from"), "{want}");
+    let bytes = encode_stage(&stage);
+    each_device(|id, dev| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        let ids_buf = upload(dev, &idb);
+        let table_buf = upload(dev, &tb);
+        let output = ok(id, dev.alloc((r * h * 4) as u64));
+        let spare = ok(id, dev.alloc(4));
+        let t1 = ok(id, dev.timeline_create());
+        let t2 = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Dispatch {
+                exe,
+                inputs: RVec::from(vec![ids_buf]),
+                params: RVec::from(vec![table_buf]),
+                outputs: RVec::from(vec![output]),
+                workspace: RVec::new(),
+            }],
+            &[],
+            point(t1, 1),
+        );
+        // Depends on the failed point: does not run, fails its own point with the same error.
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst: spare,
+                offset: 0,
+                len: 4,
+                byte: 1,
+            }],
+            &[point(t1, 1)],
+            point(t2, 1),
+        );
+        let e1 = err(dev.timeline_wait(point(t1, 1), WAIT_NS));
+        assert_eq!(
+            e1, want,
+            "{id}: the failed point carries the kernel contract's error"
+        );
+        let e2 = err(dev.timeline_wait(point(t2, 1), WAIT_NS));
+        assert_eq!(
+            e2, want,
+            "{id}: the dependent point fails with the same error"
+        );
+        assert_eq!(
+            err(dev.timeline_wait(point(t1, 7), WAIT_NS)),
+            want,
+            "{id}: later waits"
+        );
+        assert_eq!(err(dev.timeline_value(t1)), want);
+        assert_eq!(
+            read_all(dev, spare, 4),
+            vec![0; 4],
+            "{id}: the dependent submission ran"
+        );
+        // The device still works after a failure.
+        let t3 = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst: spare,
+                offset: 0,
+                len: 4,
+                byte: 2,
+            }],
+            &[],
+            point(t3, 1),
+        );
+        reached(dev, point(t3, 1));
+        assert_eq!(read_all(dev, spare, 4), vec![2; 4]);
+        // Unknown ids are rejected when the submission is accepted.
+        let bad = dev.submit(Submission {
+            commands: RVec::from(vec![Command::Fill {
+                dst: BufferId(u64::MAX),
+                offset: 0,
+                len: 1,
+                byte: 0,
+            }]),
+            wait: RVec::new(),
+            signal: point(t3, 2),
+        });
+        assert!(err(bad).contains("unknown buffer"), "{id}");
+    });
+}
+
+#[test]
+fn hal_freed_buffer_lives_until_its_submission_retires() {
+    each_device(|id, dev| {
+        let data: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+        let src = upload(dev, &data);
+        let dst = ok(id, dev.alloc(4096));
+        let host = ok(id, dev.timeline_create());
+        let t = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Copy {
+                src,
+                src_offset: 0,
+                dst,
+                dst_offset: 0,
+                len: 4096,
+            }],
+            &[point(host, 1)],
+            point(t, 1),
+        );
+        ok(id, dev.free(src));
+        assert!(
+            dev.read(src, 0, 1).into_result().is_err(),
+            "{id}: freed id still readable"
+        );
+        ok(id, dev.timeline_signal(point(host, 1)));
+        reached(dev, point(t, 1));
+        assert_eq!(
+            read_all(dev, dst, 4096),
+            data,
+            "{id}: the copy read the freed buffer's data"
+        );
+    });
+}
+
+// ---- loader -----------------------------------------------------------------------------------------------
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("loom-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A system library that is certainly not a loom plugin.
+fn system_library() -> Option<PathBuf> {
+    [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib/aarch64-linux-gnu/libm.so.6",
+        "/usr/lib64/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
+#[test]
+fn loader_rejects_junk_and_foreign_libraries_with_one_line_each() {
+    let dir = temp_dir("plugins");
+    let hal = hal_libraries()
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| *n == *lib_name("hal_cpu")))
+        .expect("libhal_cpu");
+    std::fs::copy(&hal, dir.join(lib_name("hal_cpu"))).expect("copy hal-cpu");
+    // Deterministic "random" bytes (xorshift).
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let junk: Vec<u8> = (0..4096)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    std::fs::write(dir.join(lib_name("x")), junk).expect("junk");
+    let foreign = system_library();
+    if let Some(m) = &foreign {
+        std::fs::copy(m, dir.join(lib_name("m"))).expect("copy libm");
+    }
+    let report = loom_plugins::load_all(std::slice::from_ref(&dir));
+    let lines: Vec<String> = report.rejected.iter().map(|r| r.to_string()).collect();
+    assert_eq!(report.plugins.len(), 1, "{lines:?}");
+    assert_eq!(report.plugins[0].id, "cpu-0001");
+    assert_eq!(report.plugins[0].kind, PluginKind::HAL);
+    assert_eq!(
+        report.rejected.len(),
+        1 + usize::from(foreign.is_some()),
+        "{lines:?}"
+    );
+    for (r, line) in report.rejected.iter().zip(&lines) {
+        assert!(matches!(r.reason, Rejection::NotAPlugin(_)), "{line}");
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains("not a loom plugin"), "{line}");
+    }
+    assert!(
+        lines.iter().any(|l| l.contains(&lib_name("x"))),
+        "{lines:?}"
+    );
+    // The loaded copy works.
+    let driver = report.plugins[0].hal().expect("driver");
+    let dev = ok("open", driver.open(0));
+    let b = upload(&dev, b"hello");
+    assert_eq!(read_all(&dev, b, 5), b"hello");
+    assert!(driver.open(1).into_result().is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
