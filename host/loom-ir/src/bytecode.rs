@@ -219,29 +219,12 @@ const OP_RETURN: u8 = 7;
 // ---------------------------------------------------------------------------------------------------------------
 // Encoder
 
-fn uleb(out: &mut Vec<u8>, mut v: u64) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+fn uleb(out: &mut Vec<u8>, v: u64) {
+    crate::leb::write_uleb(out, v);
 }
 
-fn sleb(out: &mut Vec<u8>, mut v: i64) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        let done = (v == 0 && byte & 0x40 == 0) || (v == -1 && byte & 0x40 != 0);
-        if done {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+fn sleb(out: &mut Vec<u8>, v: i64) {
+    crate::leb::write_sleb(out, v);
 }
 
 fn len(out: &mut Vec<u8>, n: usize) {
@@ -878,48 +861,22 @@ impl<'a> Dec<'a> {
 
     fn uleb(&mut self, what: &'static str) -> R<u64> {
         let start = self.pos;
-        let mut v = 0u64;
-        let mut shift = 0u32;
-        loop {
-            let b = self.byte(what)?;
-            if shift == 63 && b > 1 {
-                return Err(self.err_at(start, DecodeErrorKind::Overflow { what }));
-            }
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                if b == 0 && shift > 0 {
-                    return Err(self.err_at(start, DecodeErrorKind::NonMinimalLeb { what }));
-                }
-                return Ok(v);
-            }
-            shift += 7;
-        }
+        crate::leb::read_uleb(self.buf, &mut self.pos, self.end)
+            .map_err(|e| self.leb_err(start, e, what))
     }
 
     fn sleb(&mut self, what: &'static str) -> R<i64> {
         let start = self.pos;
-        let mut v = 0i64;
-        let mut shift = 0u32;
-        let mut prev = 0u8;
-        loop {
-            let b = self.byte(what)?;
-            if shift == 63 && b != 0 && b != 0x7f {
-                return Err(self.err_at(start, DecodeErrorKind::Overflow { what }));
-            }
-            v |= i64::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= -1i64 << shift;
-                }
-                // why: a last byte that only repeats the previous byte's sign bit adds nothing
-                let redundant = (b == 0 && prev & 0x40 == 0) || (b == 0x7f && prev & 0x40 != 0);
-                if shift > 7 && redundant {
-                    return Err(self.err_at(start, DecodeErrorKind::NonMinimalLeb { what }));
-                }
-                return Ok(v);
-            }
-            prev = b;
+        crate::leb::read_sleb(self.buf, &mut self.pos, self.end)
+            .map_err(|e| self.leb_err(start, e, what))
+    }
+
+    fn leb_err(&self, start: usize, e: crate::leb::LebError, what: &'static str) -> DecodeError {
+        use crate::leb::LebError;
+        match e {
+            LebError::Truncated => self.err(DecodeErrorKind::Truncated { what }),
+            LebError::Overflow => self.err_at(start, DecodeErrorKind::Overflow { what }),
+            LebError::NonMinimal => self.err_at(start, DecodeErrorKind::NonMinimalLeb { what }),
         }
     }
 

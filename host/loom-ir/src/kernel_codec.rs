@@ -167,27 +167,11 @@ impl Enc {
     fn u8(&mut self, b: u8) {
         self.out.push(b);
     }
-    fn uleb(&mut self, mut v: u64) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                self.out.push(byte);
-                return;
-            }
-            self.out.push(byte | 0x80);
-        }
+    fn uleb(&mut self, v: u64) {
+        crate::leb::write_uleb(&mut self.out, v);
     }
-    fn sleb(&mut self, mut v: i64) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if (v == 0 && byte & 0x40 == 0) || (v == -1 && byte & 0x40 != 0) {
-                self.out.push(byte);
-                return;
-            }
-            self.out.push(byte | 0x80);
-        }
+    fn sleb(&mut self, v: i64) {
+        crate::leb::write_sleb(&mut self.out, v);
     }
     fn len(&mut self, n: usize) {
         self.uleb(n as u64);
@@ -564,41 +548,20 @@ impl<'a> Dec<'a> {
     }
     fn uleb(&mut self, what: &'static str) -> R<u64> {
         let start = self.pos;
-        let mut v = 0u64;
-        let mut shift = 0u32;
-        loop {
-            let b = self.u8(what)?;
-            if shift == 63 && b > 1 {
-                return Err(self.err_at(start, DecodeErrorKind::Overflow { what }));
-            }
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                if b == 0 && shift > 0 {
-                    return Err(self.err_at(start, DecodeErrorKind::NonMinimalLeb { what }));
-                }
-                return Ok(v);
-            }
-            shift += 7;
-        }
+        crate::leb::read_uleb(self.buf, &mut self.pos, self.buf.len())
+            .map_err(|e| self.leb_err(start, e, what))
     }
     fn sleb(&mut self, what: &'static str) -> R<i64> {
         let start = self.pos;
-        let mut v = 0i64;
-        let mut shift = 0u32;
-        loop {
-            let b = self.u8(what)?;
-            if shift == 63 && b != 0 && b != 0x7f {
-                return Err(self.err_at(start, DecodeErrorKind::Overflow { what }));
-            }
-            v |= i64::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= -1i64 << shift;
-                }
-                // Minimality (and the 10th byte's unused bits) are checked by re-encoding at the end.
-                return Ok(v);
-            }
+        crate::leb::read_sleb(self.buf, &mut self.pos, self.buf.len())
+            .map_err(|e| self.leb_err(start, e, what))
+    }
+    fn leb_err(&self, start: usize, e: crate::leb::LebError, what: &'static str) -> DecodeError {
+        use crate::leb::LebError;
+        match e {
+            LebError::Truncated => self.err(DecodeErrorKind::Truncated { what }),
+            LebError::Overflow => self.err_at(start, DecodeErrorKind::Overflow { what }),
+            LebError::NonMinimal => self.err_at(start, DecodeErrorKind::NonMinimalLeb { what }),
         }
     }
     fn u32(&mut self, what: &'static str) -> R<u32> {

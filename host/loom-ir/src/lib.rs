@@ -17,6 +17,7 @@
 pub mod bytecode;
 pub mod kernel;
 pub mod kernel_codec;
+mod leb;
 pub mod opcode;
 pub mod print;
 pub mod verify;
