@@ -268,7 +268,9 @@ impl KCx<'_, '_> {
                         _ => None,
                     })
                     .collect::<Option<Vec<usize>>>()
-                    .ok_or_else(|| self.err(*span, "internal: index not bound by the first pass (a bug)"))?;
+                    .ok_or_else(|| {
+                        self.err(*span, "internal: index not bound by the first pass (a bug)")
+                    })?;
                 Ok(IV { v, idx })
             }
             Expr::Value(_) | Expr::Int(..) | Expr::Float(..) | Expr::Word(_) => Ok(IV {
