@@ -63,7 +63,7 @@ mod rt;
 use std::time::{Duration, Instant};
 
 use loom_ir::Loc;
-use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
+use loom_ir::kernel::{Access, BufRef, Kernel, Stage};
 
 /// The byte workspace buffers are filled with before a stage runs (as the reference does).
 pub const POISON_BYTE: u8 = 0xff;
@@ -71,6 +71,7 @@ pub const POISON_BYTE: u8 = 0xff;
 /// Why a stage could not be compiled or run: the execution contract's error (shared with the reference, so
 /// the same failure gives the same value); CPU compile failures are `Unsupported { backend: "cpu" }`.
 pub use loom_ir::kernel::ExecError as Error;
+use loom_ir::kernel::buffer_bytes as byte_size;
 
 fn malformed(at: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Malformed {
@@ -173,20 +174,6 @@ fn lowering_error(kernel: &Kernel, f: jit::Fail, loc: Loc) -> Error {
             message,
         },
     }
-}
-
-fn byte_size(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize, Error> {
-    dtype
-        .bytes_for(shape)
-        .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| {
-            malformed(
-                at,
-                format!(
-                    "`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"
-                ),
-            )
-        })
 }
 
 /// Compilation switches (the defaults are what a server wants).
@@ -386,31 +373,6 @@ fn bind_dispatches(stage: &Stage, at: &str) -> Result<Vec<Vec<usize>>, Error> {
     Ok(maps)
 }
 
-fn check_count(what: String, expected: usize, actual: usize) -> Result<(), Error> {
-    if expected != actual {
-        return Err(Error::BufferCount {
-            what,
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
-
-fn check_size(buffer: String, dtype: DType, shape: &[u64], actual: usize) -> Result<(), Error> {
-    let expected = byte_size(&buffer, &buffer, dtype, shape)?;
-    if expected != actual {
-        return Err(Error::SizeMismatch {
-            buffer,
-            dtype,
-            shape: shape.to_vec(),
-            expected: expected as u64,
-            actual,
-        });
-    }
-    Ok(())
-}
-
 /// Raw buffer pointers shared with the worker threads.
 #[derive(Clone, Copy)]
 struct Shared(*const u64);
@@ -549,33 +511,7 @@ impl CpuStage {
     ) -> Result<(), Error> {
         let stage = &self.stage;
         let at = format!("stage `{}`", stage.name);
-        check_count(format!("{at} inputs"), stage.inputs.len(), inputs.len())?;
-        check_count(format!("{at} parameters"), stage.params.len(), params.len())?;
-        check_count(format!("{at} outputs"), stage.outputs.len(), outputs.len())?;
-        for (b, d) in stage.inputs.iter().zip(inputs) {
-            check_size(
-                format!("{at} input `{}`", b.name),
-                b.dtype,
-                &b.shape,
-                d.len(),
-            )?;
-        }
-        for (b, d) in stage.params.iter().zip(params) {
-            check_size(
-                format!("{at} parameter `{}`", b.name),
-                b.dtype,
-                &b.shape,
-                d.len(),
-            )?;
-        }
-        for (b, d) in stage.outputs.iter().zip(outputs.iter()) {
-            check_size(
-                format!("{at} output `{}`", b.name),
-                b.dtype,
-                &b.shape,
-                d.len(),
-            )?;
-        }
+        stage.check_buffers(inputs, params, outputs)?;
         let mut workspace = Vec::new();
         for b in &stage.workspace {
             let n = byte_size(&at, &b.name, b.dtype, &b.shape)?;

@@ -488,3 +488,91 @@ pub enum ExecError {
         message: String,
     },
 }
+
+/// Byte length of a buffer of `dtype` and `shape`, or the contract's error naming `name` when it has none
+/// (block-misaligned or too big).
+pub fn buffer_bytes(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize, ExecError> {
+    dtype
+        .bytes_for(shape)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| ExecError::Malformed {
+            at: at.to_string(),
+            message: format!(
+                "`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"
+            ),
+        })
+}
+
+/// The contract's size check of one buffer: its length must equal `dtype.bytes_for(shape)`.
+pub fn check_buffer_size(
+    buffer: String,
+    dtype: DType,
+    shape: &[u64],
+    actual: usize,
+) -> Result<(), ExecError> {
+    let expected = buffer_bytes(&buffer, &buffer, dtype, shape)?;
+    if expected != actual {
+        return Err(ExecError::SizeMismatch {
+            buffer,
+            dtype,
+            shape: shape.to_vec(),
+            expected: expected as u64,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// The contract's count check: `actual` buffers given where `expected` are declared.
+pub fn check_buffer_count(what: String, expected: usize, actual: usize) -> Result<(), ExecError> {
+    if expected != actual {
+        return Err(ExecError::BufferCount {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+impl Stage {
+    /// The execution contract's checks of a stage's host buffers, shared by the reference and every backend so
+    /// the same mistake gives the same error: the counts of inputs, parameters and outputs, then each buffer's
+    /// byte length against its declared dtype and shape.
+    pub fn check_buffers(
+        &self,
+        inputs: &[&[u8]],
+        params: &[&[u8]],
+        outputs: &[Vec<u8>],
+    ) -> Result<(), ExecError> {
+        let at = format!("stage `{}`", self.name);
+        check_buffer_count(format!("{at} inputs"), self.inputs.len(), inputs.len())?;
+        check_buffer_count(format!("{at} parameters"), self.params.len(), params.len())?;
+        check_buffer_count(format!("{at} outputs"), self.outputs.len(), outputs.len())?;
+        for (b, d) in self.inputs.iter().zip(inputs) {
+            check_buffer_size(
+                format!("{at} input `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
+        }
+        for (b, d) in self.params.iter().zip(params) {
+            check_buffer_size(
+                format!("{at} parameter `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
+        }
+        for (b, d) in self.outputs.iter().zip(outputs) {
+            check_buffer_size(
+                format!("{at} output `{}`", b.name),
+                b.dtype,
+                &b.shape,
+                d.len(),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -100,6 +100,9 @@ pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
 use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
 
 use exec::Slot;
+use loom_ir::kernel::{
+    buffer_bytes as byte_size, check_buffer_count as check_count, check_buffer_size as check_size,
+};
 
 /// The byte workspace (and [`alloc_outputs`]) buffers are filled with before a stage runs.
 pub const POISON_BYTE: u8 = 0xff;
@@ -116,45 +119,6 @@ fn malformed(at: impl Into<String>, message: impl Into<String>) -> Error {
 }
 
 /// Byte size of a buffer, or `Malformed` when the shape is not a whole number of blocks or overflows.
-fn byte_size(at: &str, name: &str, dtype: DType, shape: &[u64]) -> Result<usize, Error> {
-    dtype
-        .bytes_for(shape)
-        .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| {
-            malformed(
-                at,
-                format!(
-                    "`{name}`: {dtype}{shape:?} has no byte size (block-misaligned or too big)"
-                ),
-            )
-        })
-}
-
-fn check_size(buffer: String, dtype: DType, shape: &[u64], actual: usize) -> Result<(), Error> {
-    let expected = byte_size(&buffer, &buffer, dtype, shape)?;
-    if expected != actual {
-        return Err(Error::SizeMismatch {
-            buffer,
-            dtype,
-            shape: shape.to_vec(),
-            expected: expected as u64,
-            actual,
-        });
-    }
-    Ok(())
-}
-
-fn check_count(what: String, expected: usize, actual: usize) -> Result<(), Error> {
-    if expected != actual {
-        return Err(Error::BufferCount {
-            what,
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
-
 /// Poisoned buffers of the right sizes for a stage's outputs.
 pub fn alloc_outputs(stage: &Stage) -> Result<Vec<Vec<u8>>, Error> {
     let at = format!("stage `{}`", stage.name);
@@ -213,33 +177,7 @@ pub fn run_stage(
     outputs: &mut [Vec<u8>],
 ) -> Result<(), Error> {
     let at = format!("stage `{}`", stage.name);
-    check_count(format!("{at} inputs"), stage.inputs.len(), inputs.len())?;
-    check_count(format!("{at} parameters"), stage.params.len(), params.len())?;
-    check_count(format!("{at} outputs"), stage.outputs.len(), outputs.len())?;
-    for (b, d) in stage.inputs.iter().zip(inputs) {
-        check_size(
-            format!("{at} input `{}`", b.name),
-            b.dtype,
-            &b.shape,
-            d.len(),
-        )?;
-    }
-    for (b, d) in stage.params.iter().zip(params) {
-        check_size(
-            format!("{at} parameter `{}`", b.name),
-            b.dtype,
-            &b.shape,
-            d.len(),
-        )?;
-    }
-    for (b, d) in stage.outputs.iter().zip(outputs.iter()) {
-        check_size(
-            format!("{at} output `{}`", b.name),
-            b.dtype,
-            &b.shape,
-            d.len(),
-        )?;
-    }
+    stage.check_buffers(inputs, params, outputs)?;
     let mut workspace = stage
         .workspace
         .iter()
