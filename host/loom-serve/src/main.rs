@@ -1,0 +1,194 @@
+//! `loom-serve`: the model server binary.
+//!
+//! ```text
+//! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--model DIR[=NAME]]... [--params-root DIR]
+//!            [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
+//! ```
+//!
+//! Loads plugins (a bad plugin is one log line), opens devices (the built-in CPU HAL when no plugin gives a
+//! CPU device), starts listening, registers the `--model` packages, then reports ready on `/health`. On
+//! SIGINT/SIGTERM it stops accepting connections, drains accepted work and exits. With `--port 0` it prints the
+//! bound address on stdout (`listening on http://127.0.0.1:PORT`) for tests.
+
+use anyhow::{Context, Result, bail};
+use serve_http::{AppState, Config};
+use serve_runtime::device::Devices;
+use serve_runtime::model::Overrides;
+use serve_runtime::package::PackageFiles;
+use serve_runtime::registry::Registry;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--model DIR[=NAME]]... \
+[--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log error|warn|info|debug]";
+
+struct Args {
+    host: String,
+    port: u16,
+    plugins: Vec<PathBuf>,
+    models: Vec<(PathBuf, Option<String>)>,
+    config: Config,
+    log: log::LevelFilter,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        host: "127.0.0.1".into(),
+        port: 8080,
+        plugins: Vec::new(),
+        models: Vec::new(),
+        config: Config::default(),
+        log: log::LevelFilter::Info,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--host" => a.host = value()?,
+            "--port" => a.port = value()?.parse().context("--port takes a number")?,
+            "--plugins" => a.plugins.push(value()?.into()),
+            "--model" => {
+                let v = value()?;
+                let (dir, name) = match v.split_once('=') {
+                    Some((d, n)) => (d.to_string(), Some(n.to_string())),
+                    None => (v, None),
+                };
+                let dir = std::fs::canonicalize(&dir).with_context(|| format!("--model {dir}"))?;
+                a.models.push((dir, name));
+            }
+            "--params-root" => {
+                let v = value()?;
+                a.config.params_root =
+                    Some(std::fs::canonicalize(&v).with_context(|| format!("--params-root {v}"))?);
+            }
+            "--api-key" => a.config.api_keys.push(value()?),
+            "--body-limit" => {
+                a.config.body_limit = value()?
+                    .parse()
+                    .context("--body-limit takes a byte count")?
+            }
+            "--log" => {
+                a.log = value()?
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--log takes error, warn, info or debug"))?
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument `{other}`\n{USAGE}"),
+        }
+    }
+    Ok(a)
+}
+
+/// A minimal stderr logger (timestamps in seconds since start).
+struct Logger(std::time::Instant);
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        // Dependencies (Cranelift logs every function it compiles at info) only speak up for warnings.
+        let ours = ["loom", "serve", "hal"]
+            .iter()
+            .any(|p| m.target().starts_with(p));
+        m.level() <= log::max_level() && (ours || m.level() <= log::Level::Warn)
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let t = self.0.elapsed().as_secs_f64();
+            let _ = writeln!(std::io::stderr(), "[{t:9.3} {:5}] {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let logger = Box::leak(Box::new(Logger(std::time::Instant::now())));
+    log::set_logger(logger).map_err(|e| anyhow::anyhow!("logger: {e}"))?;
+    log::set_max_level(args.log);
+
+    let report = loom_plugins_report(&args.plugins);
+    let (devices, notes) = Devices::open(&report);
+    for n in notes {
+        log::info!("{n}");
+    }
+    let registry = Arc::new(Registry::new(Arc::new(devices)));
+    let state = AppState::new(registry.clone(), args.config.clone());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+        log::info!("listening on http://{addr}");
+
+        // Start-up registrations run beside the listener; /health turns 200 when they are done.
+        let st = state.clone();
+        let models = args.models.clone();
+        tokio::task::spawn_blocking(move || {
+            for (dir, name) in models {
+                let files = PackageFiles::Dir(dir.clone());
+                let name = name.unwrap_or_else(|| {
+                    default_name(&dir).unwrap_or_else(|| {
+                        dir.file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| "model".into())
+                    })
+                });
+                if let Err(e) = st.registry.register(&name, files, Overrides::default()) {
+                    log::error!("model {name} ({}): {e}", dir.display());
+                }
+            }
+            st.ready.store(true, Ordering::Relaxed);
+            log::info!("ready");
+        });
+
+        let app = serve_http::router(state.clone());
+        axum_serve(listener, app).await?;
+        log::info!("shutting down: draining accepted work");
+        let reg = registry.clone();
+        tokio::task::spawn_blocking(move || reg.drain_all()).await?;
+        log::info!("stopped");
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+fn default_name(dir: &std::path::Path) -> Option<String> {
+    let doc = std::fs::read(dir.join("model.json")).ok()?;
+    let v: serde_json_min::Value = serde_json_min::from_slice(&doc).ok()?;
+    v.get("name")?.as_str().map(str::to_string)
+}
+
+use serve_http::serve as axum_serve;
+use serve_runtime::json as serde_json_min;
+
+fn loom_plugins_report(dirs: &[PathBuf]) -> Vec<serve_runtime::PluginHandle> {
+    let report = serve_runtime::load_plugins(dirs);
+    for r in &report.rejected {
+        log::warn!("plugin rejected: {r}");
+    }
+    for p in &report.plugins {
+        log::info!(
+            "plugin {} ({}, ABI {}.{}): {} device(s): {}",
+            p.id,
+            p.kind,
+            p.abi.0,
+            p.abi.1,
+            p.devices,
+            p.detail
+        );
+    }
+    report.plugins
+}

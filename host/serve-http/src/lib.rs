@@ -1,0 +1,38 @@
+//! `serve-http`: the HTTP face of loom-serve (axum). OpenAI-shaped embeddings, typed decisions, model
+//! lifecycle routes, `/health`, Prometheus `/metrics`; errors in the OpenAI shape with honest status codes,
+//! mapped from [`serve_runtime::Error`] in one place ([`ApiError::from`]).
+//!
+//! This is the only crate that knows HTTP and JSON request shapes. Request inputs become the finite
+//! contract's *protocol records* here (`docs/serving/finite.md`); packages never see JSON.
+
+mod error;
+mod metrics;
+mod routes;
+
+pub use error::ApiError;
+pub use routes::{AppState, Config, router};
+
+/// Serves `app` on `listener` until SIGINT or SIGTERM; then stops accepting and lets in-flight requests
+/// finish (the caller drains the models afterwards).
+pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("cannot listen for SIGTERM: {e}");
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    log::info!("shutdown signal received");
+}

@@ -1,0 +1,329 @@
+//! Devices through the HAL: selection by name, buffers that free themselves, per-model memory budgets.
+//!
+//! # Ownership
+//!
+//! A [`DeviceBuffer`] is an `Arc`-shared handle to one HAL buffer. Dropping the last handle calls `free`, which
+//! the HAL contract makes safe while accepted submissions still use the buffer (they hold it until they
+//! retire). Every buffer of a model is charged to that model's [`Budget`] when allocated and credited when
+//! freed, so a model's parameters, workspace and cohort buffers draw from one budget, and an allocation that
+//! would exceed it fails *before* reaching the device (admission).
+
+use crate::Error;
+use loom_plugin_api::abi_stable::std_types::RSlice;
+use loom_plugin_api::{
+    BufferId, DeviceInfo, ExecutableId, HalDeviceBox, Submission, TimelineId, TimelinePoint,
+    WaitStatus,
+};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A device name from a deployment: `cpu`, `vulkan:0`, `cuda:1`. Returns (backend, index).
+pub fn parse_device_name(s: &str) -> Result<(String, u32), String> {
+    let (backend, index) = match s.split_once(':') {
+        Some((b, i)) => (
+            b,
+            i.parse::<u32>()
+                .map_err(|_| format!("device {s:?}: the index after `:` must be a number"))?,
+        ),
+        None => (s, 0),
+    };
+    if backend.is_empty()
+        || !backend
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(format!(
+            "device {s:?}: expected a backend name such as `cpu`, `vulkan:0` or `cuda:0`"
+        ));
+    }
+    Ok((backend.to_string(), index))
+}
+
+/// An open device.
+pub struct Device {
+    /// `cpu:0`, `vulkan:0`, ...
+    pub name: String,
+    pub info: DeviceInfo,
+    /// The plugin that provides it (`cpu-0001`, or `builtin cpu-0001`).
+    pub plugin: String,
+    hal: HalDeviceBox,
+    allocated: AtomicU64,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("plugin", &self.plugin)
+            .finish_non_exhaustive()
+    }
+}
+
+fn dev_err(what: &str, e: impl fmt::Display) -> Error {
+    Error::Device(format!("{what}: {e}"))
+}
+
+impl Device {
+    pub fn new(name: String, info: DeviceInfo, plugin: String, hal: HalDeviceBox) -> Device {
+        Device {
+            name,
+            info,
+            plugin,
+            hal,
+            allocated: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes currently allocated on this device by the server.
+    pub fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Allocates a zero-filled buffer charged to `budget`.
+    pub fn alloc(
+        self: &Arc<Self>,
+        bytes: u64,
+        budget: &Arc<Budget>,
+    ) -> Result<DeviceBuffer, Error> {
+        budget.charge(bytes)?;
+        let bytes_alloc = bytes.max(1);
+        match self.hal.alloc(bytes_alloc).into_result() {
+            Ok(id) => {
+                self.allocated.fetch_add(bytes, Ordering::Relaxed);
+                Ok(DeviceBuffer(Arc::new(BufInner {
+                    dev: self.clone(),
+                    id,
+                    bytes,
+                    budget: budget.clone(),
+                })))
+            }
+            Err(e) => {
+                budget.credit(bytes);
+                Err(dev_err("alloc", e))
+            }
+        }
+    }
+
+    pub fn write(&self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.hal
+            .write(buf.id(), offset, RSlice::from_slice(data))
+            .into_result()
+            .map_err(|e| dev_err("write", e))
+    }
+
+    pub fn read(&self, buf: &DeviceBuffer, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
+        self.hal
+            .read(buf.id(), offset, len)
+            .into_result()
+            .map(|v| v.into_vec())
+            .map_err(|e| dev_err("read", e))
+    }
+
+    pub fn compile(&self, encoded_stage: &[u8]) -> Result<ExecutableId, Error> {
+        self.hal
+            .compile(RSlice::from_slice(encoded_stage))
+            .into_result()
+            .map_err(|e| dev_err("compile", e))
+    }
+
+    pub fn submit(&self, s: Submission) -> Result<(), Error> {
+        self.hal
+            .submit(s)
+            .into_result()
+            .map_err(|e| dev_err("submit", e))
+    }
+
+    pub fn timeline(&self) -> Result<TimelineId, Error> {
+        self.hal
+            .timeline_create()
+            .into_result()
+            .map_err(|e| dev_err("timeline", e))
+    }
+
+    pub fn signal(&self, point: TimelinePoint) -> Result<(), Error> {
+        self.hal
+            .timeline_signal(point)
+            .into_result()
+            .map_err(|e| dev_err("signal", e))
+    }
+
+    /// Waits for `point`; a failed point is `Err` with the failure's text (e.g. a kernel's checked-load error).
+    pub fn wait(&self, point: TimelinePoint, timeout_ns: u64) -> Result<bool, String> {
+        match self.hal.timeline_wait(point, timeout_ns).into_result() {
+            Ok(WaitStatus::Reached) => Ok(true),
+            Ok(WaitStatus::TimedOut) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn free(&self, id: BufferId, bytes: u64) {
+        if let Err(e) = self.hal.free(id).into_result() {
+            log::warn!("device {}: free of buffer {}: {e}", self.name, id.0);
+        }
+        self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A model's device-memory budget.
+#[derive(Debug)]
+pub struct Budget {
+    pub owner: String,
+    pub limit: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    pub fn new(owner: &str, limit: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            owner: owner.to_string(),
+            limit,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn charge(&self, bytes: u64) -> Result<(), Error> {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = cur.checked_add(bytes).filter(|&n| n <= self.limit).ok_or_else(|| {
+                Error::Overloaded(format!(
+                    "model `{}`: allocating {bytes} device bytes would exceed its memory budget of {} \
+                     ({cur} in use)",
+                    self.owner, self.limit
+                ))
+            })?;
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn credit(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+struct BufInner {
+    dev: Arc<Device>,
+    id: BufferId,
+    bytes: u64,
+    budget: Arc<Budget>,
+}
+
+impl Drop for BufInner {
+    fn drop(&mut self) {
+        self.dev.free(self.id, self.bytes);
+        self.budget.credit(self.bytes);
+    }
+}
+
+/// A shared handle to one device buffer; the last clone frees it.
+#[derive(Clone)]
+pub struct DeviceBuffer(Arc<BufInner>);
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer({} on {}, {} bytes)",
+            self.0.id.0, self.0.dev.name, self.0.bytes
+        )
+    }
+}
+
+impl DeviceBuffer {
+    pub fn id(&self) -> BufferId {
+        self.0.id
+    }
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+    pub fn device(&self) -> &Arc<Device> {
+        &self.0.dev
+    }
+}
+
+/// The devices this server can place models on.
+#[derive(Debug, Default)]
+pub struct Devices {
+    pub devices: Vec<Arc<Device>>,
+}
+
+impl Devices {
+    /// Opens every device of every HAL plugin in `plugins`, plus the built-in CPU HAL when no plugin provides a
+    /// `cpu` device. Problems are returned as log lines; a broken plugin never stops the others.
+    pub fn open(plugins: &[loom_plugins::LoadedPlugin]) -> (Devices, Vec<String>) {
+        let mut out = Devices::default();
+        let mut notes = Vec::new();
+        for p in plugins {
+            if p.kind != loom_plugin_api::PluginKind::HAL {
+                continue;
+            }
+            match p.hal() {
+                Ok(driver) => out.open_driver(&driver, &p.id, &mut notes),
+                Err(e) => notes.push(format!("{}: {e}", p.path.display())),
+            }
+        }
+        if !out.devices.iter().any(|d| d.info.backend.as_str() == "cpu") {
+            let driver = hal_cpu::driver();
+            out.open_driver(
+                &driver,
+                &format!("builtin {}", hal_cpu::PLUGIN_ID),
+                &mut notes,
+            );
+        }
+        (out, notes)
+    }
+
+    fn open_driver(
+        &mut self,
+        driver: &loom_plugin_api::HalDriverBox,
+        plugin: &str,
+        notes: &mut Vec<String>,
+    ) {
+        for (i, info) in driver.devices().into_iter().enumerate() {
+            let backend = info.backend.to_string();
+            let index = self
+                .devices
+                .iter()
+                .filter(|d| d.info.backend.as_str() == backend)
+                .count();
+            match driver.open(i as u32).into_result() {
+                Ok(hal) => {
+                    let name = format!("{backend}:{index}");
+                    notes.push(format!("device {name}: {} (plugin {plugin})", info.name));
+                    self.devices
+                        .push(Arc::new(Device::new(name, info, plugin.to_string(), hal)));
+                }
+                Err(e) => notes.push(format!("plugin {plugin}: cannot open device {i}: {e}")),
+            }
+        }
+    }
+
+    /// The first device of `preferences` that is present, or an error naming what is present.
+    pub fn select(&self, preferences: &[String]) -> Result<Arc<Device>, Error> {
+        for p in preferences {
+            let (backend, index) = parse_device_name(p).map_err(Error::BadRequest)?;
+            if let Some(d) = self
+                .devices
+                .iter()
+                .filter(|d| d.info.backend.as_str() == backend)
+                .nth(index as usize)
+            {
+                return Ok(d.clone());
+            }
+        }
+        let present: Vec<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
+        Err(Error::Device(format!(
+            "none of the chosen devices {preferences:?} is present (present: {present:?})"
+        )))
+    }
+}

@@ -1,0 +1,770 @@
+//! Preparing a model: catalog, linking, the cold `prepare` program, sources, stage compilation, parameter
+//! activation. The result is a [`Model`]: immutable code and parameters that every request of the model
+//! shares.
+//!
+//! Preparation runs in this order, and a failure at any step leaves nothing behind (no device memory, no
+//! compiled code kept): read and validate `model.json`; compile every program and `definition.sources` file
+//! into one catalog; link the `prepare` and `control` programs for their roles and load them in the VM; run
+//! cold `prepare`; open and index every declared source once (a missing or invalid checkpoint fails here,
+//! before placement); specialize and reflect every declared stage, check workspace limits and every parameter
+//! binding against the checkpoint index; compile the stages on the shared compile queue; stream parameter
+//! payloads into device buffers (shared per parameter domain).
+
+use crate::checkpoint::Source;
+use crate::device::{Budget, Device, DeviceBuffer};
+use crate::natives::{self, ConfigValue, Ctx, Decls, Phase, StageDecl};
+use crate::package::{self, ModelDoc, PackageFiles};
+use crate::{Error, Result};
+use loom_compiler::{Catalog, Role};
+use loom_ir::kernel::Stage;
+use loom_ir::{Signature, TParamKind, TValue, Type};
+use loom_kernel::Reflection;
+use loom_plugin_api::ExecutableId;
+use loom_vm::{InvokeLimits, LoadLimits, Loaded, NativeModule, Value, Vm};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+/// A compiled stage with its bound parameters.
+#[derive(Debug)]
+pub struct PreparedStage {
+    pub decl: StageDecl,
+    pub stage: Stage,
+    pub reflection: Reflection,
+    pub exe: ExecutableId,
+    /// One per `stage.params`, in order.
+    pub params: Vec<DeviceBuffer>,
+}
+
+/// What cold `prepare` returned.
+#[derive(Debug, Clone)]
+pub struct Cold {
+    pub batch_units: i64,
+    pub upload_capacity: i64,
+    pub output_capacity: i64,
+    pub result_capacity: i64,
+    pub tokenizer: String,
+    pub source_name: String,
+    pub state: Value,
+}
+
+/// Progress and timing of one preparation, for logs and the model detail route.
+#[derive(Debug, Clone, Default)]
+pub struct PrepareReport {
+    pub stages: usize,
+    pub parameter_bytes: u64,
+    pub compile_time: Duration,
+    pub total_time: Duration,
+}
+
+/// Resident parameter buffers of one domain: (ordered file lists per policy input, policy).
+type DomainKey = (Vec<Vec<PathBuf>>, String);
+
+/// A prepared model.
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub doc: ModelDoc,
+    pub device: Arc<Device>,
+    pub budget: Arc<Budget>,
+    pub cold: Cold,
+    pub stages: Vec<Arc<PreparedStage>>,
+    pub report: PrepareReport,
+    pub(crate) control: Loaded,
+    pub(crate) catalog: Catalog,
+    pub(crate) sources: Vec<Arc<Source>>,
+    pub(crate) cold_params: Vec<natives::ParamDecl>,
+    pub(crate) domains: Mutex<HashMap<(DomainKey, String), DeviceBuffer>>,
+    pub(crate) spec_cache: Mutex<SpecCache>,
+    pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) timeline: loom_plugin_api::TimelineId,
+    pub(crate) timeline_value: Mutex<u64>,
+}
+
+/// Invocation-declared stage sets, most recently used last; bounded by `specialization_cache`.
+#[derive(Debug, Default)]
+pub(crate) struct SpecCache {
+    pub(crate) entries: Vec<(Decls, Arc<Vec<Arc<PreparedStage>>>)>,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+}
+
+// ---- the shared compile queue ---------------------------------------------------------------------------
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One compile worker shared by every model: preparation of one model never takes more than this worker from
+/// the request workers, and other models keep serving while it compiles.
+fn compile_queue() -> &'static Mutex<mpsc::Sender<Job>> {
+    static Q: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    Q.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("loom-compile".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })
+            .expect("spawning the compile thread; this is a bug");
+        Mutex::new(tx)
+    })
+}
+
+/// Runs `f` on the compile queue and waits for it. A panic inside `f` becomes an error.
+pub(crate) fn on_compile_queue<R: Send + 'static>(
+    f: impl FnOnce() -> Result<R> + Send + 'static,
+) -> Result<R> {
+    let (tx, rx) = mpsc::channel();
+    let job: Job = Box::new(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .unwrap_or_else(|_| Err(Error::Internal("the stage compiler panicked".into())));
+        let _ = tx.send(r);
+    });
+    compile_queue()
+        .lock()
+        .map_err(|_| Error::Internal("compile queue poisoned".into()))?
+        .send(job)
+        .map_err(|_| Error::Internal("compile queue stopped".into()))?;
+    rx.recv()
+        .map_err(|_| Error::Internal("compile job lost".into()))?
+}
+
+// ---- entry signatures -----------------------------------------------------------------------------------
+
+fn opaque() -> Type {
+    Type::Ref {
+        name: "opaque".into(),
+        nullable: false,
+    }
+}
+
+fn hal_buffer() -> Type {
+    Type::Ref {
+        name: "hal.buffer".into(),
+        nullable: false,
+    }
+}
+
+/// The finite contract's entry signatures (documented in `docs/serving/finite.md`).
+pub fn finite_signatures() -> Vec<(&'static str, Signature)> {
+    use Type::*;
+    vec![
+        (
+            "prepare_request",
+            Signature {
+                params: vec![opaque(), Buffer],
+                results: vec![Buffer, I64, I64],
+            },
+        ),
+        (
+            "prepare_batch",
+            Signature {
+                params: vec![opaque(), Buffer, Buffer, Buffer],
+                results: vec![I64, Buffer, Buffer],
+            },
+        ),
+        (
+            "run",
+            Signature {
+                params: vec![I64, hal_buffer(), hal_buffer()],
+                results: vec![],
+            },
+        ),
+    ]
+}
+
+fn cold_signature() -> Signature {
+    use Type::*;
+    Signature {
+        params: vec![Str, Str],
+        results: vec![I64, I64, I64, I64, Str, Str, opaque()],
+    }
+}
+
+fn sig_text(s: &Signature) -> String {
+    let p: Vec<String> = s.params.iter().map(|t| t.to_string()).collect();
+    let r: Vec<String> = s.results.iter().map(|t| t.to_string()).collect();
+    format!("({}) -> ({})", p.join(", "), r.join(", "))
+}
+
+fn check_entry(loaded: &Loaded, file: &str, name: &str, want: &Signature) -> Result<()> {
+    match loaded.signature(name) {
+        None => Err(Error::Program(format!(
+            "{file}: the program exports no `{name}` (expected `export func @{name}{}`)",
+            sig_text(want)
+        ))),
+        Some(s) if &s != want => Err(Error::Program(format!(
+            "{file}: `{name}` has signature {}, expected {}",
+            sig_text(&s),
+            sig_text(want)
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+// ---- preparation ----------------------------------------------------------------------------------------
+
+/// Overrides a registration can apply on top of `model.json`.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub device: Option<Vec<String>>,
+    pub options: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+pub(crate) fn limits(fuel: u64, memory: u64) -> InvokeLimits {
+    InvokeLimits {
+        fuel: fuel.min(package::MAX_FUEL),
+        memory_bytes: memory,
+        call_depth: 256,
+        retained_bytes: None,
+    }
+}
+
+/// Runs one VM entry with `ctx` installed. A trap becomes [`Error::Trap`].
+pub(crate) fn invoke(
+    loaded: &Loaded,
+    entry: &str,
+    args: &[Value],
+    limits: &InvokeLimits,
+    ctx: Ctx,
+) -> (Result<Vec<Value>>, Ctx) {
+    let (r, ctx) = natives::with_invocation(ctx, || loaded.invoke(entry, args, limits));
+    (
+        r.map_err(|t| Error::Trap {
+            entry: entry.to_string(),
+            message: t.to_string(),
+        }),
+        ctx,
+    )
+}
+
+/// Prepares a package on `device`. `name` is the registered model name.
+pub fn prepare(
+    name: &str,
+    files: &PackageFiles,
+    overrides: &Overrides,
+    device_for: impl FnOnce(&[String]) -> Result<Arc<Device>>,
+) -> Result<Model> {
+    let start = Instant::now();
+    let doc_bytes = files
+        .read("model.json")
+        .map_err(|m| Error::package("model.json", "", m))?;
+    let doc = package::parse_model_doc("model.json", &doc_bytes)?;
+    let prefs = overrides
+        .device
+        .clone()
+        .or_else(|| doc.device.as_ref().map(|d| d.preferences()))
+        .unwrap_or_else(|| vec!["cpu".to_string()]);
+    let device = device_for(&prefs)?;
+    let options = Arc::new(
+        overrides
+            .options
+            .clone()
+            .unwrap_or_else(|| doc.options.clone()),
+    );
+
+    // The catalog: programs and shared sources, each compiled once.
+    let mut catalog = Catalog::new();
+    let add = |catalog: &mut Catalog, label: &str, bytes: Vec<u8>| -> Result<usize> {
+        catalog
+            .add_file(label, &bytes)
+            .map(|(i, warnings)| {
+                for w in warnings {
+                    log::warn!("model {name}: {}", w.trim_end());
+                }
+                i
+            })
+            .map_err(|e| Error::Program(e.to_string()))
+    };
+    let read_prog = |field: &str, path: &str| -> Result<(String, Vec<u8>)> {
+        let rel = package::relative("model.json", field, path)?;
+        let bytes = files
+            .read(&rel)
+            .map_err(|m| Error::package("model.json", field, m))?;
+        Ok((rel, bytes))
+    };
+    let (prep_file, b) = read_prog("programs.prepare", &doc.programs.prepare)?;
+    let prep_idx = add(&mut catalog, &prep_file, b)?;
+    let (ctl_file, b) = read_prog("programs.control", &doc.programs.control)?;
+    let ctl_idx = if ctl_file == prep_file {
+        prep_idx
+    } else {
+        add(&mut catalog, &ctl_file, b)?
+    };
+    let mut seen = vec![prep_file.clone(), ctl_file.clone()];
+    for (role, path) in &doc.programs.other {
+        let (f, b) = read_prog(&format!("programs.{role}"), path)?;
+        if !seen.contains(&f) {
+            add(&mut catalog, &f, b)?;
+            seen.push(f);
+        }
+    }
+    for (i, path) in doc.definition.sources.iter().enumerate() {
+        let field = format!("definition.sources[{i}]");
+        let b = files.read_source("model.json", &field, path)?;
+        if !seen.contains(path) {
+            add(&mut catalog, path, b)?;
+            seen.push(path.clone());
+        }
+    }
+
+    let link = |primary: usize, roots: &[&str], role: &Role| -> Result<loom_ir::Program> {
+        loom_compiler::link(&catalog, primary, roots, role).map_err(|errs| {
+            Error::Program(
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join(""),
+            )
+        })
+    };
+    let prep_prog = link(prep_idx, &["prepare"], &Role::prepare())?;
+    let roots: Vec<&str> = finite_signatures().iter().map(|(n, _)| *n).collect();
+    let ctl_prog = link(ctl_idx, &roots, &Role::control())?;
+
+    let prep_natives: Vec<Arc<NativeModule>> = vec![
+        Arc::new(natives::prepare_module()),
+        Arc::new(natives::options_module()),
+    ];
+    let ctl_natives: Vec<Arc<NativeModule>> = vec![
+        Arc::new(natives::prepare_module()),
+        Arc::new(natives::runner_module()),
+    ];
+    let load_err = |file: &str, e: loom_vm::LoadError| Error::Program(format!("{file}: {e}"));
+    let (prep_role, ctl_role) = (Role::prepare(), Role::control());
+    let prep_grants: Vec<&str> = prep_role.grants.iter().map(|s| s.as_str()).collect();
+    let prepare_loaded = Vm::load(
+        &prep_prog,
+        &prep_natives,
+        &prep_grants,
+        &LoadLimits::default(),
+    )
+    .map_err(|e| load_err(&prep_file, e))?;
+    let ctl_grants: Vec<&str> = ctl_role.grants.iter().map(|s| s.as_str()).collect();
+    let control = Vm::load(&ctl_prog, &ctl_natives, &ctl_grants, &LoadLimits::default())
+        .map_err(|e| load_err(&ctl_file, e))?;
+    check_entry(&prepare_loaded, &prep_file, "prepare", &cold_signature())?;
+    for (n, s) in finite_signatures() {
+        check_entry(&control, &ctl_file, n, &s)?;
+    }
+
+    // Cold preparation.
+    let asset_root = files.describe();
+    let options_text = serde_json::Value::Object((*options).clone()).to_string();
+    let mut lim = limits(doc.fuel.prepare, doc.memory.invocation_bytes);
+    lim.retained_bytes = Some(doc.memory.state_bytes);
+    let (r, ctx) = invoke(
+        &prepare_loaded,
+        "prepare",
+        &[Value::str(&asset_root), Value::str(&options_text)],
+        &lim,
+        Ctx::new(Phase::Cold, options.clone()),
+    );
+    let out = r?;
+    let cold = Cold {
+        batch_units: out[0].as_i64().unwrap_or(0),
+        upload_capacity: out[1].as_i64().unwrap_or(0),
+        output_capacity: out[2].as_i64().unwrap_or(0),
+        result_capacity: out[3].as_i64().unwrap_or(0),
+        tokenizer: out[4].as_str().unwrap_or_default().to_string(),
+        source_name: out[5].as_str().unwrap_or_default().to_string(),
+        state: out[6].clone(),
+    };
+    for (what, v) in [
+        ("batch-unit limit", cold.batch_units),
+        ("upload capacity", cold.upload_capacity),
+        ("output capacity", cold.output_capacity),
+        ("result capacity", cold.result_capacity),
+    ] {
+        if v <= 0 {
+            return Err(Error::Program(format!(
+                "{prep_file}: prepare returned a {what} of {v}; it must be positive"
+            )));
+        }
+    }
+    let decls = ctx.decls;
+    if decls.stages.is_empty() {
+        return Err(Error::Program(format!(
+            "{prep_file}: prepare declared no stage (call prepare.stage)"
+        )));
+    }
+
+    // Sources: each opened and indexed once, before any placement.
+    let mut sources = Vec::with_capacity(decls.sources.len());
+    for (i, shards) in decls.sources.iter().enumerate() {
+        let mut paths = Vec::with_capacity(shards.len());
+        for (dir, path) in shards {
+            paths.push(resolve_source_path(files, &asset_root, dir, path, i)?);
+        }
+        sources.push(Arc::new(
+            Source::open(&paths).map_err(|m| Error::Checkpoint(format!("source {i}: {m}")))?,
+        ));
+    }
+
+    let budget = Budget::new(name, doc.memory.device_bytes);
+    let timeline = device.timeline()?;
+    let mut model = Model {
+        name: name.to_string(),
+        doc,
+        device,
+        budget,
+        cold,
+        stages: Vec::new(),
+        report: PrepareReport::default(),
+        control,
+        catalog,
+        sources,
+        cold_params: decls.params.clone(),
+        domains: Mutex::new(HashMap::new()),
+        spec_cache: Mutex::new(SpecCache::default()),
+        options,
+        timeline,
+        timeline_value: Mutex::new(0),
+    };
+    let compile_start = Instant::now();
+    let stages = model.build_stages(&decls.stages, &decls.params, 0)?;
+    model.report.compile_time = compile_start.elapsed();
+    model.report.stages = stages.len();
+    model.report.parameter_bytes = model.budget.used();
+    model.stages = stages;
+    model.report.total_time = start.elapsed();
+    Ok(model)
+}
+
+fn resolve_source_path(
+    files: &PackageFiles,
+    asset_root: &str,
+    dir: &str,
+    path: &str,
+    ordinal: usize,
+) -> Result<PathBuf> {
+    if !dir.is_empty() && dir != asset_root {
+        return Err(Error::Checkpoint(format!(
+            "source {ordinal}: directory {dir:?} is not the asset root given to prepare ({asset_root:?})"
+        )));
+    }
+    let rel = package::relative("prepare.source", "path", path)
+        .map_err(|e| Error::Checkpoint(format!("source {ordinal}: {e}")))?;
+    let root = files.params_root().ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "source {ordinal}: {path}: this uploaded package has no parameter root (the server was \
+             started without --params-root)"
+        ))
+    })?;
+    Ok(root.join(rel))
+}
+
+/// Parses a `prepare.config` text value by the kind of the template parameter it binds.
+pub fn parse_config_text(kind: &TParamKind, text: &str) -> std::result::Result<TValue, String> {
+    let t = text.trim();
+    match kind {
+        TParamKind::I64 => t
+            .replace('_', "")
+            .parse::<i64>()
+            .map(TValue::I64)
+            .map_err(|_| format!("expected an i64, found {t:?}")),
+        TParamKind::Bool => match t {
+            "true" => Ok(TValue::Bool(true)),
+            "false" => Ok(TValue::Bool(false)),
+            _ => Err(format!("expected true or false, found {t:?}")),
+        },
+        TParamKind::Str => {
+            let inner = t
+                .strip_prefix('"')
+                .and_then(|s| s.strip_suffix('"'))
+                .ok_or_else(|| {
+                    format!("expected a string literal such as \"gelu\", found {t:?}")
+                })?;
+            Ok(TValue::Str(inner.to_string()))
+        }
+        TParamKind::DType => loom_ir::kernel::DType::from_name(t)
+            .map(|_| TValue::DType(t.to_string()))
+            .ok_or_else(|| format!("expected a dtype such as f32, found {t:?}")),
+        TParamKind::Shape => {
+            let inner = t
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+                .ok_or_else(|| format!("expected a shape such as [2, 3], found {t:?}"))?;
+            inner
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<i64>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(TValue::Shape)
+                .map_err(|_| format!("expected a shape such as [2, 3], found {t:?}"))
+        }
+        TParamKind::Func(_) => Err("a func template parameter cannot be configured".into()),
+    }
+}
+
+impl Model {
+    /// Specializes, checks, compiles and binds `decls` (ordinals start at `base`).
+    pub(crate) fn build_stages(
+        &self,
+        decls: &[StageDecl],
+        params: &[natives::ParamDecl],
+        base: usize,
+    ) -> Result<Vec<Arc<PreparedStage>>> {
+        let mut specialized = Vec::with_capacity(decls.len());
+        for (i, d) in decls.iter().enumerate() {
+            let ordinal = base + i;
+            let at = format!("stage {ordinal} (`{}`)", d.root);
+            if d.dispatch {
+                return Err(Error::Program(format!(
+                    "{at}: prepare.dispatch roots (direct-dispatch stages) need a device plugin that runs them; \
+                     no HAL of this server does yet"
+                )));
+            }
+            let root = d.root.trim_start_matches('@');
+            let (module_name, stage_name) = root.rsplit_once('.').ok_or_else(|| {
+                Error::Program(format!(
+                    "{at}: a root is `module.stage`, found {:?}",
+                    d.root
+                ))
+            })?;
+            let module = self.catalog.find(module_name).ok_or_else(|| {
+                Error::Program(format!(
+                    "{at}: no module @{module_name} in the package catalog"
+                ))
+            })?;
+            let item = self.catalog.entries()[module]
+                .module
+                .device
+                .iter()
+                .find(|it| it.name == stage_name && it.kind == loom_ir::DeviceKind::Stage)
+                .ok_or_else(|| {
+                    Error::Program(format!(
+                        "{at}: module @{module_name} has no stage @{stage_name}"
+                    ))
+                })?;
+            let mut config = Vec::with_capacity(d.config.len());
+            for (k, v) in &d.config {
+                let tp = item.tparams.iter().find(|t| &t.name == k).ok_or_else(|| {
+                    Error::Program(format!(
+                        "{at}: stage @{stage_name} has no template parameter `{k}`"
+                    ))
+                })?;
+                let tv = match v {
+                    ConfigValue::I64(i) => match tp.kind {
+                        TParamKind::I64 => TValue::I64(*i),
+                        _ => {
+                            return Err(Error::Program(format!(
+                                "{at}: `{k}` is not an i64 parameter; bind it with prepare.config"
+                            )));
+                        }
+                    },
+                    ConfigValue::Text(t) => parse_config_text(&tp.kind, t)
+                        .map_err(|m| Error::Program(format!("{at}: config `{k}`: {m}")))?,
+                };
+                config.push((k.clone(), tv));
+            }
+            let stage = loom_kernel::specialize_stage(&self.catalog, module, stage_name, &config)
+                .map_err(|d| Error::Program(d.join("")))?;
+            let reflection = loom_kernel::reflect(&stage);
+            if let Some(limit) = d.workspace_limit {
+                if reflection.workspace_bytes > limit {
+                    return Err(Error::Program(format!(
+                        "{at}: needs {} workspace bytes, over its workspace_limit of {limit}",
+                        reflection.workspace_bytes
+                    )));
+                }
+            }
+            let bindings = self.resolve_params(ordinal, base, &stage, params)?;
+            specialized.push((d.clone(), stage, reflection, bindings));
+        }
+        // Compile on the shared queue (encoded stages are what plugins receive).
+        let device = self.device.clone();
+        let encoded: Vec<Vec<u8>> = specialized
+            .iter()
+            .map(|(_, s, _, _)| loom_ir::kernel_codec::encode_stage(s))
+            .collect();
+        let exes = on_compile_queue(move || {
+            encoded
+                .iter()
+                .map(|e| device.compile(e))
+                .collect::<Result<Vec<_>>>()
+        })?;
+        let mut out = Vec::with_capacity(specialized.len());
+        for ((decl, stage, reflection, bindings), exe) in specialized.into_iter().zip(exes) {
+            let mut params = Vec::with_capacity(bindings.len());
+            for b in bindings {
+                params.push(self.activate(b)?);
+            }
+            out.push(Arc::new(PreparedStage {
+                decl,
+                stage,
+                reflection,
+                exe,
+                params,
+            }));
+        }
+        Ok(out)
+    }
+
+    /// For each of `stage`'s parameter bindings: which source and entry feed it, checked against the index.
+    fn resolve_params(
+        &self,
+        ordinal: usize,
+        base: usize,
+        stage: &Stage,
+        params: &[natives::ParamDecl],
+    ) -> Result<Vec<Binding>> {
+        if stage.params.is_empty() {
+            return Ok(Vec::new());
+        }
+        let domain = stage.param_domain.clone().unwrap_or_default();
+        let at = format!("stage {ordinal} (`{}`)", stage.name);
+        // This invocation's declarations for the stage, else (for invocation stages) the cold layout of the
+        // same domain: omitting parameter declarations preserves it.
+        let mine: Vec<&natives::ParamDecl> = params
+            .iter()
+            .filter(|p| p.stage + base == ordinal && p.binding == domain)
+            .collect();
+        let decls: Vec<natives::ParamDecl> = if !mine.is_empty() {
+            mine.into_iter().cloned().collect()
+        } else {
+            let cold: Vec<natives::ParamDecl> = self
+                .cold_params
+                .iter()
+                .filter(|p| p.binding == domain)
+                .cloned()
+                .collect();
+            let first_stage = cold.first().map(|p| p.stage);
+            cold.into_iter()
+                .filter(|p| Some(p.stage) == first_stage)
+                .collect()
+        };
+        if decls.is_empty() {
+            return Err(Error::Program(format!(
+                "{at}: parameter domain @{domain} is not bound: call prepare.parameter(stage, \"{domain}\", \
+                 input, source, policy)"
+            )));
+        }
+        let policy = decls[0].policy.clone();
+        let n_inputs = decls.iter().map(|p| p.input).max().unwrap_or(0) + 1;
+        let mut inputs: Vec<Option<usize>> = vec![None; n_inputs as usize];
+        for p in &decls {
+            if p.policy != policy {
+                return Err(Error::Program(format!(
+                    "{at}: domain @{domain} binds inputs under two policies ({policy:?} and {:?})",
+                    p.policy
+                )));
+            }
+            if inputs[p.input as usize].replace(p.source).is_some() {
+                return Err(Error::Program(format!(
+                    "{at}: domain @{domain} input {} is bound twice",
+                    p.input
+                )));
+            }
+        }
+        if let Some(gap) = inputs.iter().position(Option::is_none) {
+            return Err(Error::Program(format!(
+                "{at}: domain @{domain} inputs must be declared densely from 0; input {gap} is missing"
+            )));
+        }
+        let inputs: Vec<usize> = inputs.into_iter().flatten().collect();
+        let key_files: Vec<Vec<PathBuf>> = inputs
+            .iter()
+            .map(|&s| self.sources[s].files.clone())
+            .collect();
+        let dkey: DomainKey = (key_files, policy);
+        let mut out = Vec::with_capacity(stage.params.len());
+        for b in &stage.params {
+            let src_ord = *inputs.get(b.input as usize).ok_or_else(|| {
+                Error::Program(format!(
+                    "{at}: binding `{}` reads policy input {}, but domain @{domain} declares {} input(s)",
+                    b.name,
+                    b.input,
+                    inputs.len()
+                ))
+            })?;
+            let src = self.sources[src_ord].clone();
+            let entry = src.entries.get(&b.key).cloned().ok_or_else(|| {
+                Error::Checkpoint(format!(
+                    "{at}: binding `{}`: key {:?} is not in source {src_ord} ({})",
+                    b.name,
+                    b.key,
+                    src.files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+            if entry.dtype != Some(b.dtype) || entry.shape != b.shape {
+                return Err(Error::Checkpoint(format!(
+                    "{at}: binding `{}`: key {:?} is {}{:?} in the checkpoint, the stage expects {}{:?}",
+                    b.name,
+                    b.key,
+                    entry.format_dtype,
+                    entry.shape,
+                    b.dtype.name(),
+                    b.shape
+                )));
+            }
+            if b.layout.is_some() {
+                return Err(Error::Program(format!(
+                    "{at}: binding `{}`: layout({}) transforms are not implemented by activation yet",
+                    b.name,
+                    b.layout.clone().unwrap_or_default()
+                )));
+            }
+            out.push(Binding {
+                domain: dkey.clone(),
+                key: b.key.clone(),
+                source: src,
+                entry,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The resident buffer of one binding: shared with every stage of the same domain.
+    fn activate(&self, b: Binding) -> Result<DeviceBuffer> {
+        let mut domains = self
+            .domains
+            .lock()
+            .map_err(|_| Error::Internal("domains poisoned".into()))?;
+        let k = (b.domain.clone(), b.key.clone());
+        if let Some(buf) = domains.get(&k) {
+            return Ok(buf.clone());
+        }
+        let buf = self.device.alloc(b.entry.len, &self.budget)?;
+        const CHUNK: u64 = 8 << 20;
+        let mut tmp = vec![0u8; CHUNK.min(b.entry.len) as usize];
+        let mut off = 0u64;
+        while off < b.entry.len {
+            let n = CHUNK.min(b.entry.len - off) as usize;
+            b.source
+                .read(&b.entry, off, &mut tmp[..n])
+                .map_err(Error::Checkpoint)?;
+            self.device.write(&buf, off, &tmp[..n])?;
+            off += n as u64;
+        }
+        domains.insert(k, buf.clone());
+        Ok(buf)
+    }
+
+    /// Device bytes the model holds now.
+    pub fn device_bytes(&self) -> u64 {
+        self.budget.used()
+    }
+
+    /// (hits, misses, cached sets) of the specialization cache.
+    pub fn spec_cache_stats(&self) -> (u64, u64, usize) {
+        self.spec_cache
+            .lock()
+            .map(|c| (c.hits, c.misses, c.entries.len()))
+            .unwrap_or((0, 0, 0))
+    }
+}
+
+struct Binding {
+    domain: DomainKey,
+    key: String,
+    source: Arc<Source>,
+    entry: crate::checkpoint::Entry,
+}

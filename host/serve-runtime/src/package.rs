@@ -1,0 +1,423 @@
+//! Model packages: the `model.json` schema, its validation, and where a package's files come from.
+//!
+//! A package is either a directory on the server (JSON registration names its absolute base) or an uploaded
+//! set of files (multipart registration: programs and metadata in their own logical namespace, parameter files
+//! only under the operator's parameter root). Both are a [`PackageFiles`]: program and asset paths resolve
+//! against the package's base and may not escape it; checkpoint paths resolve against the parameter root.
+//!
+//! Errors name the file and the field (`model.json: field `capacities.max_batch_units`: expected a positive
+//! integer, found 0`).
+
+use crate::Error;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+/// The contracts a package can implement. Only `finite` is served today; the others are rejected at
+/// registration with a clear error.
+pub const CONTRACTS: &[&str] = &["finite"];
+
+/// The roles a finite package can serve over HTTP.
+pub const FINITE_ROLES: &[&str] = &["embeddings", "decisions"];
+
+/// `model.json`, as written by package authors.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelDoc {
+    /// Default model name (registration can override it).
+    pub name: Option<String>,
+    /// `finite`, ...
+    pub contract: String,
+    /// For `finite`: `embeddings` or `decisions`.
+    pub role: String,
+    /// Program roles -> files (`.loom` or `.loombc`).
+    pub programs: Programs,
+    #[serde(default)]
+    pub definition: Definition,
+    /// Named assets (`tokenizer`), relative to the package base.
+    #[serde(default)]
+    pub assets: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacities: Capacities,
+    /// Device choice: `"cpu"`, `"vulkan:0"`, or a preference list.
+    #[serde(default)]
+    pub device: Option<DeviceChoice>,
+    #[serde(default)]
+    pub memory: Memory,
+    /// How many invocation-declared stage sets are kept compiled (LRU).
+    #[serde(default = "default_spec_cache")]
+    pub specialization_cache: usize,
+    #[serde(default)]
+    pub fuel: Fuel,
+    /// The source-owned options object, given to `prepare` as JSON text and through the `options` module.
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_spec_cache() -> usize {
+    8
+}
+
+// No `deny_unknown_fields` here: `flatten` collects the other roles (serde cannot combine the two).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Programs {
+    pub prepare: String,
+    pub control: String,
+    /// Extra files compiled into the catalog under these role names (`config`, `kernel`, ...).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Definition {
+    /// Shared VM and native providers (motif libraries, the package's kernels), relative to the package base.
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capacities {
+    /// Requests waiting for a cohort, per model; more are refused with 429.
+    #[serde(default = "default_queue")]
+    pub max_queue: usize,
+    /// Bytes of one request's input record.
+    #[serde(default = "default_request_bytes")]
+    pub max_request_bytes: usize,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Capacities {
+            max_queue: default_queue(),
+            max_request_bytes: default_request_bytes(),
+        }
+    }
+}
+
+fn default_queue() -> usize {
+    1024
+}
+fn default_request_bytes() -> usize {
+    1 << 20
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum DeviceChoice {
+    One(String),
+    Preference(Vec<String>),
+}
+
+impl DeviceChoice {
+    pub fn preferences(&self) -> Vec<String> {
+        match self {
+            DeviceChoice::One(s) => vec![s.clone()],
+            DeviceChoice::Preference(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    /// The model's device-memory budget: parameters, stage workspace, cohort buffers.
+    #[serde(default = "default_device_bytes")]
+    pub device_bytes: u64,
+    /// Cap on the source state retained across invocations (the cold `!opaque`).
+    #[serde(default = "default_state_bytes")]
+    pub state_bytes: u64,
+    /// Per-invocation VM memory cap.
+    #[serde(default = "default_invoke_bytes")]
+    pub invocation_bytes: u64,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            device_bytes: default_device_bytes(),
+            state_bytes: default_state_bytes(),
+            invocation_bytes: default_invoke_bytes(),
+        }
+    }
+}
+
+fn default_device_bytes() -> u64 {
+    1 << 30
+}
+fn default_state_bytes() -> u64 {
+    16 << 20
+}
+fn default_invoke_bytes() -> u64 {
+    64 << 20
+}
+
+/// Fuel budgets per entry; the server caps each at [`MAX_FUEL`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fuel {
+    #[serde(default = "default_cold_fuel")]
+    pub prepare: u64,
+    #[serde(default = "default_warm_fuel")]
+    pub prepare_request: u64,
+    #[serde(default = "default_warm_fuel")]
+    pub prepare_batch: u64,
+    #[serde(default = "default_warm_fuel")]
+    pub run: u64,
+}
+
+impl Default for Fuel {
+    fn default() -> Self {
+        Fuel {
+            prepare: default_cold_fuel(),
+            prepare_request: default_warm_fuel(),
+            prepare_batch: default_warm_fuel(),
+            run: default_warm_fuel(),
+        }
+    }
+}
+
+fn default_cold_fuel() -> u64 {
+    100_000_000
+}
+fn default_warm_fuel() -> u64 {
+    10_000_000
+}
+
+/// The server-wide cap on any fuel budget a package asks for.
+pub const MAX_FUEL: u64 = 10_000_000_000;
+
+/// Where a package's files are.
+#[derive(Debug, Clone)]
+pub enum PackageFiles {
+    /// A directory on the server.
+    Dir(PathBuf),
+    /// Uploaded files (relative path -> bytes); `params_root` is where its checkpoint paths resolve.
+    Uploaded {
+        files: BTreeMap<String, Vec<u8>>,
+        params_root: Option<PathBuf>,
+    },
+}
+
+/// Normalises a package-relative path: no absolute paths, no `..` escaping the base.
+pub fn relative(doc_file: &str, field: &str, path: &str) -> Result<String, Error> {
+    let p = Path::new(path);
+    let mut parts: Vec<String> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_string_lossy().into_owned()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    return Err(Error::package(
+                        doc_file,
+                        field,
+                        format!("path {path:?} escapes the package base"),
+                    ));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(Error::package(
+                    doc_file,
+                    field,
+                    format!("path {path:?} must be relative to the package base"),
+                ));
+            }
+        }
+    }
+    if parts.is_empty() {
+        return Err(Error::package(doc_file, field, "empty path"));
+    }
+    Ok(parts.join("/"))
+}
+
+impl PackageFiles {
+    /// Reads package file `rel` (already normalised by [`relative`]).
+    pub fn read(&self, rel: &str) -> Result<Vec<u8>, String> {
+        match self {
+            PackageFiles::Dir(base) => {
+                let path = base.join(rel);
+                // Symlinks must not lead out of the base either.
+                let canon = path
+                    .canonicalize()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let base_canon = base
+                    .canonicalize()
+                    .map_err(|e| format!("{}: {e}", base.display()))?;
+                if !canon.starts_with(&base_canon) {
+                    return Err(format!(
+                        "{}: resolves outside the package base {}",
+                        path.display(),
+                        base.display()
+                    ));
+                }
+                std::fs::read(&canon).map_err(|e| format!("{}: {e}", path.display()))
+            }
+            PackageFiles::Uploaded { files, .. } => files
+                .get(rel)
+                .cloned()
+                .ok_or_else(|| format!("{rel}: not in the uploaded package")),
+        }
+    }
+
+    /// Reads a `definition.sources` entry: for a server-local package, relative to its directory and allowed to
+    /// name shared libraries elsewhere (`../motifs/norm.loom`); for an uploaded package, only its own files.
+    pub fn read_source(&self, doc_file: &str, field: &str, path: &str) -> Result<Vec<u8>, Error> {
+        match self {
+            PackageFiles::Dir(base) => {
+                if Path::new(path).is_absolute() {
+                    return Err(Error::package(
+                        doc_file,
+                        field,
+                        format!("path {path:?} must be relative to the package base"),
+                    ));
+                }
+                let full = base.join(path);
+                std::fs::read(&full).map_err(|e| {
+                    Error::package(doc_file, field, format!("{}: {e}", full.display()))
+                })
+            }
+            PackageFiles::Uploaded { .. } => {
+                let rel = relative(doc_file, field, path)?;
+                self.read(&rel)
+                    .map_err(|m| Error::package(doc_file, field, m))
+            }
+        }
+    }
+
+    /// The base directory checkpoint paths resolve against.
+    pub fn params_root(&self) -> Option<&Path> {
+        match self {
+            PackageFiles::Dir(base) => Some(base),
+            PackageFiles::Uploaded { params_root, .. } => params_root.as_deref(),
+        }
+    }
+
+    /// A name for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            PackageFiles::Dir(base) => base.display().to_string(),
+            PackageFiles::Uploaded { .. } => "<uploaded package>".to_string(),
+        }
+    }
+}
+
+/// Parses and validates `model.json` bytes.
+pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
+    let doc: ModelDoc = serde_json::from_slice(bytes).map_err(|e| Error::Package {
+        file: file.to_string(),
+        field: String::new(),
+        message: e.to_string(),
+    })?;
+    if !CONTRACTS.contains(&doc.contract.as_str()) {
+        return Err(Error::package(
+            file,
+            "contract",
+            format!(
+                "expected one of {CONTRACTS:?} (the contracts this server serves), found {:?}",
+                doc.contract
+            ),
+        ));
+    }
+    if doc.contract == "finite" && !FINITE_ROLES.contains(&doc.role.as_str()) {
+        return Err(Error::package(
+            file,
+            "role",
+            format!(
+                "a finite package's role is one of {FINITE_ROLES:?}, found {:?}",
+                doc.role
+            ),
+        ));
+    }
+    if let Some(name) = &doc.name {
+        check_model_name(name).map_err(|m| Error::package(file, "name", m))?;
+    }
+    if doc.capacities.max_queue == 0 {
+        return Err(Error::package(
+            file,
+            "capacities.max_queue",
+            "expected a positive integer, found 0",
+        ));
+    }
+    if doc.capacities.max_request_bytes == 0 {
+        return Err(Error::package(
+            file,
+            "capacities.max_request_bytes",
+            "expected a positive integer, found 0",
+        ));
+    }
+    if doc.specialization_cache == 0 {
+        return Err(Error::package(
+            file,
+            "specialization_cache",
+            "expected a positive integer, found 0",
+        ));
+    }
+    for (field, v) in [
+        ("fuel.prepare", doc.fuel.prepare),
+        ("fuel.prepare_request", doc.fuel.prepare_request),
+        ("fuel.prepare_batch", doc.fuel.prepare_batch),
+        ("fuel.run", doc.fuel.run),
+    ] {
+        if v == 0 || v > MAX_FUEL {
+            return Err(Error::package(
+                file,
+                field,
+                format!("expected 1..={MAX_FUEL}, found {v}"),
+            ));
+        }
+    }
+    for (field, v) in [
+        ("memory.device_bytes", doc.memory.device_bytes),
+        ("memory.state_bytes", doc.memory.state_bytes),
+        ("memory.invocation_bytes", doc.memory.invocation_bytes),
+    ] {
+        if v == 0 {
+            return Err(Error::package(
+                file,
+                field,
+                "expected a positive byte count, found 0",
+            ));
+        }
+    }
+    if let Some(d) = &doc.device {
+        let prefs = d.preferences();
+        if prefs.is_empty() {
+            return Err(Error::package(
+                file,
+                "device",
+                "expected a device name or a non-empty preference list",
+            ));
+        }
+        for p in prefs {
+            crate::device::parse_device_name(&p).map_err(|m| Error::package(file, "device", m))?;
+        }
+    }
+    relative(file, "programs.prepare", &doc.programs.prepare)?;
+    relative(file, "programs.control", &doc.programs.control)?;
+    for (k, v) in &doc.programs.other {
+        relative(file, &format!("programs.{k}"), v)?;
+    }
+    // `definition.sources` are checked where they are read: a server-local package may name shared motif
+    // libraries outside its directory; an uploaded one may not (see `PackageFiles::read_source`).
+    for (k, v) in &doc.assets {
+        relative(file, &format!("assets.{k}"), v)?;
+    }
+    Ok(doc)
+}
+
+/// Model names appear in URLs and metrics: `[A-Za-z0-9._-]{1,128}`.
+pub fn check_model_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(format!(
+            "a model name is 1 to 128 characters of [A-Za-z0-9._-], found {name:?}"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The model registry: names -> prepared services, with Triton's re-registration rule.
+//!
+//! # Protocol
+//!
+//! * `register` marks the slot *preparing* and prepares without holding the registry lock, so every other
+//!   model keeps serving (and the old version of this one, if any).
+//! * On success the new service replaces the old one atomically; the old one is drained (its accepted work
+//!   retires) and dropped, which releases its device memory.
+//! * On failure a previous version keeps serving (its slot records the failed attempt's error); a first
+//!   registration becomes *failed* with the error, visible in the model list, and holds no device memory.
+//! * `unregister` removes the name first (new requests get 404), then drains accepted work, then drops the
+//!   model.
+
+use crate::device::Devices;
+use crate::finite::FiniteService;
+use crate::model::{self, Overrides};
+use crate::package::{PackageFiles, check_model_name};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// A model's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Preparing,
+    Ready,
+    Failed,
+}
+
+impl Status {
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Preparing => "preparing",
+            Status::Ready => "ready",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    status: Status,
+    service: Option<Arc<FiniteService>>,
+    error: Option<String>,
+    source: String,
+}
+
+/// What the model list shows.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub name: String,
+    pub status: Status,
+    pub contract: String,
+    pub role: String,
+    pub device: String,
+    pub source: String,
+    pub error: Option<String>,
+    pub device_bytes: u64,
+    pub stages: usize,
+}
+
+/// Every registered model.
+#[derive(Debug)]
+pub struct Registry {
+    pub devices: Arc<Devices>,
+    slots: Mutex<BTreeMap<String, Slot>>,
+}
+
+impl Registry {
+    pub fn new(devices: Arc<Devices>) -> Registry {
+        Registry {
+            devices,
+            slots: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Prepares `files` as model `name` (blocking: call it from a worker thread).
+    pub fn register(
+        &self,
+        name: &str,
+        files: PackageFiles,
+        overrides: Overrides,
+    ) -> Result<ModelInfo> {
+        check_model_name(name).map_err(Error::BadRequest)?;
+        {
+            let mut slots = self.lock();
+            match slots.get_mut(name) {
+                Some(s) if s.status == Status::Preparing => {
+                    return Err(Error::Overloaded(format!(
+                        "model `{name}` is already being prepared"
+                    )));
+                }
+                Some(s) => {
+                    s.status = Status::Preparing;
+                    s.source = files.describe();
+                }
+                None => {
+                    slots.insert(
+                        name.to_string(),
+                        Slot {
+                            status: Status::Preparing,
+                            service: None,
+                            error: None,
+                            source: files.describe(),
+                        },
+                    );
+                }
+            }
+        }
+        log::info!("model {name}: preparing from {}", files.describe());
+        let devices = self.devices.clone();
+        let r = model::prepare(name, &files, &overrides, |prefs| devices.select(prefs));
+        let mut slots = self.lock();
+        let Some(slot) = slots.get_mut(name) else {
+            // Unregistered while preparing: the new model is dropped.
+            return Err(Error::UnknownModel(name.to_string()));
+        };
+        match r {
+            Ok(m) => {
+                log::info!(
+                    "model {name}: ready on {} ({} stage(s), {} parameter bytes, compiled in {:?}, prepared in {:?})",
+                    m.device.name,
+                    m.report.stages,
+                    m.report.parameter_bytes,
+                    m.report.compile_time,
+                    m.report.total_time
+                );
+                let svc = FiniteService::start(Arc::new(m));
+                let old = slot.service.replace(svc);
+                slot.status = Status::Ready;
+                slot.error = None;
+                let info = info(name, slot);
+                drop(slots);
+                if let Some(old) = old {
+                    old.drain();
+                }
+                Ok(info)
+            }
+            Err(e) => {
+                log::warn!("model {name}: preparation failed: {e}");
+                slot.error = Some(e.to_string());
+                slot.status = if slot.service.is_some() {
+                    Status::Ready
+                } else {
+                    Status::Failed
+                };
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes `name`, draining its accepted work first.
+    pub fn unregister(&self, name: &str) -> Result<()> {
+        let slot = self
+            .lock()
+            .remove(name)
+            .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+        if let Some(svc) = slot.service {
+            svc.drain();
+            log::info!("model {name}: unregistered");
+        }
+        Ok(())
+    }
+
+    /// The serving model `name`.
+    pub fn service(&self, name: &str) -> Result<Arc<FiniteService>> {
+        let slots = self.lock();
+        let slot = slots
+            .get(name)
+            .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+        slot.service.clone().ok_or_else(|| Error::NotReady {
+            name: name.to_string(),
+            status: slot.status.name().to_string(),
+        })
+    }
+
+    pub fn list(&self) -> Vec<ModelInfo> {
+        self.lock().iter().map(|(n, s)| info(n, s)).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<ModelInfo> {
+        self.lock().get(name).map(|s| info(name, s))
+    }
+
+    /// Every serving model (for metrics).
+    pub fn services(&self) -> Vec<Arc<FiniteService>> {
+        self.lock()
+            .values()
+            .filter_map(|s| s.service.clone())
+            .collect()
+    }
+
+    /// Drains every model (graceful shutdown).
+    pub fn drain_all(&self) {
+        for s in self.services() {
+            s.drain();
+        }
+    }
+}
+
+fn info(name: &str, s: &Slot) -> ModelInfo {
+    let m = s.service.as_ref().map(|svc| &svc.model);
+    ModelInfo {
+        name: name.to_string(),
+        status: s.status,
+        contract: m.map(|m| m.doc.contract.clone()).unwrap_or_default(),
+        role: m.map(|m| m.doc.role.clone()).unwrap_or_default(),
+        device: m.map(|m| m.device.name.clone()).unwrap_or_default(),
+        source: s.source.clone(),
+        error: s.error.clone(),
+        device_bytes: m.map(|m| m.device_bytes()).unwrap_or(0),
+        stages: m.map(|m| m.stages.len()).unwrap_or(0),
+    }
+}
