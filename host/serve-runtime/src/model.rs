@@ -278,12 +278,11 @@ pub fn prepare(
             })
             .map_err(|e| Error::Program(e.to_string()))
     };
+    // Program references resolve from the package directory; a server-local package may name programs of
+    // another package or a shared library (`../arith-embed/control.loom`), an uploaded one only its own files.
     let read_prog = |field: &str, path: &str| -> Result<(String, Vec<u8>)> {
-        let rel = package::relative("model.json", field, path)?;
-        let bytes = files
-            .read(&rel)
-            .map_err(|m| Error::package("model.json", field, m))?;
-        Ok((rel, bytes))
+        let bytes = files.read_source("model.json", field, path)?;
+        Ok((path.to_string(), bytes))
     };
     let (prep_file, b) = read_prog("programs.prepare", &doc.programs.prepare)?;
     let prep_idx = add(&mut catalog, &prep_file, b)?;

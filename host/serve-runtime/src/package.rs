@@ -394,11 +394,6 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
             crate::device::parse_device_name(&p).map_err(|m| Error::package(file, "device", m))?;
         }
     }
-    relative(file, "programs.prepare", &doc.programs.prepare)?;
-    relative(file, "programs.control", &doc.programs.control)?;
-    for (k, v) in &doc.programs.other {
-        relative(file, &format!("programs.{k}"), v)?;
-    }
     // `definition.sources` are checked where they are read: a server-local package may name shared motif
     // libraries outside its directory; an uploaded one may not (see `PackageFiles::read_source`).
     for (k, v) in &doc.assets {
