@@ -1,0 +1,289 @@
+//! The timeline and queue semantics of the HAL (`loom-plugin-api`), shared by the GPU plugins (`hal-vulkan`,
+//! `hal-cuda`) so that every backend fails, waits and retires exactly like `hal-cpu`:
+//!
+//! * a timeline is a `u64` that only increases, or a failure (the first error wins; every later wait or value
+//!   query reports it);
+//! * one queue thread per device runs jobs in submission order: it waits for every wait point (a failed wait
+//!   point fails the job with the same error, so failures propagate along fence chains), runs the job, then
+//!   advances the signal point's timeline or fails it with the job's error text;
+//! * the job owns whatever it resolved when it was accepted (buffers, executables) and is dropped *before* its
+//!   point is signalled, so a buffer freed while queued lives exactly until its last accepted use retires;
+//! * a panic of the job runner is caught and fails the signal point.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use loom_plugin_api::{TimelineId, TimelinePoint, WaitStatus, panic_message};
+
+/// Locks `m`, ignoring poisoning (a panic on another thread is already reported as an error).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct Timeline {
+    value: u64,
+    failure: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    timelines: HashMap<u64, Timeline>,
+    next_id: u64,
+    closed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Notified whenever a timeline advances or fails, and on close.
+    changed: Condvar,
+}
+
+impl Shared {
+    fn retire(&self, point: TimelinePoint, result: Result<(), String>) {
+        let mut st = lock(&self.state);
+        if let Some(t) = st.timelines.get_mut(&point.timeline.0) {
+            match result {
+                Ok(()) => t.value = t.value.max(point.value),
+                Err(e) => {
+                    if t.failure.is_none() {
+                        t.failure = Some(e);
+                    }
+                }
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    fn wait(&self, point: TimelinePoint, deadline: Option<Instant>) -> Result<WaitStatus, String> {
+        let mut st = lock(&self.state);
+        loop {
+            let t = st
+                .timelines
+                .get(&point.timeline.0)
+                .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
+            if t.value >= point.value {
+                return Ok(WaitStatus::Reached);
+            }
+            if let Some(f) = &t.failure {
+                return Err(f.clone());
+            }
+            if st.closed {
+                return Err("the device was closed".into());
+            }
+            st = match deadline {
+                None => self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(WaitStatus::TimedOut);
+                    }
+                    self.changed
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+struct Job<J> {
+    job: J,
+    wait: Vec<TimelinePoint>,
+    signal: TimelinePoint,
+}
+
+/// A device's timelines and its in-order queue thread running jobs of type `J`.
+pub struct Queue<J: Send + 'static> {
+    shared: Arc<Shared>,
+    tx: Mutex<Option<mpsc::Sender<Job<J>>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<J: Send + 'static> fmt::Debug for Queue<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("shared", &self.shared)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Send + 'static> Queue<J> {
+    /// Starts the queue thread `name`; `run` executes one job (and drops it) on that thread.
+    pub fn new(name: &str, run: impl FnMut(J) -> Result<(), String> + Send + 'static) -> Queue<J> {
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::channel::<Job<J>>();
+        let q = Arc::clone(&shared);
+        let mut run = run;
+        let worker = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let signal = job.signal;
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        for &w in &job.wait {
+                            q.wait(w, None)?;
+                        }
+                        run(job.job)
+                    }))
+                    .unwrap_or_else(|p| Err(format!("queue panicked: {}", panic_message(&*p))));
+                    q.retire(signal, result);
+                }
+            })
+            .ok();
+        Queue {
+            shared,
+            tx: Mutex::new(worker.as_ref().map(|_| tx)),
+            worker: Mutex::new(worker),
+        }
+    }
+
+    /// Checks that every timeline of `points` exists (submissions are checked when accepted).
+    pub fn check_points<'a>(
+        &self,
+        points: impl IntoIterator<Item = &'a TimelinePoint>,
+    ) -> Result<(), String> {
+        let st = lock(&self.shared.state);
+        for p in points {
+            if !st.timelines.contains_key(&p.timeline.0) {
+                return Err(format!("unknown timeline {}", p.timeline.0));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `job`: it runs after every `wait` point is reached, then `signal` is advanced or failed.
+    pub fn submit(
+        &self,
+        job: J,
+        wait: Vec<TimelinePoint>,
+        signal: TimelinePoint,
+    ) -> Result<(), String> {
+        self.check_points(wait.iter().chain([&signal]))?;
+        if lock(&self.shared.state).closed {
+            return Err("submit: the device is closed".into());
+        }
+        lock(&self.tx)
+            .as_ref()
+            .ok_or("submit: the device has no queue thread")?
+            .send(Job { job, wait, signal })
+            .map_err(|_| "submit: the queue thread has stopped".to_string())
+    }
+
+    /// Creates a timeline at value 0.
+    pub fn timeline_create(&self) -> TimelineId {
+        let mut st = lock(&self.shared.state);
+        st.next_id += 1;
+        let id = st.next_id;
+        st.timelines.insert(id, Timeline::default());
+        TimelineId(id)
+    }
+
+    /// The timeline's value, or its failure.
+    pub fn timeline_value(&self, timeline: TimelineId) -> Result<u64, String> {
+        let st = lock(&self.shared.state);
+        let t = st
+            .timelines
+            .get(&timeline.0)
+            .ok_or_else(|| format!("unknown timeline {}", timeline.0))?;
+        match &t.failure {
+            Some(f) => Err(f.clone()),
+            None => Ok(t.value),
+        }
+    }
+
+    /// Signals a point from the host (the value must increase).
+    pub fn timeline_signal(&self, point: TimelinePoint) -> Result<(), String> {
+        let mut st = lock(&self.shared.state);
+        let t = st
+            .timelines
+            .get_mut(&point.timeline.0)
+            .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
+        if let Some(f) = &t.failure {
+            return Err(f.clone());
+        }
+        if point.value <= t.value {
+            return Err(format!(
+                "timeline_signal: value {} is not above the current {}",
+                point.value, t.value
+            ));
+        }
+        t.value = point.value;
+        drop(st);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Blocks until `point` is reached, fails, or `timeout_ns` passes.
+    pub fn timeline_wait(
+        &self,
+        point: TimelinePoint,
+        timeout_ns: u64,
+    ) -> Result<WaitStatus, String> {
+        let deadline = Instant::now().checked_add(Duration::from_nanos(timeout_ns));
+        self.shared.wait(point, deadline)
+    }
+}
+
+impl<J: Send + 'static> Drop for Queue<J> {
+    fn drop(&mut self) {
+        lock(&self.shared.state).closed = true;
+        self.shared.changed.notify_all();
+        drop(lock(&self.tx).take());
+        if let Some(w) = lock(&self.worker).take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(t: TimelineId, v: u64) -> TimelinePoint {
+        TimelinePoint {
+            timeline: t,
+            value: v,
+        }
+    }
+
+    #[test]
+    fn failures_propagate_and_order_holds() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&log);
+        let q: Queue<u32> = Queue::new("test-queue", move |j| {
+            lock(&l).push(j);
+            if j == 2 {
+                Err("job 2 failed".into())
+            } else {
+                Ok(())
+            }
+        });
+        let host = q.timeline_create();
+        let t = q.timeline_create();
+        let u = q.timeline_create();
+        q.submit(1, vec![p(host, 1)], p(t, 1)).unwrap();
+        q.submit(2, vec![p(t, 1)], p(t, 2)).unwrap();
+        q.submit(3, vec![p(t, 2)], p(u, 1)).unwrap();
+        assert_eq!(
+            q.timeline_wait(p(u, 1), 1_000_000).unwrap(),
+            WaitStatus::TimedOut
+        );
+        q.timeline_signal(p(host, 1)).unwrap();
+        assert_eq!(
+            q.timeline_wait(p(u, 1), u64::MAX).unwrap_err(),
+            "job 2 failed"
+        );
+        assert_eq!(q.timeline_value(t).unwrap_err(), "job 2 failed");
+        assert_eq!(*lock(&log), vec![1, 2], "job 3 must not run");
+        assert!(q.submit(4, vec![], p(TimelineId(99), 1)).is_err());
+        assert!(q.timeline_signal(p(host, 1)).is_err());
+    }
+}
