@@ -72,6 +72,8 @@ pub(crate) struct Gen<'k> {
     depth: u32,
     loaded: Vec<bool>,
     stored: Vec<bool>,
+    /// Source location (line, col) of the op being emitted: reported with division-by-zero errors.
+    loc: (u32, u32),
 }
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -99,6 +101,7 @@ impl<'k> Gen<'k> {
             depth: 0,
             loaded: vec![false; k.params.len()],
             stored: vec![false; k.params.len()],
+            loc: (0, 0),
         }
     }
 
@@ -612,6 +615,7 @@ impl<'k> Gen<'k> {
 
     fn op(&mut self, op: &'k KOp) -> Result<(), Error> {
         use KOpKind as K;
+        self.loc = (op.loc.line, op.loc.col);
         let one = || -> Result<KValue, Error> {
             match op.results[..] {
                 [r] => Ok(r),
@@ -895,7 +899,19 @@ impl<'k> Gen<'k> {
         self.open("{");
         self.var_(&cur, it, &lo);
         self.open(&format!("if ({step} <= {}) {{", self.zero(it)));
-        let f = self.fail(ERR_LOOP_STEP, "0u", "0u", "0");
+        // The op's location and the step go to the status words, for the contract's error text.
+        let (line, col) = self.loc;
+        let step_i32 = if self.wgsl() {
+            format!("i32({step})")
+        } else {
+            format!("(int)({step})")
+        };
+        let f = self.fail(
+            ERR_LOOP_STEP,
+            &format!("{line}u"),
+            &format!("{col}u"),
+            &step_i32,
+        );
         self.line(&format!("{f};"));
         self.close();
         self.open(if self.wgsl() { "loop {" } else { "for (;;) {" });
@@ -1634,10 +1650,12 @@ impl<'k> Gen<'k> {
             BinOp::Max if float => self.norm(d, format!("fmax_nan({x}, {y})")),
             BinOp::Div | BinOp::Rem if d != DType::I1 => {
                 let f = if op == BinOp::Div { "idiv" } else { "irem" };
+                // The op's location goes to the status words, for the contract's `DivisionByZero` error.
+                let (line, col) = self.loc;
                 let h = if self.wgsl() {
-                    format!("{f}_{suffix}({x}, {y})")
+                    format!("{f}_{suffix}({x}, {y}, {line}u, {col}u)")
                 } else {
-                    format!("{f}({x}, {y}, status)")
+                    format!("{f}({x}, {y}, status, {line}u, {col}u)")
                 };
                 self.norm(d, h)
             }

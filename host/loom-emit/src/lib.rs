@@ -68,8 +68,8 @@
 //! | code | meaning | details |
 //! |---|---|---|
 //! | 1 | checked load out of range | parameter, dimension, index |
-//! | 2 | integer division or remainder by zero | - |
-//! | 3 | loop step <= 0 (the loop does not run) | - |
+//! | 2 | integer division or remainder by zero | the op's source line, column |
+//! | 3 | loop step <= 0 (the loop does not run) | the op's source line, column, the step (as i32) |
 //! | 4 | (WGSL) an i64 buffer element outside the i32 range | parameter, -, element |
 //!
 //! # Limits and divergences from the reference

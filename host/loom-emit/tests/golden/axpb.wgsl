@@ -70,11 +70,12 @@ fn erf_s(x: f32) -> f32 {
     let y = 1.0f - ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t * exp(-a * a);
     return select(y, -y, x < 0.0f);
 }
-// Integer division by zero is an error of the dispatch (WGSL would silently return the dividend).
-fn idiv_i32(a: i32, b: i32) -> i32 { if (b == 0) { fail(2u, 0u, 0u, 0); return 0; } return a / b; }
-fn irem_i32(a: i32, b: i32) -> i32 { if (b == 0) { fail(2u, 0u, 0u, 0); return 0; } return a % b; }
-fn idiv_u32(a: u32, b: u32) -> u32 { if (b == 0u) { fail(2u, 0u, 0u, 0); return 0u; } return a / b; }
-fn irem_u32(a: u32, b: u32) -> u32 { if (b == 0u) { fail(2u, 0u, 0u, 0); return 0u; } return a % b; }
+// Integer division by zero is an error of the dispatch (WGSL would silently return the dividend); `l`, `c` are
+// the op's source line and column.
+fn idiv_i32(a: i32, b: i32, l: u32, c: u32) -> i32 { if (b == 0) { fail(2u, l, c, 0); return 0; } return a / b; }
+fn irem_i32(a: i32, b: i32, l: u32, c: u32) -> i32 { if (b == 0) { fail(2u, l, c, 0); return 0; } return a % b; }
+fn idiv_u32(a: u32, b: u32, l: u32, c: u32) -> u32 { if (b == 0u) { fail(2u, l, c, 0); return 0u; } return a / b; }
+fn irem_u32(a: u32, b: u32, l: u32, c: u32) -> u32 { if (b == 0u) { fail(2u, l, c, 0); return 0u; } return a % b; }
 fn rd0(g: i32) -> f32 {
     return bitcast<f32>(b0[g]);
 }

@@ -45,14 +45,15 @@ __device__ __forceinline__ float fmin_nan(float a, float b) { return fminf(a, b)
 __device__ __forceinline__ float fmax_nan(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double fmin_nan(double a, double b) { return fmin(a, b); }
 __device__ __forceinline__ double fmax_nan(double a, double b) { return fmax(a, b); }
-// Integer division: by zero is an error of the dispatch; MIN / -1 wraps (both are undefined in C).
-template <typename T> __device__ __forceinline__ T idiv(T a, T b, unsigned* status) {
-    if (b == (T)0) { loom_fail(status, 2u, 0u, 0u, 0); return (T)0; }
+// Integer division: by zero is an error of the dispatch (with the op's line and column); MIN / -1 wraps (both
+// are undefined in C).
+template <typename T> __device__ __forceinline__ T idiv(T a, T b, unsigned* status, unsigned l, unsigned c) {
+    if (b == (T)0) { loom_fail(status, 2u, l, c, 0); return (T)0; }
     if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ull - (unsigned long long)a);
     return a / b;
 }
-template <typename T> __device__ __forceinline__ T irem(T a, T b, unsigned* status) {
-    if (b == (T)0) { loom_fail(status, 2u, 0u, 0u, 0); return (T)0; }
+template <typename T> __device__ __forceinline__ T irem(T a, T b, unsigned* status, unsigned l, unsigned c) {
+    if (b == (T)0) { loom_fail(status, 2u, l, c, 0); return (T)0; }
     if ((T)-1 < (T)0 && b == (T)-1) return (T)0;
     return a % b;
 }
