@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Sets up and runs every check: formatting, lints, and the whole test suite (unit, golden, property, sandbox,
-# and end-to-end CLI tests). Works on a fresh machine of this kind (Rust toolchain present); installs nothing
-# else because nothing else is needed yet.
+# and end-to-end CLI tests). Works on a fresh machine of this kind (Rust toolchain present). The one thing it
+# installs is the software Vulkan driver the Vulkan HAL's tests run on (lavapipe: Debian's mesa-vulkan-drivers
+# and the loader libvulkan1), and only when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (rustup toolchain)" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy 2>/dev/null || true
+if ! { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' && ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; }; then
+    echo "test.sh: installing the Vulkan loader and lavapipe (libvulkan1, mesa-vulkan-drivers)" >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

@@ -3,5 +3,6 @@
 mod golden_compile;
 mod golden_link;
 mod hal_conformance;
+mod hal_motifs;
 mod pipeline_props;
 mod vm_sandbox;
