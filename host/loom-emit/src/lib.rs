@@ -91,14 +91,15 @@
 //!   float `%` is `a - b * trunc(a / b)`, and a compiler may contract `a * b + c`. f16/bf16 values are rounded
 //!   to nearest-even after every op with bit manipulation (exact, as f32 is wide enough).
 //!
-//! # Conformance (planned)
+//! # Conformance
 //!
-//! The Vulkan plugin will run these WGSL modules under lavapipe (CI's software Vulkan) with
-//! `Limits::downlevel_defaults()` and compare every motif stage and the hand-built op kernels of this crate's
-//! tests against `loom-reference` on random inputs, with the tolerances of the reference's rounding model
-//! (bit-exact for elementwise f32 `+ - * min max`, casts and data movement; K-scaled for dots and sums; a few
-//! ulps for transcendental functions), and check the status buffer for the error cases (checked loads out of
-//! range, division by zero). The CUDA text gets the same comparison where a GPU is lent.
+//! `hal-vulkan` runs these WGSL modules on lavapipe (CI's software Vulkan): the HAL conformance suite
+//! (`tests/integration/hal_conformance.rs`: a motif stage against `loom-reference`, checked loads out of range,
+//! division by zero and non-positive loop steps with the reference's exact error text) and every motif stage against
+//! the CPU backend on random inputs (`tests/integration/hal_motifs.rs`, relative error <= 2e-4), once with the
+//! default limits and once with `Limits::downlevel_defaults()`. RoPE (f64) is refused with [`Error::Unsupported`],
+//! and so, under the downlevel limit of 4 storage buffers, are kernels with more than 3 parameters. The CUDA text
+//! gets the same suite from `hal-cuda` where a GPU is lent (`scripts/gpu-conformance.sh`); it has not run yet.
 
 mod body;
 mod cuda;
