@@ -1045,3 +1045,80 @@ impl HalDevice for VkDevice {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loom_plugin_api::ProbeStatus;
+
+    const CHILD: &str = "HAL_VULKAN_TEST_CHILD";
+
+    /// With no Vulkan driver the probe is a clean Absent and the driver has no devices. The Vulkan loader reads
+    /// `VK_DRIVER_FILES`/`VK_ICD_FILENAMES` when an instance is created, so the check runs in a child process
+    /// (this test binary again) with those pointing nowhere.
+    #[test]
+    fn probe_without_a_vulkan_driver_is_absent() {
+        if std::env::var_os(CHILD).is_some() {
+            let p = probe();
+            assert_eq!(p.status, ProbeStatus::Absent, "{p:?}");
+            assert!(p.detail.contains("no Vulkan adapter"), "{p:?}");
+            let d = driver_with(LimitsProfile::Default);
+            assert!(d.devices().is_empty());
+            let e = d.open(0).into_result().map(|_| ()).unwrap_err();
+            assert!(e.to_string().contains("no vulkan device 0"), "{e}");
+            return;
+        }
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "tests::probe_without_a_vulkan_driver_is_absent",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env("VK_DRIVER_FILES", "/nonexistent/loom-no-icd.json")
+            .env("VK_ICD_FILENAMES", "/nonexistent/loom-no-icd.json")
+            .output()
+            .expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("1 passed"), "{text}");
+    }
+
+    #[test]
+    fn limits_profiles() {
+        let d = wgsl_limits(&LimitsProfile::Downlevel.limits());
+        assert_eq!(d.max_storage_buffers_per_shader_stage, 4);
+        assert_eq!(d.max_compute_workgroup_storage_size, 16352);
+        let w = wgsl_limits(&LimitsProfile::Default.limits());
+        assert_eq!(w.max_storage_buffers_per_shader_stage, 8);
+        assert_eq!(w, WgslLimits::default());
+    }
+
+    #[test]
+    fn status_words_become_the_contracts_errors() {
+        assert_eq!(status_error(&empty_stage(), 0, &[0; 8]), None);
+        let e = status_error(&empty_stage(), 0, &[1, 9, 0, 0, 0, 1, 2, 3]).unwrap();
+        assert!(
+            e.contains("device error code 9") && e.contains("[1, 2, 3]"),
+            "{e}"
+        );
+    }
+
+    fn empty_stage() -> Stage {
+        Stage {
+            name: "s".into(),
+            inputs: vec![],
+            outputs: vec![],
+            workspace: vec![],
+            param_domain: None,
+            params: vec![],
+            kernels: vec![],
+            dispatches: vec![],
+        }
+    }
+}
