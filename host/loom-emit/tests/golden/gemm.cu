@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float*
     {
         long long it1 = 0LL;
         if (4LL <= 0) {
-            loom_fail(status, 3u, 0u, 0u, 0);
+            loom_fail(status, 3u, 13u, 3u, (int)(4LL));
         }
         for (;;) {
             if (!(it1 < 9LL && 4LL > 0)) { break; }
