@@ -111,7 +111,7 @@ fn gguf() -> Vec<u8> {
     out.extend_from_slice(&3u64.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&96u64.to_le_bytes());
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     out.extend((0..68u8).map(|i| i.wrapping_mul(3)));

@@ -1,0 +1,295 @@
+//! Embeddings and decisions against independent oracles: ragged inputs, mixed request sizes, token ids,
+//! base64, concurrent requests sharing cohorts.
+
+use crate::support::TestServer;
+use serde_json::json;
+
+/// xorshift64*: a fixed-seed generator for test inputs.
+pub(crate) struct Rng(u64);
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The arithmetic embedding (packages/arith-embed/kernel.loom's formula), in f64.
+pub(crate) fn arith(values: &[i64], dims: usize) -> Vec<f64> {
+    let n = values.len() as f64;
+    (0..dims)
+        .map(|j| {
+            let s: f64 = values
+                .iter()
+                .enumerate()
+                .map(|(t, &v)| v as f64 * ((((t + 1) * (j + 1)) % 13 + 1) as f64))
+                .sum();
+            s / (256.0 * n)
+        })
+        .collect()
+}
+
+/// The weighted variant: the arithmetic embedding (D = 64) times gen_weights.py's head, plus its bias.
+pub(crate) fn weighted(values: &[i64]) -> Vec<f64> {
+    let e = arith(values, 64);
+    (0..32)
+        .map(|o| {
+            let dot: f64 = (0..64)
+                .map(|d| e[d] * ((((d * 7 + o * 3) % 17) as f64) - 8.0) / 16.0)
+                .sum();
+            dot + (((o % 5) as f64) - 2.0) / 8.0
+        })
+        .collect()
+}
+
+pub(crate) fn text(rng: &mut Rng, len: usize) -> String {
+    const ALPHA: &[u8] = b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;!?";
+    (0..len)
+        .map(|_| ALPHA[rng.below(ALPHA.len() as u64) as usize] as char)
+        .collect()
+}
+
+fn close(got: &[serde_json::Value], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = g.as_f64().unwrap();
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}[{i}]: got {g}, oracle {w}"
+        );
+    }
+}
+
+fn embed(s: &TestServer, model: &str, input: serde_json::Value) -> serde_json::Value {
+    let r = s.post_json("/v1/embeddings", &json!({"model": model, "input": input}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn ragged_inputs_and_mixed_request_sizes_match_the_oracle() {
+    let s = TestServer::start("ragged", &[]);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Request sizes 1, 2, 5, 16 and 33 inputs; lengths 1..=256 including both ends.
+    for (round, size) in [1usize, 2, 5, 16, 33].into_iter().enumerate() {
+        let texts: Vec<String> = (0..size)
+            .map(|i| {
+                let len = match (round, i) {
+                    (0, _) => 256,
+                    (1, 0) => 1,
+                    _ => 1 + rng.below(256) as usize,
+                };
+                text(&mut rng, len)
+            })
+            .collect();
+        for model in ["arith-embed", "arith-embed-weighted"] {
+            let v = embed(&s, model, json!(texts));
+            let data = v["data"].as_array().unwrap();
+            assert_eq!(data.len(), size);
+            let total: usize = texts.iter().map(String::len).sum();
+            assert_eq!(v["usage"]["prompt_tokens"], json!(total));
+            for (i, d) in data.iter().enumerate() {
+                assert_eq!(d["index"], json!(i));
+                let vals: Vec<i64> = texts[i].bytes().map(i64::from).collect();
+                let want = if model == "arith-embed" {
+                    arith(&vals, 64)
+                } else {
+                    weighted(&vals)
+                };
+                close(
+                    d["embedding"].as_array().unwrap(),
+                    &want,
+                    &format!("{model} input {i}"),
+                );
+            }
+        }
+    }
+    // A single string, token ids (one list and a list of lists), UTF-8 beyond ASCII.
+    let v = embed(&s, "arith-embed", json!("héllo"));
+    let vals: Vec<i64> = "héllo".bytes().map(i64::from).collect();
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&vals, 64),
+        "utf-8",
+    );
+    let v = embed(&s, "arith-embed", json!([5, 70000, 3]));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&[5, 70000, 3], 64),
+        "ids",
+    );
+    let v = embed(&s, "arith-embed", json!([[1], [2, 3]]));
+    close(
+        v["data"][1]["embedding"].as_array().unwrap(),
+        &arith(&[2, 3], 64),
+        "ids 2",
+    );
+    // base64 carries the same f32 values.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "arith-embed", "input": "abc", "encoding_format": "base64"}),
+    );
+    let b64 = r.json()["data"][0]["embedding"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let floats = decode_b64_f32(&b64);
+    let want = arith(&[97, 98, 99], 64);
+    for (g, w) in floats.iter().zip(&want) {
+        assert!((*g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0));
+    }
+    assert_eq!(floats.len(), 64);
+}
+
+fn decode_b64_f32(s: &str) -> Vec<f32> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => 0,
+    } as u32;
+    let mut bytes = Vec::new();
+    for c in s.as_bytes().chunks(4) {
+        let n = val(c[0]) << 18 | val(c[1]) << 12 | val(c[2]) << 6 | val(c[3]);
+        bytes.push((n >> 16) as u8);
+        if c[2] != b'=' {
+            bytes.push((n >> 8) as u8);
+        }
+        if c[3] != b'=' {
+            bytes.push(n as u8);
+        }
+    }
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn concurrent_requests_share_cohorts_and_each_gets_its_own_rows() {
+    let s = TestServer::start("concurrent", &[]);
+    let s = std::sync::Arc::new(s);
+    let mut handles = Vec::new();
+    for c in 0..16u64 {
+        let s = s.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut rng = Rng(c * 7919 + 1);
+            for _ in 0..4 {
+                let texts: Vec<String> = (0..1 + rng.below(8))
+                    .map(|_| {
+                        let l = 1 + rng.below(200) as usize;
+                        text(&mut rng, l)
+                    })
+                    .collect();
+                let v = embed(&s, "arith-embed", json!(texts));
+                for (i, d) in v["data"].as_array().unwrap().iter().enumerate() {
+                    let vals: Vec<i64> = texts[i].bytes().map(i64::from).collect();
+                    close(
+                        d["embedding"].as_array().unwrap(),
+                        &arith(&vals, 64),
+                        "concurrent",
+                    );
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let shared = s.metric("loom_cohorts_shared_total{model=\"arith-embed\"}");
+    let cohorts = s.metric("loom_cohorts_total{model=\"arith-embed\"}");
+    let members = s.metric("loom_cohort_members_total{model=\"arith-embed\"}");
+    assert!(
+        shared >= 1.0,
+        "no cohort was shared: {cohorts} cohorts, {members} members"
+    );
+    assert!(
+        cohorts < members,
+        "{cohorts} cohorts for {members} requests"
+    );
+    // Cohort extents are specialized and reused from the cache.
+    assert!(s.metric("loom_specialization_cache_hits_total{model=\"arith-embed\"}") >= 1.0);
+}
+
+/// The decision oracle: "<instructions>\n<choice>" bytes truncated to 128, scored per the package's formula,
+/// then a softmax in f64.
+fn decision(instr: &str, choices: &[&str]) -> Vec<f64> {
+    let scores: Vec<f64> = choices
+        .iter()
+        .map(|c| {
+            let framed: Vec<u8> = format!("{instr}\n{c}").bytes().take(128).collect();
+            let s: f64 = framed
+                .iter()
+                .enumerate()
+                .map(|(t, &v)| v as f64 * (((t + 1) % 7 + 1) as f64))
+                .sum();
+            s / (64.0 * framed.len() as f64)
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    e.iter().map(|x| x / z).collect()
+}
+
+#[test]
+fn decisions_are_normalised_distributions_matching_the_oracle() {
+    let s = TestServer::start("decide", &[]);
+    let mut rng = Rng(42);
+    let mut questions = serde_json::Map::new();
+    let mut expected = Vec::new();
+    for q in 0..9 {
+        let n = 2 + q % 7;
+        let il = rng.below(150) as usize;
+        let instr = text(&mut rng, il);
+        let choices: Vec<String> = (0..n)
+            .map(|i| format!("{i}:{}", text(&mut rng, 1 + q)))
+            .collect();
+        questions.insert(
+            format!("q{q}"),
+            json!({"type": "choice", "instructions": instr, "choices": choices}),
+        );
+        expected.push((format!("q{q}"), instr, choices));
+    }
+    let r = s.post_json(
+        "/v1/decisions",
+        &json!({"model": "arith-decision", "questions": questions}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    for (id, instr, choices) in expected {
+        let refs: Vec<&str> = choices.iter().map(String::as_str).collect();
+        let want = decision(&instr, &refs);
+        let a = &v["answers"][&id];
+        let mut total = 0.0;
+        for (c, w) in choices.iter().zip(&want) {
+            let p = a["probabilities"][c].as_f64().unwrap();
+            assert!((p - w).abs() < 1e-5, "{id} {c}: {p} vs {w}");
+            total += p;
+        }
+        assert!((total - 1.0).abs() < 1e-5, "{id}: sums to {total}");
+        let best = want
+            .iter()
+            .enumerate()
+            .fold((0, f64::MIN), |b, (i, &p)| if p > b.1 { (i, p) } else { b });
+        assert_eq!(a["choice"], json!(choices[best.0]));
+    }
+    // A typed rejection: one choice is not a question.
+    let r = s.post_json(
+        "/v1/decisions",
+        &json!({"model": "arith-decision", "questions": {"x": {"type": "choice", "choices": ["only"]}}}),
+    );
+    assert_eq!(r.status, 400);
+    // The embeddings route does not serve a decision model.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "arith-decision", "input": "x"}),
+    );
+    assert_eq!(r.status, 501, "{}", r.text());
+}

@@ -1,0 +1,230 @@
+//! Model lifecycle: list, unregister (device memory released), re-register, failed preparations that leave the
+//! rest serving, multipart upload, API keys, graceful shutdown.
+
+use crate::http_embed::arith;
+use crate::support::{TestServer, multipart};
+use serde_json::json;
+
+fn embed_status(s: &TestServer, model: &str) -> u16 {
+    s.post_json("/v1/embeddings", &json!({"model": model, "input": "ping"}))
+        .status
+}
+
+#[test]
+fn unregister_releases_memory_and_reregister_serves_again() {
+    let s = TestServer::start("lifecycle", &[]);
+    let list = s.request("GET", "/v1/models", b"").json();
+    let names: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["arith-decision", "arith-embed", "arith-embed-weighted"]
+    );
+    assert_eq!(list["data"][2]["status"], "ready");
+    assert_eq!(list["data"][2]["device"], "cpu:0");
+    assert_eq!(
+        list["data"][2]["device_bytes"], 8320,
+        "the head's parameters"
+    );
+
+    let before = s.metric("loom_device_allocated_bytes{device=\"cpu:0\"}");
+    assert!(before >= 8320.0);
+    let r = s.request("DELETE", "/v1/models/arith-embed-weighted", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(embed_status(&s, "arith-embed-weighted"), 404);
+    let after = s.metric("loom_device_allocated_bytes{device=\"cpu:0\"}");
+    assert_eq!(before - after, 8320.0, "unregistering frees the parameters");
+    assert_eq!(
+        s.request("DELETE", "/v1/models/arith-embed-weighted", b"")
+            .status,
+        404
+    );
+
+    let base = s.dir.join("arith-embed-weighted");
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["status"], "ready");
+    assert_eq!(embed_status(&s, "arith-embed-weighted"), 200);
+    assert_eq!(
+        s.metric("loom_device_allocated_bytes{device=\"cpu:0\"}"),
+        before
+    );
+    // Registering under another name with other options (a different geometry) works beside it.
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "small", "base": s.dir.join("arith-embed").display().to_string(),
+                "options": {"max_tokens": 8, "dims": 4, "batch_units": 64}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = s
+        .post_json("/v1/embeddings", &json!({"model": "small", "input": "abc"}))
+        .json();
+    let got: Vec<f64> = v["data"][0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let want = arith(&[97, 98, 99], 4);
+    assert!(
+        got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-5),
+        "{got:?}"
+    );
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "small", "input": "123456789"}),
+    );
+    assert_eq!(r.status, 400, "longer than max_tokens: {}", r.text());
+    assert!(r.text().contains("max_tokens"), "{}", r.text());
+}
+
+#[test]
+fn a_missing_checkpoint_fails_preparation_while_others_keep_serving() {
+    let s = TestServer::start("missing", &[]);
+    let base = s.dir.join("arith-embed-weighted");
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "broken", "base": base.display().to_string(),
+                "options": {"checkpoint": "missing.safetensors"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("missing.safetensors"), "{msg}");
+    assert_eq!(r.json()["error"]["code"], "invalid_checkpoint");
+    let m = s.request("GET", "/v1/models/broken", b"").json();
+    assert_eq!(m["status"], "failed");
+    assert_eq!(m["device_bytes"], 0);
+    assert_eq!(embed_status(&s, "broken"), 503);
+    assert_eq!(embed_status(&s, "arith-embed"), 200);
+    assert_eq!(embed_status(&s, "arith-embed-weighted"), 200);
+
+    // A failed re-registration keeps the old version serving.
+    let bad = s.dir.join("bad-embed");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("model.json"),
+        r#"{"contract": "finite", "role": "embeddings", "programs": {"prepare": "nope.loom", "control": "nope.loom"}}"#,
+    )
+    .unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "arith-embed", "base": bad.display().to_string()}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("programs.prepare"), "{}", r.text());
+    assert_eq!(embed_status(&s, "arith-embed"), 200);
+    let m = s.request("GET", "/v1/models/arith-embed", b"").json();
+    assert_eq!(m["status"], "ready");
+    assert!(m["error"].as_str().unwrap().contains("nope.loom"));
+    // A wrong checkpoint shape is caught against the index before activation.
+    let wrong = s.dir.join("wrong");
+    std::fs::create_dir_all(&wrong).unwrap();
+    let mut st = b"".to_vec();
+    let h = br#"{"head.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[16,144]}}"#;
+    st.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    st.extend_from_slice(h);
+    st.extend_from_slice(&[0u8; 144]);
+    std::fs::write(base.join("wrong.safetensors"), st).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "wrong", "base": base.display().to_string(), "options": {"checkpoint": "wrong.safetensors"}}),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("F32[2, 2]"), "{}", r.text());
+    s.healthy();
+}
+
+fn read(s: &TestServer, rel: &str) -> Vec<u8> {
+    std::fs::read(s.dir.join(rel)).unwrap()
+}
+
+#[test]
+fn multipart_upload_with_parameters_under_the_operator_root() {
+    let root = crate::support::package_dir("params-root");
+    let root_arg = root.join("arith-embed-weighted").display().to_string();
+    let s = TestServer::start("upload", &["--params-root", &root_arg]);
+    let doc = r#"{"name": "uploaded", "contract": "finite", "role": "embeddings",
+        "programs": {"prepare": "prepare.loom", "control": "control.loom", "kernel": "kernel.loom"},
+        "definition": {"sources": ["embed.loom", "gemm.loom"]},
+        "options": {"checkpoint": "weights.safetensors"}}"#;
+    let (ct, body) = multipart(&[
+        ("model.json", Some("model.json"), doc.as_bytes()),
+        (
+            "p",
+            Some("prepare.loom"),
+            &read(&s, "arith-embed-weighted/prepare.loom"),
+        ),
+        (
+            "c",
+            Some("control.loom"),
+            &read(&s, "arith-embed/control.loom"),
+        ),
+        (
+            "k",
+            Some("kernel.loom"),
+            &read(&s, "arith-embed-weighted/kernel.loom"),
+        ),
+        (
+            "e",
+            Some("embed.loom"),
+            &read(&s, "arith-embed/kernel.loom"),
+        ),
+        ("g", Some("gemm.loom"), &read(&s, "motifs/gemm.loom")),
+    ]);
+    let r = s
+        .try_request("POST", "/v1/models/upload", &[("Content-Type", &ct)], &body)
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": "uploaded", "input": "hi"}),
+        )
+        .json();
+    let want = crate::http_embed::weighted(&[104, 105]);
+    let got = v["data"][0]["embedding"].as_array().unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0));
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[test]
+fn api_keys_guard_everything_but_health() {
+    let s = TestServer::start("keys", &["--api-key", "sekret"]);
+    assert_eq!(s.request("GET", "/health", b"").status, 200);
+    let r = s.request("GET", "/v1/models", b"");
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let r = s
+        .try_request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer sekret")],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let r = s
+        .try_request(
+            "GET",
+            "/v1/models",
+            &[("Authorization", "Bearer wrong"), ("X-Request-Id", "abc-1")],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("x-request-id"), Some("abc-1"));
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let s = TestServer::start("shutdown", &[]);
+    assert_eq!(embed_status(&s, "arith-embed"), 200);
+    let st = s.terminate();
+    assert!(st.success(), "{st:?}");
+}

@@ -1,0 +1,9 @@
+//! End-to-end tests of the real `loom-serve` binary over HTTP, with packages copied to a temporary directory.
+//! Numerical results are checked against independent arithmetic oracles written here from the packages'
+//! documented formulas (not from their code).
+
+mod support;
+
+mod http_embed;
+mod http_lifecycle;
+mod http_robustness;
