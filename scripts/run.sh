@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# The main job, for now: build `loomc` and run the example Loom programs in the sandboxed VM.
-# (The model server itself does not exist yet; see README.md "Status".)
+# The main job: build loom-serve and serve the example packages (deploy/examples.json) on the CPU device.
+# Works on a fresh machine of this kind (Rust toolchain present); installs nothing else because nothing else is
+# needed. PORT (default 8080) and HOST (default 127.0.0.1) choose the address.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p loomc
-loomc=target/release/loomc
-for f in packages/examples/*.loom; do
-  echo "== loomc check $f"
-  "$loomc" check "$f"
-done
-echo "== loomc run packages/examples/fib.loom --entry main 30"
-"$loomc" run packages/examples/fib.loom --entry main 30
-echo "== loomc run packages/examples/pack.loom --entry main"
-"$loomc" run packages/examples/pack.loom --entry main
-echo "== loomc build + dis (bytecode round trip)"
-"$loomc" build packages/examples/pack.loom -o target/pack.loombc
-"$loomc" dis target/pack.loombc | head -n 20
-echo "== sandbox: an endless loop stops with out-of-fuel"
-"$loomc" run packages/examples/spin.loom --entry main --fuel 1000000 || true
-echo "== loomc report: specialize the motif GEMM stage and show its reflection"
-"$loomc" report packages/motifs/gemm.loom --stage dense --config M=128 --config N=384 --config K=1536 --config ACT=gelu_erf
+command -v cargo >/dev/null || { echo "cargo is required (rustup toolchain)" >&2; exit 1; }
+cargo build --release --locked -p loom-serve -p hal-cpu
+# The CPU HAL as a plugin, where an operator drops .so files (without it the built-in CPU HAL serves).
+mkdir -p target/release/plugins
+cp target/release/libhal_cpu.so target/release/plugins/
+port="${PORT:-8080}"
+host="${HOST:-127.0.0.1}"
+cat <<MSG
+== loom-serve on http://$host:$port (Ctrl-C stops it and drains accepted work). Try:
+  curl -s http://$host:$port/v1/models
+  curl -s http://$host:$port/v1/embeddings -d '{"model": "arith-embed", "input": ["hello", "world"]}'
+  curl -s http://$host:$port/v1/decisions -d '{"model": "arith-decision", "questions": {"q": {"type": "choice", "instructions": "Pick one", "choices": ["yes", "no"]}}}'
+  curl -s http://$host:$port/metrics
+MSG
+exec target/release/loom-serve --host "$host" --port "$port" --deployment deploy/examples.json

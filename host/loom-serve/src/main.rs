@@ -1,9 +1,14 @@
 //! `loom-serve`: the model server binary.
 //!
 //! ```text
-//! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--model DIR[=NAME]]... [--params-root DIR]
-//!            [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
+//! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
+//!            [--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
 //! ```
+//!
+//! A deployment file (`deploy/*.json`) names plugin directories and models with their device choice:
+//! `{"plugins": ["DIR"], "models": [{"base": "DIR", "name": "N", "device": "cpu" | ["vulkan:0", "cpu"],
+//! "options": {...}}]}`; relative paths resolve from the file's directory. A model whose chosen devices are
+//! all absent fails its registration with an error naming the devices present; the server keeps serving.
 //!
 //! Loads plugins (a bad plugin is one log line), opens devices (the built-in CPU HAL when no plugin gives a
 //! CPU device), starts listening, registers the `--model` packages, then reports ready on `/health`. On
@@ -21,14 +26,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--model DIR[=NAME]]... \
+const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
 [--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log error|warn|info|debug]";
+
+#[derive(Clone, Debug)]
+struct StartModel {
+    dir: PathBuf,
+    name: Option<String>,
+    overrides: Overrides,
+}
 
 struct Args {
     host: String,
     port: u16,
     plugins: Vec<PathBuf>,
-    models: Vec<(PathBuf, Option<String>)>,
+    models: Vec<StartModel>,
     config: Config,
     log: log::LevelFilter,
 }
@@ -59,7 +71,15 @@ fn parse_args() -> Result<Args> {
                     None => (v, None),
                 };
                 let dir = std::fs::canonicalize(&dir).with_context(|| format!("--model {dir}"))?;
-                a.models.push((dir, name));
+                a.models.push(StartModel {
+                    dir,
+                    name,
+                    overrides: Overrides::default(),
+                });
+            }
+            "--deployment" => {
+                let f = PathBuf::from(value()?);
+                deployment(&f, &mut a).with_context(|| format!("deployment {}", f.display()))?;
             }
             "--params-root" => {
                 let v = value()?;
@@ -138,7 +158,7 @@ fn main() -> Result<()> {
         let st = state.clone();
         let models = args.models.clone();
         tokio::task::spawn_blocking(move || {
-            for (dir, name) in models {
+            for StartModel { dir, name, overrides } in models {
                 let files = PackageFiles::Dir(dir.clone());
                 let name = name.unwrap_or_else(|| {
                     default_name(&dir).unwrap_or_else(|| {
@@ -147,7 +167,7 @@ fn main() -> Result<()> {
                             .unwrap_or_else(|| "model".into())
                     })
                 });
-                if let Err(e) = st.registry.register(&name, files, Overrides::default()) {
+                if let Err(e) = st.registry.register(&name, files, overrides) {
                     log::error!("model {name} ({}): {e}", dir.display());
                 }
             }
@@ -163,6 +183,59 @@ fn main() -> Result<()> {
         log::info!("stopped");
         Ok::<(), anyhow::Error>(())
     })
+}
+
+/// Reads a deployment file into `a` (plugin directories and start-up models).
+fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
+    let text = std::fs::read(file)?;
+    let v: serde_json_min::Value = serde_json_min::from_slice(&text)?;
+    let here = file.parent().unwrap_or(std::path::Path::new("."));
+    let obj = v.as_object().context("expected a JSON object")?;
+    for k in obj.keys() {
+        if k != "plugins" && k != "models" {
+            bail!("unknown field `{k}` (expected plugins, models)");
+        }
+    }
+    if let Some(p) = v.get("plugins") {
+        for (i, d) in p.as_array().context("field `plugins`: expected a list")?.iter().enumerate() {
+            let d = d.as_str().with_context(|| format!("field `plugins[{i}]`: expected a path"))?;
+            a.plugins.push(here.join(d));
+        }
+    }
+    let models = v.get("models").and_then(|m| m.as_array());
+    for (i, m) in models.into_iter().flatten().enumerate() {
+        let field = |f: &str| format!("field `models[{i}].{f}`");
+        let base = m
+            .get("base")
+            .and_then(|b| b.as_str())
+            .with_context(|| format!("{}: expected a package directory", field("base")))?;
+        let dir = std::fs::canonicalize(here.join(base)).with_context(|| field("base"))?;
+        let name = match m.get("name") {
+            None => None,
+            Some(n) => Some(n.as_str().with_context(|| format!("{}: expected a string", field("name")))?.to_string()),
+        };
+        let device = match m.get("device") {
+            None => None,
+            Some(serde_json_min::Value::String(s)) => Some(vec![s.clone()]),
+            Some(serde_json_min::Value::Array(l)) => Some(
+                l.iter()
+                    .map(|d| d.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                    .with_context(|| format!("{}: expected device names", field("device")))?,
+            ),
+            Some(_) => bail!("{}: expected a device name or a preference list", field("device")),
+        };
+        let options = match m.get("options") {
+            None => None,
+            Some(o) => Some(o.as_object().with_context(|| format!("{}: expected an object", field("options")))?.clone()),
+        };
+        a.models.push(StartModel {
+            dir,
+            name,
+            overrides: Overrides { device, options },
+        });
+    }
+    Ok(())
 }
 
 fn default_name(dir: &std::path::Path) -> Option<String> {
