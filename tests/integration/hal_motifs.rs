@@ -253,7 +253,8 @@ fn floats(b: &[u8]) -> Vec<f32> {
 }
 
 /// Vulkan vs CPU: both accumulate in f32 but in different orders, and WGSL's `exp`/`tanh`/division have the
-/// precision WGSL allows, so the bound is relative to the magnitude with a small absolute floor.
+/// precision WGSL allows, so the bound is relative to the magnitude with a small absolute floor. Measured on
+/// lavapipe: at most 2.5e-6 (a 64x64x64 dense); the bound leaves 10x for other drivers' FMA contraction.
 /// Returns the largest relative error seen.
 fn assert_close(what: &str, got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -264,7 +265,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) -> f32 {
         }
         let err = (g - w).abs() / (1.0 + w.abs());
         assert!(
-            err <= 2e-4,
+            err <= 3e-5,
             "{what}: element {i}: vulkan {g} vs cpu {w} (relative error {err:e})"
         );
         worst = worst.max(err);
@@ -354,7 +355,8 @@ fn compare_motifs(vk: &HalDeviceBox, downlevel: bool) {
         "only {ran} motif stages ran on vulkan (refused: {refused:?})"
     );
     eprintln!(
-        "{ran} motif stages agree on cpu and vulkan (largest relative error {:e}, {}); refused as expected: {refused:?}",
+        "{ran} motif stages agree on cpu and vulkan (largest relative error {:e}, {}); \
+         refused as expected: {refused:?}",
         worst.0, worst.1
     );
 }
