@@ -158,7 +158,12 @@ fn main() -> Result<()> {
         let st = state.clone();
         let models = args.models.clone();
         tokio::task::spawn_blocking(move || {
-            for StartModel { dir, name, overrides } in models {
+            for StartModel {
+                dir,
+                name,
+                overrides,
+            } in models
+            {
                 let files = PackageFiles::Dir(dir.clone());
                 let name = name.unwrap_or_else(|| {
                     default_name(&dir).unwrap_or_else(|| {
@@ -197,8 +202,15 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
         }
     }
     if let Some(p) = v.get("plugins") {
-        for (i, d) in p.as_array().context("field `plugins`: expected a list")?.iter().enumerate() {
-            let d = d.as_str().with_context(|| format!("field `plugins[{i}]`: expected a path"))?;
+        for (i, d) in p
+            .as_array()
+            .context("field `plugins`: expected a list")?
+            .iter()
+            .enumerate()
+        {
+            let d = d
+                .as_str()
+                .with_context(|| format!("field `plugins[{i}]`: expected a path"))?;
             a.plugins.push(here.join(d));
         }
     }
@@ -212,7 +224,11 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
         let dir = std::fs::canonicalize(here.join(base)).with_context(|| field("base"))?;
         let name = match m.get("name") {
             None => None,
-            Some(n) => Some(n.as_str().with_context(|| format!("{}: expected a string", field("name")))?.to_string()),
+            Some(n) => Some(
+                n.as_str()
+                    .with_context(|| format!("{}: expected a string", field("name")))?
+                    .to_string(),
+            ),
         };
         let device = match m.get("device") {
             None => None,
@@ -223,11 +239,18 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
                     .collect::<Option<Vec<_>>>()
                     .with_context(|| format!("{}: expected device names", field("device")))?,
             ),
-            Some(_) => bail!("{}: expected a device name or a preference list", field("device")),
+            Some(_) => bail!(
+                "{}: expected a device name or a preference list",
+                field("device")
+            ),
         };
         let options = match m.get("options") {
             None => None,
-            Some(o) => Some(o.as_object().with_context(|| format!("{}: expected an object", field("options")))?.clone()),
+            Some(o) => Some(
+                o.as_object()
+                    .with_context(|| format!("{}: expected an object", field("options")))?
+                    .clone(),
+            ),
         };
         a.models.push(StartModel {
             dir,

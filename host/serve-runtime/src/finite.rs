@@ -24,7 +24,7 @@
 //! Record layouts are in `docs/serving/finite.md`.
 
 use crate::model::{Model, PreparedStage, invoke, limits};
-use crate::natives::{Ctx, Phase, RunCtx};
+use crate::natives::{Phase, RunCtx};
 use crate::{Error, Result};
 use loom_vm::Value;
 use std::collections::VecDeque;
@@ -292,7 +292,7 @@ impl Model {
             "prepare_request",
             &[self.cold.state.clone(), Value::buffer(input)],
             &lim,
-            Ctx::new(Phase::Request, self.options.clone()),
+            self.ctx(Phase::Request),
         );
         let out = r.map_err(|e| match e {
             Error::Trap { entry, message } => Error::BadRequest(format!("{entry}: {message}")),
@@ -368,7 +368,7 @@ impl Model {
             self.doc.fuel.prepare_batch,
             self.doc.memory.invocation_bytes,
         );
-        let mut ctx = Ctx::new(Phase::Batch, self.options.clone());
+        let mut ctx = self.ctx(Phase::Batch);
         ctx.stage_base = self.stages.len();
         ctx.source_base = self.sources.len();
         let (r, ctx) = invoke(
@@ -430,7 +430,7 @@ impl Model {
             .timeline_value
             .lock()
             .map_err(|_| Error::Internal("timeline poisoned".into()))?;
-        let mut ctx = Ctx::new(Phase::Run, self.options.clone());
+        let mut ctx = self.ctx(Phase::Run);
         ctx.runner = Some(RunCtx {
             device: self.device.clone(),
             budget: self.budget.clone(),

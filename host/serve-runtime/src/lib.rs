@@ -13,6 +13,7 @@ pub mod model;
 pub mod natives;
 pub mod package;
 pub mod registry;
+pub mod tokenizer;
 
 pub use error::{Error, Result};
 

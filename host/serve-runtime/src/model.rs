@@ -14,6 +14,7 @@ use crate::checkpoint::Source;
 use crate::device::{Budget, Device, DeviceBuffer};
 use crate::natives::{self, ConfigValue, Ctx, Decls, Phase, StageDecl};
 use crate::package::{self, ModelDoc, PackageFiles};
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use loom_compiler::{Catalog, Role};
 use loom_ir::kernel::Stage;
@@ -78,6 +79,7 @@ pub struct Model {
     pub(crate) domains: Mutex<HashMap<(DomainKey, String), DeviceBuffer>>,
     pub(crate) spec_cache: Mutex<SpecCache>,
     pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) tokenizer: Option<Arc<Tokenizer>>,
     pub(crate) timeline: loom_plugin_api::TimelineId,
     pub(crate) timeline_value: Mutex<u64>,
 }
@@ -326,10 +328,12 @@ pub fn prepare(
     let prep_natives: Vec<Arc<NativeModule>> = vec![
         Arc::new(natives::prepare_module()),
         Arc::new(natives::options_module()),
+        Arc::new(natives::input_module()),
     ];
     let ctl_natives: Vec<Arc<NativeModule>> = vec![
         Arc::new(natives::prepare_module()),
         Arc::new(natives::runner_module()),
+        Arc::new(natives::input_module()),
     ];
     let load_err = |file: &str, e: loom_vm::LoadError| Error::Program(format!("{file}: {e}"));
     let (prep_role, ctl_role) = (Role::prepare(), Role::control());
@@ -383,6 +387,22 @@ pub fn prepare(
             )));
         }
     }
+    let tokenizer = if cold.tokenizer.is_empty() {
+        None
+    } else {
+        let path = doc
+            .assets
+            .get(&cold.tokenizer)
+            .cloned()
+            .unwrap_or_else(|| cold.tokenizer.clone());
+        let rel = package::relative(&prep_file, "prepare tokenizer result", &path)?;
+        let bytes = files
+            .read(&rel)
+            .map_err(|m| Error::package("model.json", "assets", m))?;
+        Some(Arc::new(
+            Tokenizer::from_bytes(&rel, &bytes).map_err(|m| Error::package(&rel, "", m))?,
+        ))
+    };
     let decls = ctx.decls;
     if decls.stages.is_empty() {
         return Err(Error::Program(format!(
@@ -419,6 +439,7 @@ pub fn prepare(
         domains: Mutex::new(HashMap::new()),
         spec_cache: Mutex::new(SpecCache::default()),
         options,
+        tokenizer,
         timeline,
         timeline_value: Mutex::new(0),
     };
@@ -500,6 +521,13 @@ pub fn parse_config_text(kind: &TParamKind, text: &str) -> std::result::Result<T
 }
 
 impl Model {
+    /// A fresh invocation context for a warm entry of this model.
+    pub(crate) fn ctx(&self, phase: Phase) -> Ctx {
+        let mut c = Ctx::new(phase, self.options.clone());
+        c.tokenizer = self.tokenizer.clone();
+        c
+    }
+
     /// Specializes, checks, compiles and binds `decls` (ordinals start at `base`).
     pub(crate) fn build_stages(
         &self,

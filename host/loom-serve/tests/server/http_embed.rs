@@ -293,3 +293,45 @@ fn decisions_are_normalised_distributions_matching_the_oracle() {
     );
     assert_eq!(r.status, 501, "{}", r.text());
 }
+
+#[test]
+fn a_tokenizer_asset_feeds_input_encode() {
+    let s = TestServer::start("tokenizer", &[]);
+    let base = s.dir.join("arith-embed").display().to_string();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "tok", "base": base, "options": {"tokenizer": "tokenizer", "max_tokens": 8}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Ids from the fixture vocabulary, worked out by hand: [CLS] hello , world ! [SEP]
+    let v = embed(&s, "tok", json!(["Hello, world!", "the [MASK] sat"]));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&[2, 5, 14, 6, 13, 3], 64),
+        "tokenized",
+    );
+    close(
+        v["data"][1]["embedding"].as_array().unwrap(),
+        &arith(&[2, 7, 4, 9, 3], 64),
+        "special token in text",
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], json!(11));
+    // Truncation at max_tokens (the encode capacity): 8 of the 12 ids.
+    let v = embed(
+        &s,
+        "tok",
+        json!("hello hello hello hello hello hello hello hello hello hello"),
+    );
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&[2, 5, 5, 5, 5, 5, 5, 5], 64),
+        "truncated",
+    );
+    // A missing tokenizer asset fails preparation, naming the file.
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "tok2", "base": base, "options": {"tokenizer": "no-such-tokenizer.json"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("no-such-tokenizer.json"), "{}", r.text());
+}

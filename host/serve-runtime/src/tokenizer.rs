@@ -1,0 +1,86 @@
+//! The deployment's tokenizer behind the `input` module (`input.encode` / `input.decode`).
+//!
+//! Loaded from the asset cold `prepare` names (a `model.json` asset key or a package-relative path) with the
+//! `tokenizers` crate (`tokenizer.json`). Two instances are kept: one that matches special tokens in the text
+//! and one that encodes them as ordinary text (`NO_SPECIAL_TOKEN_MATCHING`), because that switch is a
+//! property of a `tokenizers::Tokenizer`, not of one call. Every call is independent (no state carries over,
+//! including leading-space handling).
+
+use std::fmt;
+
+/// `input.encode` flag: add the tokenizer's special tokens (e.g. `[CLS] ... [SEP]`).
+pub const ADD_SPECIAL_TOKENS: i32 = 4;
+/// `input.encode` flag: special-token text in the input is ordinary text.
+pub const NO_SPECIAL_TOKEN_MATCHING: i32 = 8;
+/// `input.decode` flag: drop special tokens from the text.
+pub const SKIP_SPECIAL_TOKENS: i32 = 1;
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    matching: tokenizers::Tokenizer,
+    literal: tokenizers::Tokenizer,
+    /// Where it came from, for messages.
+    pub source: String,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tokenizer({})", self.source)
+    }
+}
+
+impl Tokenizer {
+    /// Parses `tokenizer.json` bytes.
+    pub fn from_bytes(source: &str, bytes: &[u8]) -> Result<Tokenizer, String> {
+        let load = || {
+            tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| format!("{source}: not a loadable tokenizer.json: {e}"))
+        };
+        let matching = load()?;
+        let mut literal = load()?;
+        literal.set_encode_special_tokens(true);
+        Ok(Tokenizer {
+            matching,
+            literal,
+            source: source.to_string(),
+        })
+    }
+
+    /// Encodes `text` with `flags`; returns the ids.
+    pub fn encode(&self, text: &str, flags: i32) -> Result<Vec<u32>, String> {
+        if flags & !(ADD_SPECIAL_TOKENS | NO_SPECIAL_TOKEN_MATCHING) != 0 {
+            return Err(format!(
+                "input.encode: unknown flags {flags:#x} (ADD_SPECIAL_TOKENS = 4, NO_SPECIAL_TOKEN_MATCHING = 8)"
+            ));
+        }
+        let t = if flags & NO_SPECIAL_TOKEN_MATCHING != 0 {
+            &self.literal
+        } else {
+            &self.matching
+        };
+        t.encode(text, flags & ADD_SPECIAL_TOKENS != 0)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("input.encode: {e}"))
+    }
+
+    /// Decodes `ids` with `flags`.
+    pub fn decode(&self, ids: &[u32], flags: i32) -> Result<String, String> {
+        if flags & !SKIP_SPECIAL_TOKENS != 0 {
+            return Err(format!(
+                "input.decode: unknown flags {flags:#x} (SKIP_SPECIAL_TOKENS = 1)"
+            ));
+        }
+        let vocab = self.matching.get_vocab_size(true) as u32;
+        if let Some(bad) = ids.iter().find(|&&i| i >= vocab) {
+            return Err(format!(
+                "input.decode: token id {bad} is outside the vocabulary of {vocab}"
+            ));
+        }
+        self.matching
+            .decode(ids, flags & SKIP_SPECIAL_TOKENS != 0)
+            .map_err(|e| format!("input.decode: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests;
