@@ -439,6 +439,9 @@ impl Model {
             value: *tl,
             joins: Vec::new(),
             signalled: Vec::new(),
+            sources: self.sources.clone(),
+            gather: self.gather.clone(),
+            gathers: Vec::new(),
         });
         let lim = limits(self.doc.fuel.run, self.doc.memory.invocation_bytes);
         let (r, ctx) = invoke(
@@ -470,6 +473,16 @@ impl Model {
                     r?;
                     return Err(Error::BadRequest(format!("device execution failed: {e}")));
                 }
+            }
+        }
+        // Every gather of the invocation retires before the cohort does; a failed one fails the cohort.
+        for g in &runner.gathers {
+            let _ = self.device.wait(*g, DEVICE_TIMEOUT.as_nanos() as u64);
+        }
+        for g in &runner.gathers {
+            if let Some(e) = self.gather.failure(*g) {
+                r?;
+                return Err(Error::BadRequest(e));
             }
         }
         r?;

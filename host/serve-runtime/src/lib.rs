@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod error;
 pub mod finite;
+pub mod gather;
 pub mod model;
 pub mod natives;
 pub mod package;

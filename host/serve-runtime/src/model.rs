@@ -82,6 +82,7 @@ pub struct Model {
     pub(crate) tokenizer: Option<Arc<Tokenizer>>,
     pub(crate) timeline: loom_plugin_api::TimelineId,
     pub(crate) timeline_value: Mutex<u64>,
+    pub(crate) gather: Arc<crate::gather::GatherQueue>,
 }
 
 /// Invocation-declared stage sets, most recently used last; bounded by `specialization_cache`.
@@ -334,6 +335,7 @@ pub fn prepare(
         Arc::new(natives::prepare_module()),
         Arc::new(natives::runner_module()),
         Arc::new(natives::input_module()),
+        Arc::new(natives::parameters_module()),
     ];
     let load_err = |file: &str, e: loom_vm::LoadError| Error::Program(format!("{file}: {e}"));
     let (prep_role, ctl_role) = (Role::prepare(), Role::control());
@@ -424,6 +426,7 @@ pub fn prepare(
 
     let budget = Budget::new(name, doc.memory.device_bytes);
     let timeline = device.timeline()?;
+    let gather = crate::gather::GatherQueue::start(device.clone(), name)?;
     let mut model = Model {
         name: name.to_string(),
         doc,
@@ -442,6 +445,7 @@ pub fn prepare(
         tokenizer,
         timeline,
         timeline_value: Mutex::new(0),
+        gather,
     };
     let compile_start = Instant::now();
     let stages = model.build_stages(&decls.stages, &decls.params, 0)?;

@@ -12,14 +12,16 @@
 //! | cold `prepare` | declarations (stages, config, sources, parameters, limits) | no |
 //! | `prepare_request` | no | no |
 //! | finite `prepare_batch` | invocation-scoped stage declarations (ordinals follow the cold stages) | no |
-//! | finite `run` | no | `execute_N`, `fence`, `join` |
+//! | finite `run` | no | `execute_N`, `fence`, `join`, `buffer`; `parameters.gather` |
 //!
 //! A call outside its phase fails the invocation with a message naming the phase. Declarations copy their
 //! strings. `runner.execute_N` only enqueues: it checks the stage and buffers, submits one dispatch that waits
 //! on the points joined so far and signals the next value of the model's work timeline, and returns that point
 //! as `!runner.work`.
 
+use crate::checkpoint::Source;
 use crate::device::{Budget, Device, DeviceBuffer};
+use crate::gather::{DESCRIPTOR_BYTES, GatherQueue, Job, MAX_DESCRIPTORS};
 use crate::model::PreparedStage;
 use crate::tokenizer::Tokenizer;
 use loom_ir::{Signature, Type};
@@ -99,6 +101,11 @@ pub struct RunCtx {
     pub joins: Vec<TimelinePoint>,
     /// Every point this invocation's submissions signal.
     pub signalled: Vec<TimelinePoint>,
+    /// The model's sources (cold ones first), for `parameters.gather`.
+    pub sources: Vec<Arc<Source>>,
+    pub gather: Arc<GatherQueue>,
+    /// Every point this invocation's gathers signal.
+    pub gathers: Vec<TimelinePoint>,
 }
 
 /// The context of one invocation.
@@ -648,6 +655,77 @@ pub fn runner_module() -> NativeModule {
         );
     }
     m.func(
+        "buffer",
+        sig(vec![Type::I64], vec![rty("hal.buffer")]),
+        20,
+        |_, a| {
+            ctx("runner.buffer", |c| {
+                need_phase(c, "runner.buffer", &[Phase::Run])?;
+                let r = c
+                    .runner
+                    .as_mut()
+                    .ok_or_else(|| NativeError::failed("runner.buffer: no runner"))?;
+                let n = arg_i64(a, 0);
+                if n < 0 {
+                    return Err(NativeError::failed(format!(
+                        "runner.buffer: {n} bytes is negative"
+                    )));
+                }
+                let b = r
+                    .device
+                    .alloc(n as u64, &r.budget)
+                    .map_err(|e| NativeError::failed(format!("runner.buffer: {e}")))?;
+                Ok(vec![Value::native("hal.buffer", b)])
+            })
+        },
+    )
+    .func(
+        "stage_buffer",
+        sig(vec![Type::I64, Type::I64], vec![rty("hal.buffer")]),
+        20,
+        |_, a| {
+            ctx("runner.stage_buffer", |c| {
+                need_phase(c, "runner.stage_buffer", &[Phase::Run])?;
+                let r = c
+                    .runner
+                    .as_mut()
+                    .ok_or_else(|| NativeError::failed("runner.stage_buffer: no runner"))?;
+                let (si, bi) = (arg_i64(a, 0), arg_i64(a, 1));
+                let stage = usize::try_from(si)
+                    .ok()
+                    .and_then(|i| r.stages.get(i))
+                    .ok_or_else(|| {
+                        NativeError::failed(format!("runner.stage_buffer: no stage {si}"))
+                    })?;
+                let refl = &stage.reflection;
+                let info = usize::try_from(bi)
+                    .ok()
+                    .and_then(|i| refl.inputs.iter().chain(&refl.outputs).nth(i))
+                    .ok_or_else(|| {
+                        NativeError::failed(format!(
+                            "runner.stage_buffer: stage `{}` has {} buffers (inputs, then outputs), not {bi}",
+                            stage.decl.root,
+                            refl.inputs.len() + refl.outputs.len()
+                        ))
+                    })?;
+                let b = r
+                    .device
+                    .alloc(info.bytes, &r.budget)
+                    .map_err(|e| NativeError::failed(format!("runner.stage_buffer: {e}")))?;
+                Ok(vec![Value::native("hal.buffer", b)])
+            })
+        },
+    )
+    .func(
+        "size",
+        sig(vec![rty("hal.buffer")], vec![Type::I64]),
+        5,
+        |_, a| {
+            let b = device_buffer(&a[0], "runner.size", 1)?;
+            Ok(vec![Value::I64(b.bytes() as i64)])
+        },
+    )
+    .func(
         "fence",
         sig(vec![rty("runner.work")], vec![rty("hal.fence")]),
         5,
@@ -687,6 +765,106 @@ pub fn runner_module() -> NativeModule {
                         Ok(vec![])
                     }
                 }
+            })
+        },
+    )
+}
+
+/// `parameters`: demand reads of checkpoint byte ranges (see [`crate::gather`]).
+pub fn parameters_module() -> NativeModule {
+    use Type::*;
+    let fence_t = Type::Ref {
+        name: "hal.fence".into(),
+        nullable: true,
+    };
+    NativeModule::new("parameters").func(
+        "gather",
+        sig(
+            vec![
+                I64,
+                Buffer,
+                fence_t,
+                rty("hal.buffer"),
+                I64,
+                I64,
+                rty("hal.buffer"),
+            ],
+            vec![rty("hal.fence")],
+        ),
+        100,
+        |_, a| {
+            let what = "parameters.gather";
+            ctx(what, |c| {
+                need_phase(c, what, &[Phase::Run])?;
+                let r = c
+                    .runner
+                    .as_mut()
+                    .ok_or_else(|| NativeError::failed(format!("{what}: no runner")))?;
+                let si = arg_i64(a, 0);
+                let source = usize::try_from(si)
+                    .ok()
+                    .and_then(|i| r.sources.get(i))
+                    .cloned()
+                    .ok_or_else(|| {
+                        NativeError::failed(format!(
+                            "{what}: source {si} does not exist ({} declared)",
+                            r.sources.len()
+                        ))
+                    })?;
+                let key = std::str::from_utf8(a.get(1).and_then(Value::as_buffer).unwrap_or_default())
+                    .map_err(|_| NativeError::failed(format!("{what}: the key is not UTF-8")))?
+                    .to_string();
+                let entry = source.entries.get(&key).cloned().ok_or_else(|| {
+                    NativeError::failed(format!("{what}: source {si} has no entry {key:?}"))
+                })?;
+                let wait = match a.get(2) {
+                    Some(Value::Null(_)) | None => None,
+                    Some(v) => Some(point_of(v).ok_or_else(|| {
+                        NativeError::failed(format!("{what}: argument 3 is not a fence"))
+                    })?),
+                };
+                let descriptors = device_buffer(&a[3], what, 4)?.clone();
+                let offset = arg_i64(a, 4);
+                let count = arg_i64(a, 5);
+                let target = device_buffer(&a[6], what, 7)?.clone();
+                if offset < 0 || !(0..=MAX_DESCRIPTORS as i64).contains(&count) {
+                    return Err(NativeError::failed(format!(
+                        "{what}: descriptor offset {offset} / count {count} out of range"
+                    )));
+                }
+                let end = (offset as u64).checked_add(count as u64 * DESCRIPTOR_BYTES);
+                if end.is_none_or(|e| e > descriptors.bytes()) {
+                    return Err(NativeError::failed(format!(
+                        "{what}: {count} descriptors at offset {offset} overrun the {}-byte descriptor buffer",
+                        descriptors.bytes()
+                    )));
+                }
+                if !Arc::ptr_eq(descriptors.device(), r.gather.device())
+                    || !Arc::ptr_eq(target.device(), r.gather.device())
+                {
+                    return Err(NativeError::failed(format!(
+                        "{what}: buffers must live on the model's device"
+                    )));
+                }
+                let point = r
+                    .gather
+                    .submit(Job {
+                        wait,
+                        descriptors,
+                        offset: offset as u64,
+                        count: count as u64,
+                        target,
+                        source,
+                        entry,
+                        key,
+                        point: TimelinePoint {
+                            timeline: r.timeline,
+                            value: 0,
+                        },
+                    })
+                    .map_err(|m| NativeError::failed(format!("{what}: {m}")))?;
+                r.gathers.push(point);
+                Ok(vec![Value::native("hal.fence", point)])
             })
         },
     )

@@ -335,3 +335,56 @@ fn a_tokenizer_asset_feeds_input_encode() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("no-such-tokenizer.json"), "{}", r.text());
 }
+
+/// The lookup package: the mean of table rows (gen_table.py's formula) named by the input bytes, read on demand
+/// with parameters.gather from descriptors a kernel produced.
+fn lookup(values: &[i64]) -> Vec<f64> {
+    (0..16)
+        .map(|h| {
+            values
+                .iter()
+                .map(|&v| ((((v * 31 + h * 7) % 101) - 50) as f64) / 64.0)
+                .sum::<f64>()
+                / values.len() as f64
+        })
+        .collect()
+}
+
+#[test]
+fn parameters_gather_reads_rows_named_by_device_descriptors() {
+    let s = TestServer::start("gather", &[]);
+    let base = s.dir.join("arith-lookup").display().to_string();
+    let r = s.post_json("/v1/models", &json!({"base": base}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["device_bytes"], 0, "the table is not resident");
+    let mut rng = Rng(7);
+    let texts: Vec<String> = (0..12)
+        .map(|i| {
+            let l = if i == 0 {
+                128
+            } else {
+                1 + rng.below(128) as usize
+            };
+            text(&mut rng, l)
+        })
+        .collect();
+    let v = embed(&s, "arith-lookup", json!(texts));
+    for (i, d) in v["data"].as_array().unwrap().iter().enumerate() {
+        let vals: Vec<i64> = texts[i].bytes().map(i64::from).collect();
+        close(d["embedding"].as_array().unwrap(), &lookup(&vals), "lookup");
+    }
+    // Token ids past the table become a gather error for that request only; the others still succeed.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "arith-lookup", "input": [[1, 2], [300]]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("outside the entry"), "{}", r.text());
+    let v = embed(&s, "arith-lookup", json!([[1, 2], [255]]));
+    close(
+        v["data"][1]["embedding"].as_array().unwrap(),
+        &lookup(&[255]),
+        "after failure",
+    );
+    assert!(s.metric("loom_retried_alone_total{model=\"arith-lookup\"}") >= 2.0);
+}

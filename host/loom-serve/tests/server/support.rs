@@ -32,6 +32,7 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         "arith-embed",
         "arith-embed-weighted",
         "arith-decision",
+        "arith-lookup",
         "motifs",
     ] {
         copy_dir(&repo_root().join("packages").join(p), &dir.join(p));
