@@ -138,7 +138,10 @@ fn load(addr: &str, clients: usize, secs: f64) -> Load {
             })
         })
         .collect();
-    let mut all: Vec<Duration> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut all: Vec<Duration> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
     let wall = t0.elapsed().as_secs_f64();
     all.sort();
     let q = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
@@ -162,7 +165,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return; // `cargo test --benches` / `--list`: nothing to run here.
     }
-    let secs: f64 = std::env::var("LOAD_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4.0);
+    let secs: f64 = std::env::var("LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4.0);
     let mem_requests: usize = std::env::var("MEMORY_REQUESTS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -175,13 +181,22 @@ fn main() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let loom = line.trim().trim_start_matches("listening on http://").to_string();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let loom = line
+        .trim()
+        .trim_start_matches("listening on http://")
+        .to_string();
     // Wait until the model is registered.
     let t0 = Instant::now();
     loop {
         let mut s = TcpStream::connect(&loom).unwrap();
-        write!(s, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            s,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut r = String::new();
         let _ = s.read_to_string(&mut r);
         if r.contains("\"models_ready\":1") {
@@ -192,7 +207,9 @@ fn main() {
     }
     let bare_addr = start_bare();
 
-    println!("workload: POST /v1/embeddings, one 51-byte input, arith-embed (64 dims); keep-alive clients; {secs} s each");
+    println!(
+        "workload: POST /v1/embeddings, one 51-byte input, arith-embed (64 dims); keep-alive clients; {secs} s each"
+    );
     println!("| clients | loom-serve req/s | p50 | p99 | bare axum req/s | p50 | p99 | ratio |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for clients in [1usize, 16, 64] {

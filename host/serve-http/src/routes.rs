@@ -75,6 +75,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(list_models).post(register))
         .route("/v1/models/upload", post(upload))
         .route("/v1/models/{name}", get(model_detail).delete(unregister))
+        .route("/v1/models/{name}/deactivate", post(deactivate))
+        .route("/v1/models/{name}/activate", post(activate))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/decisions", post(decisions))
         .fallback(not_found)
@@ -361,6 +363,22 @@ async fn unregister(State(st): St, Path(name): Path<String>) -> Result<Response,
         .await
         .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
     Ok(axum::Json(json!({"id": name, "object": "model", "deleted": true})).into_response())
+}
+
+async fn deactivate(State(st): St, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let reg = st.registry.clone();
+    let info = tokio::task::spawn_blocking(move || reg.deactivate(&name))
+        .await
+        .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
+    Ok(axum::Json(model_json(&info)).into_response())
+}
+
+async fn activate(State(st): St, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let reg = st.registry.clone();
+    let info = tokio::task::spawn_blocking(move || reg.activate(&name))
+        .await
+        .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
+    Ok(axum::Json(model_json(&info)).into_response())
 }
 
 /// Cancels the tickets of a request whose handler future is dropped (the client went away).

@@ -34,8 +34,10 @@ pub struct PreparedStage {
     pub stage: Stage,
     pub reflection: Reflection,
     pub exe: ExecutableId,
-    /// One per `stage.params`, in order.
-    pub params: Vec<DeviceBuffer>,
+    /// One per `stage.params`, in order; empty while the model is deactivated.
+    pub params: Mutex<Vec<DeviceBuffer>>,
+    /// Where each parameter's bytes come from, to stream them again on reactivation.
+    pub(crate) bindings: Vec<Binding>,
 }
 
 /// What cold `prepare` returned.
@@ -621,7 +623,7 @@ impl Model {
         let mut out = Vec::with_capacity(specialized.len());
         for ((decl, stage, reflection, bindings), exe) in specialized.into_iter().zip(exes) {
             let mut params = Vec::with_capacity(bindings.len());
-            for b in bindings {
+            for b in &bindings {
                 params.push(self.activate(b)?);
             }
             out.push(Arc::new(PreparedStage {
@@ -629,7 +631,8 @@ impl Model {
                 stage,
                 reflection,
                 exe,
-                params,
+                params: Mutex::new(params),
+                bindings,
             }));
         }
         Ok(out)
@@ -754,7 +757,7 @@ impl Model {
     }
 
     /// The resident buffer of one binding: shared with every stage of the same domain.
-    fn activate(&self, b: Binding) -> Result<DeviceBuffer> {
+    fn activate(&self, b: &Binding) -> Result<DeviceBuffer> {
         let mut domains = self
             .domains
             .lock()
@@ -779,6 +782,51 @@ impl Model {
         Ok(buf)
     }
 
+    /// Every stage with parameters: the cold ones and the cached invocation sets.
+    fn all_stages(&self) -> Vec<Arc<PreparedStage>> {
+        let mut v = self.stages.clone();
+        if let Ok(c) = self.spec_cache.lock() {
+            for (_, set) in &c.entries {
+                v.extend(set.iter().cloned());
+            }
+        }
+        v
+    }
+
+    /// Releases every resident parameter buffer (the reloadable backing); compiled stages stay. The caller
+    /// makes sure no cohort is running (the registry drains the scheduler first).
+    pub fn deactivate(&self) {
+        for s in self.all_stages() {
+            if let Ok(mut p) = s.params.lock() {
+                p.clear();
+            }
+        }
+        if let Ok(mut d) = self.domains.lock() {
+            d.clear();
+        }
+    }
+
+    /// Streams every parameter again from its (already indexed) source; on failure nothing stays resident.
+    pub fn activate_params(&self) -> Result<()> {
+        let stages = self.all_stages();
+        for s in &stages {
+            let mut fresh = Vec::with_capacity(s.bindings.len());
+            for b in &s.bindings {
+                match self.activate(b) {
+                    Ok(buf) => fresh.push(buf),
+                    Err(e) => {
+                        self.deactivate();
+                        return Err(e);
+                    }
+                }
+            }
+            if let Ok(mut p) = s.params.lock() {
+                *p = fresh;
+            }
+        }
+        Ok(())
+    }
+
     /// Device bytes the model holds now.
     pub fn device_bytes(&self) -> u64 {
         self.budget.used()
@@ -793,7 +841,8 @@ impl Model {
     }
 }
 
-struct Binding {
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
     domain: DomainKey,
     key: String,
     source: Arc<Source>,

@@ -617,10 +617,23 @@ fn execute(a: &[Value], n: usize) -> Result<Vec<Value>, NativeError> {
             timeline: r.timeline,
             value: r.value + 1,
         };
+        let params: RVec<_> = stage
+            .params
+            .lock()
+            .map_err(|_| NativeError::failed(format!("{what}: parameters poisoned")))?
+            .iter()
+            .map(|b| b.id())
+            .collect();
+        if params.len() != stage.stage.params.len() {
+            return Err(NativeError::failed(format!(
+                "{what}: stage `{}`'s parameters are not resident (the model is deactivated)",
+                stage.decl.root
+            )));
+        }
         let cmd = Command::Dispatch {
             exe: stage.exe,
             inputs: bufs[..ni].iter().map(|b| b.id()).collect(),
-            params: stage.params.iter().map(|b| b.id()).collect(),
+            params,
             outputs: bufs[ni..].iter().map(|b| b.id()).collect(),
             workspace: ws.iter().map(|b| b.id()).collect(),
         };

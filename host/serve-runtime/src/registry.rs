@@ -25,6 +25,8 @@ pub enum Status {
     Preparing,
     Ready,
     Failed,
+    /// Compiled code kept, parameters released; `activate` streams them again.
+    Deactivated,
 }
 
 impl Status {
@@ -33,6 +35,7 @@ impl Status {
             Status::Preparing => "preparing",
             Status::Ready => "ready",
             Status::Failed => "failed",
+            Status::Deactivated => "deactivated",
         }
     }
 }
@@ -41,6 +44,8 @@ impl Status {
 struct Slot {
     status: Status,
     service: Option<Arc<FiniteService>>,
+    /// A deactivated model: compiled stages kept, parameters released.
+    parked: Option<Arc<crate::model::Model>>,
     error: Option<String>,
     source: String,
 }
@@ -94,6 +99,12 @@ impl Registry {
                         "model `{name}` is already being prepared"
                     )));
                 }
+                Some(s) if s.status == Status::Deactivated => {
+                    return Err(Error::NotReady {
+                        name: name.to_string(),
+                        status: "deactivated (activate or unregister it first)".into(),
+                    });
+                }
                 Some(s) => {
                     s.status = Status::Preparing;
                     s.source = files.describe();
@@ -104,6 +115,7 @@ impl Registry {
                         Slot {
                             status: Status::Preparing,
                             service: None,
+                            parked: None,
                             error: None,
                             source: files.describe(),
                         },
@@ -166,6 +178,80 @@ impl Registry {
         Ok(())
     }
 
+    /// Drains `name`'s accepted work, then releases its parameters; its compiled stages stay.
+    pub fn deactivate(&self, name: &str) -> Result<ModelInfo> {
+        let svc = {
+            let mut slots = self.lock();
+            let slot = slots
+                .get_mut(name)
+                .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+            if slot.status != Status::Ready {
+                return Err(Error::NotReady {
+                    name: name.to_string(),
+                    status: slot.status.name().to_string(),
+                });
+            }
+            slot.status = Status::Preparing;
+            slot.service.take()
+        };
+        let svc = svc.ok_or_else(|| Error::Internal("a ready model without a service".into()))?;
+        svc.drain();
+        svc.model.deactivate();
+        log::info!(
+            "model {name}: deactivated ({} device bytes held)",
+            svc.model.device_bytes()
+        );
+        let mut slots = self.lock();
+        let slot = slots
+            .get_mut(name)
+            .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+        slot.parked = Some(svc.model.clone());
+        slot.status = Status::Deactivated;
+        Ok(info(name, slot))
+    }
+
+    /// Streams a deactivated model's parameters again and serves it.
+    pub fn activate(&self, name: &str) -> Result<ModelInfo> {
+        let model = {
+            let mut slots = self.lock();
+            let slot = slots
+                .get_mut(name)
+                .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+            if slot.status != Status::Deactivated {
+                return Err(Error::BadRequest(format!(
+                    "model `{name}` is {}, not deactivated",
+                    slot.status.name()
+                )));
+            }
+            slot.status = Status::Preparing;
+            slot.parked.take()
+        };
+        let model =
+            model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
+        let r = model.activate_params();
+        let mut slots = self.lock();
+        let slot = slots
+            .get_mut(name)
+            .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+        match r {
+            Ok(()) => {
+                log::info!(
+                    "model {name}: activated ({} device bytes)",
+                    model.device_bytes()
+                );
+                slot.service = Some(FiniteService::start(model));
+                slot.status = Status::Ready;
+                Ok(info(name, slot))
+            }
+            Err(e) => {
+                slot.parked = Some(model);
+                slot.status = Status::Deactivated;
+                slot.error = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
     /// The serving model `name`.
     pub fn service(&self, name: &str) -> Result<Arc<FiniteService>> {
         let slots = self.lock();
@@ -203,7 +289,11 @@ impl Registry {
 }
 
 fn info(name: &str, s: &Slot) -> ModelInfo {
-    let m = s.service.as_ref().map(|svc| &svc.model);
+    let m = s
+        .service
+        .as_ref()
+        .map(|svc| &svc.model)
+        .or(s.parked.as_ref());
     ModelInfo {
         name: name.to_string(),
         status: s.status,

@@ -228,3 +228,35 @@ fn sigterm_drains_and_exits_cleanly() {
     let st = s.terminate();
     assert!(st.success(), "{st:?}");
 }
+
+#[test]
+fn deactivation_releases_parameters_and_keeps_compiled_code() {
+    let s = TestServer::start("deactivate", &[]);
+    let m = "arith-embed-weighted";
+    let before = s
+        .post_json("/v1/embeddings", &json!({"model": m, "input": "same"}))
+        .json();
+    let r = s.request("POST", &format!("/v1/models/{m}/deactivate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "deactivated");
+    assert_eq!(r.json()["device_bytes"], 0);
+    assert_eq!(r.json()["stages"], 1, "compiled stages stay");
+    assert_eq!(embed_status(&s, m), 503);
+    assert_eq!(
+        s.request("POST", &format!("/v1/models/{m}/deactivate"), b"")
+            .status,
+        503
+    );
+    let r = s.request("POST", &format!("/v1/models/{m}/activate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["device_bytes"], 8320);
+    let after = s
+        .post_json("/v1/embeddings", &json!({"model": m, "input": "same"}))
+        .json();
+    assert_eq!(before["data"], after["data"]);
+    assert_eq!(
+        s.request("POST", "/v1/models/arith-embed/activate", b"")
+            .status,
+        400
+    );
+}
