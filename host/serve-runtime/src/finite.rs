@@ -442,6 +442,8 @@ impl Model {
             sources: self.sources.clone(),
             gather: self.gather.clone(),
             gathers: Vec::new(),
+            feedback: Vec::new(),
+            feedback_limit: plan.live_bytes,
         });
         let lim = limits(self.doc.fuel.run, self.doc.memory.invocation_bytes);
         let (r, ctx) = invoke(
@@ -491,7 +493,27 @@ impl Model {
                 "run submitted no work (call runner.execute_N)".into(),
             ));
         }
-        let live = self.device.read(&output, 0, plan.live_bytes)?;
+        // The compact snapshot: the feedback slots in order when the program asked for them (their total must
+        // be the plan's live bytes), else the output's live prefix.
+        let live = if runner.feedback.is_empty() {
+            self.device.read(&output, 0, plan.live_bytes)?
+        } else {
+            let mut live = Vec::with_capacity(plan.live_bytes as usize);
+            for (after, buf, off, len) in &runner.feedback {
+                if let Err(e) = self.device.wait(*after, DEVICE_TIMEOUT.as_nanos() as u64) {
+                    return Err(Error::BadRequest(format!("device execution failed: {e}")));
+                }
+                live.extend(self.device.read(buf, *off, *len)?);
+            }
+            if live.len() as u64 != plan.live_bytes {
+                return Err(Error::Program(format!(
+                    "runner.feedback slots hold {} bytes; the result plan's live prefix is {}",
+                    live.len(),
+                    plan.live_bytes
+                )));
+            }
+            live
+        };
         Ok(plan.split(&live))
     }
 }

@@ -12,7 +12,7 @@
 //! | cold `prepare` | declarations (stages, config, sources, parameters, limits) | no |
 //! | `prepare_request` | no | no |
 //! | finite `prepare_batch` | invocation-scoped stage declarations (ordinals follow the cold stages) | no |
-//! | finite `run` | no | `execute_N`, `fence`, `join`, `buffer`; `parameters.gather` |
+//! | finite `run` | no | `execute_N`, `fence`, `join`, `feedback`, `buffer`, `stage_buffer`, `size`; `parameters.gather` |
 //!
 //! A call outside its phase fails the invocation with a message naming the phase. Declarations copy their
 //! strings. `runner.execute_N` only enqueues: it checks the stage and buffers, submits one dispatch that waits
@@ -106,6 +106,10 @@ pub struct RunCtx {
     pub gather: Arc<GatherQueue>,
     /// Every point this invocation's gathers signal.
     pub gathers: Vec<TimelinePoint>,
+    /// `runner.feedback` slots, in call order: (after this work, buffer, offset, length).
+    pub feedback: Vec<(TimelinePoint, DeviceBuffer, u64, u64)>,
+    /// The most feedback bytes one invocation may request.
+    pub feedback_limit: u64,
 }
 
 /// The context of one invocation.
@@ -736,6 +740,47 @@ pub fn runner_module() -> NativeModule {
         |_, a| {
             let b = device_buffer(&a[0], "runner.size", 1)?;
             Ok(vec![Value::I64(b.bytes() as i64)])
+        },
+    )
+    .func(
+        "feedback",
+        sig(
+            vec![rty("runner.work"), rty("hal.buffer"), Type::I64, Type::I64],
+            vec![Type::I64],
+        ),
+        20,
+        |_, a| {
+            let what = "runner.feedback";
+            ctx(what, |c| {
+                need_phase(c, what, &[Phase::Run])?;
+                let r = c
+                    .runner
+                    .as_mut()
+                    .ok_or_else(|| NativeError::failed(format!("{what}: no runner")))?;
+                let after = a.first().and_then(point_of).ok_or_else(|| {
+                    NativeError::failed(format!("{what}: argument 1 is not accepted work"))
+                })?;
+                let b = device_buffer(&a[1], what, 2)?.clone();
+                let (off, len) = (arg_i64(a, 2), arg_i64(a, 3));
+                if off < 0 || len < 0 || (off as u64).checked_add(len as u64).is_none_or(|e| e > b.bytes()) {
+                    return Err(NativeError::failed(format!(
+                        "{what}: bytes {off}+{len} are outside the {}-byte buffer",
+                        b.bytes()
+                    )));
+                }
+                let total: u64 = r.feedback.iter().map(|f| f.3).sum::<u64>() + len as u64;
+                if total > r.feedback_limit {
+                    return Err(NativeError::failed(format!(
+                        "{what}: {total} feedback bytes exceed this invocation's bound of {}",
+                        r.feedback_limit
+                    )));
+                }
+                if r.feedback.len() >= 1024 {
+                    return Err(NativeError::failed(format!("{what}: more than 1024 slots")));
+                }
+                r.feedback.push((after, b, off as u64, len as u64));
+                Ok(vec![Value::I64(r.feedback.len() as i64 - 1)])
+            })
         },
     )
     .func(
