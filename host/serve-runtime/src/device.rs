@@ -249,6 +249,10 @@ impl DeviceBuffer {
     pub fn device(&self) -> &Arc<Device> {
         &self.0.dev
     }
+    /// How many handles share this buffer (submissions hold their own inside the HAL).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
 }
 
 /// The devices this server can place models on.

@@ -23,7 +23,8 @@
 //!
 //! Record layouts are in `docs/serving/finite.md`.
 
-use crate::model::{Model, PreparedStage, invoke, limits};
+use crate::checkpoint::Source;
+use crate::model::{InvocationSet, Model, invoke, limits, resolve_source_path};
 use crate::natives::{Phase, RunCtx};
 use crate::{Error, Result};
 use loom_vm::Value;
@@ -318,11 +319,9 @@ impl Model {
         Ok(Prepared { bytes, units, tag })
     }
 
-    /// Invocation-declared stages: the cached set for this exact declaration set, or a fresh compile.
-    fn invocation_stages(
-        &self,
-        decls: crate::natives::Decls,
-    ) -> Result<Arc<Vec<Arc<PreparedStage>>>> {
+    /// Invocation-declared stages: the cached set for this exact declaration set, or a fresh one (new sources
+    /// opened and indexed, stages compiled on the shared queue, parameters placed).
+    fn invocation_stages(&self, decls: crate::natives::Decls) -> Result<Arc<InvocationSet>> {
         {
             let mut c = self
                 .spec_cache
@@ -337,14 +336,43 @@ impl Model {
             }
             c.misses += 1;
         }
-        let built = Arc::new(self.build_stages(&decls.stages, &decls.params, self.stages.len())?);
+        let mut sources = self.sources.clone();
+        for (i, shards) in decls.sources.iter().enumerate() {
+            let ordinal = self.sources.len() + i;
+            let mut paths = Vec::with_capacity(shards.len());
+            for (dir, path) in shards {
+                paths.push(resolve_source_path(
+                    &self.files,
+                    &self.asset_root,
+                    dir,
+                    path,
+                    ordinal,
+                )?);
+            }
+            sources
+                .push(Arc::new(Source::open(&paths).map_err(|m| {
+                    Error::Checkpoint(format!("source {ordinal}: {m}"))
+                })?));
+        }
+        let stages =
+            self.build_stages(&decls.stages, &decls.params, self.stages.len(), &sources)?;
+        let built = Arc::new(InvocationSet { stages, sources });
         let mut c = self
             .spec_cache
             .lock()
             .map_err(|_| Error::Internal("spec cache poisoned".into()))?;
         c.entries.push((decls, built.clone()));
+        let mut evicted = false;
         while c.entries.len() > self.doc.specialization_cache {
             c.entries.remove(0);
+            evicted = true;
+        }
+        drop(c);
+        if evicted {
+            // Resident buffers only an evicted set used are released (cohorts still running keep theirs).
+            if let Ok(mut d) = self.domains.lock() {
+                d.retain(|_, b| b.holders() > 1);
+            }
         }
         Ok(built)
     }
@@ -389,11 +417,14 @@ impl Model {
         let plan = out[2].as_buffer().unwrap_or_default().to_vec();
 
         let mut stages = self.stages.clone();
+        let mut sources = self.sources.clone();
         if !ctx.decls.stages.is_empty() {
-            stages.extend(self.invocation_stages(ctx.decls)?.iter().cloned());
-        } else if !ctx.decls.params.is_empty() {
+            let set = self.invocation_stages(ctx.decls)?;
+            stages.extend(set.stages.iter().cloned());
+            sources = set.sources.clone();
+        } else if !ctx.decls.params.is_empty() || !ctx.decls.sources.is_empty() {
             return Err(Error::Program(
-                "prepare_batch declared parameters but no stage".into(),
+                "prepare_batch declared sources or parameters but no stage".into(),
             ));
         }
         let stage = usize::try_from(stage_index)
@@ -439,7 +470,7 @@ impl Model {
             value: *tl,
             joins: Vec::new(),
             signalled: Vec::new(),
-            sources: self.sources.clone(),
+            sources,
             gather: self.gather.clone(),
             gathers: Vec::new(),
             feedback: Vec::new(),

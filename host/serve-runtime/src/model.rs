@@ -76,6 +76,9 @@ pub struct Model {
     pub report: PrepareReport,
     pub(crate) control: Loaded,
     pub(crate) catalog: Catalog,
+    /// Where request-declared sources resolve (the package's files and the asset root given to `prepare`).
+    pub(crate) files: PackageFiles,
+    pub(crate) asset_root: String,
     pub(crate) sources: Vec<Arc<Source>>,
     pub(crate) cold_params: Vec<natives::ParamDecl>,
     pub(crate) domains: Mutex<HashMap<(DomainKey, String), DeviceBuffer>>,
@@ -87,10 +90,18 @@ pub struct Model {
     pub(crate) gather: Arc<crate::gather::GatherQueue>,
 }
 
+/// The stages (and any new sources) one exact invocation declaration set resolved to.
+#[derive(Debug)]
+pub(crate) struct InvocationSet {
+    pub(crate) stages: Vec<Arc<PreparedStage>>,
+    /// The cold sources, then the ones this declaration set added.
+    pub(crate) sources: Vec<Arc<Source>>,
+}
+
 /// Invocation-declared stage sets, most recently used last; bounded by `specialization_cache`.
 #[derive(Debug, Default)]
 pub(crate) struct SpecCache {
-    pub(crate) entries: Vec<(Decls, Arc<Vec<Arc<PreparedStage>>>)>,
+    pub(crate) entries: Vec<(Decls, Arc<InvocationSet>)>,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
 }
@@ -439,6 +450,8 @@ pub fn prepare(
         report: PrepareReport::default(),
         control,
         catalog,
+        files: files.clone(),
+        asset_root: asset_root.clone(),
         sources,
         cold_params: decls.params.clone(),
         domains: Mutex::new(HashMap::new()),
@@ -450,7 +463,8 @@ pub fn prepare(
         gather,
     };
     let compile_start = Instant::now();
-    let stages = model.build_stages(&decls.stages, &decls.params, 0)?;
+    let cold_sources = model.sources.clone();
+    let stages = model.build_stages(&decls.stages, &decls.params, 0, &cold_sources)?;
     model.report.compile_time = compile_start.elapsed();
     model.report.stages = stages.len();
     model.report.parameter_bytes = model.budget.used();
@@ -459,7 +473,7 @@ pub fn prepare(
     Ok(model)
 }
 
-fn resolve_source_path(
+pub(crate) fn resolve_source_path(
     files: &PackageFiles,
     asset_root: &str,
     dir: &str,
@@ -540,6 +554,7 @@ impl Model {
         decls: &[StageDecl],
         params: &[natives::ParamDecl],
         base: usize,
+        sources: &[Arc<Source>],
     ) -> Result<Vec<Arc<PreparedStage>>> {
         let mut specialized = Vec::with_capacity(decls.len());
         for (i, d) in decls.iter().enumerate() {
@@ -605,7 +620,7 @@ impl Model {
                     )));
                 }
             }
-            let bindings = self.resolve_params(ordinal, base, &stage, params)?;
+            let bindings = self.resolve_params(ordinal, base, &stage, params, sources)?;
             specialized.push((d.clone(), stage, reflection, bindings));
         }
         // Compile on the shared queue (encoded stages are what plugins receive).
@@ -645,6 +660,7 @@ impl Model {
         base: usize,
         stage: &Stage,
         params: &[natives::ParamDecl],
+        sources: &[Arc<Source>],
     ) -> Result<Vec<Binding>> {
         if stage.params.is_empty() {
             return Ok(Vec::new());
@@ -700,10 +716,8 @@ impl Model {
             )));
         }
         let inputs: Vec<usize> = inputs.into_iter().flatten().collect();
-        let key_files: Vec<Vec<PathBuf>> = inputs
-            .iter()
-            .map(|&s| self.sources[s].files.clone())
-            .collect();
+        let key_files: Vec<Vec<PathBuf>> =
+            inputs.iter().map(|&s| sources[s].files.clone()).collect();
         let dkey: DomainKey = (key_files, policy);
         let mut out = Vec::with_capacity(stage.params.len());
         for b in &stage.params {
@@ -715,7 +729,7 @@ impl Model {
                     inputs.len()
                 ))
             })?;
-            let src = self.sources[src_ord].clone();
+            let src = sources[src_ord].clone();
             let entry = src.entries.get(&b.key).cloned().ok_or_else(|| {
                 Error::Checkpoint(format!(
                     "{at}: binding `{}`: key {:?} is not in source {src_ord} ({})",
@@ -787,7 +801,7 @@ impl Model {
         let mut v = self.stages.clone();
         if let Ok(c) = self.spec_cache.lock() {
             for (_, set) in &c.entries {
-                v.extend(set.iter().cloned());
+                v.extend(set.stages.iter().cloned());
             }
         }
         v

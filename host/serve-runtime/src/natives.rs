@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | cold `prepare` | declarations (stages, config, sources, parameters, limits) | no |
 //! | `prepare_request` | no | no |
-//! | finite `prepare_batch` | invocation-scoped stage declarations (ordinals follow the cold stages) | no |
+//! | finite `prepare_batch` | invocation-scoped stages, sources and parameters (ordinals follow the cold ones) | no |
 //! | finite `run` | no | `execute_N`, `fence`, `join`, `feedback`, `buffer`, `stage_buffer`, `size`; `parameters.gather` |
 //!
 //! A call outside its phase fails the invocation with a message naming the phase. Declarations copy their
@@ -320,7 +320,7 @@ pub fn prepare_module() -> NativeModule {
         })
         .func("source", sig(vec![Str, Str], vec![I64]), 10, |_, a| {
             ctx("prepare.source", |c| {
-                need_phase(c, "prepare.source", &[Phase::Cold])?;
+                need_phase(c, "prepare.source", &[Phase::Cold, Phase::Batch])?;
                 if c.decls.sources.len() >= 256 {
                     return Err(NativeError::failed("prepare.source: more than 256 sources"));
                 }
@@ -336,7 +336,7 @@ pub fn prepare_module() -> NativeModule {
             10,
             |_, a| {
                 ctx("prepare.source_append", |c| {
-                    need_phase(c, "prepare.source_append", &[Phase::Cold])?;
+                    need_phase(c, "prepare.source_append", &[Phase::Cold, Phase::Batch])?;
                     let s = arg_i64(a, 0);
                     let local = (s as usize).checked_sub(c.source_base);
                     let Some(list) = local.and_then(|l| c.decls.sources.get_mut(l)) else {

@@ -260,3 +260,74 @@ fn deactivation_releases_parameters_and_keeps_compiled_code() {
         400
     );
 }
+
+#[test]
+fn prepare_batch_can_declare_a_request_time_checkpoint() {
+    let s = TestServer::start("cohort-source", &[]);
+    let base = s.dir.join("arith-embed-weighted");
+    // weights2: gen_weights.py's head scaled by 2 (weights and bias), written independently here.
+    let mut data = Vec::new();
+    for d in 0..64 {
+        for o in 0..32 {
+            data.extend_from_slice(
+                &(2.0 * ((((d * 7 + o * 3) % 17) as f32) - 8.0) / 16.0).to_le_bytes(),
+            );
+        }
+    }
+    for o in 0..32 {
+        data.extend_from_slice(&(2.0 * (((o % 5) as f32) - 2.0) / 8.0).to_le_bytes());
+    }
+    let h = br#"{"head.weight":{"dtype":"F32","shape":[64,32],"data_offsets":[0,8192]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[8192,8320]}}"#;
+    let mut f = (h.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(h);
+    f.extend_from_slice(&data);
+    std::fs::write(base.join("weights2.safetensors"), f).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "w2", "base": base.display().to_string(),
+                "options": {"cohort_checkpoint": "weights2.safetensors"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    for _ in 0..2 {
+        let v = s
+            .post_json(
+                "/v1/embeddings",
+                &json!({"model": "w2", "input": ["hi", "there"]}),
+            )
+            .json();
+        for (i, t) in ["hi", "there"].iter().enumerate() {
+            let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+            let want: Vec<f64> = crate::http_embed::weighted(&vals)
+                .iter()
+                .map(|x| 2.0 * x)
+                .collect();
+            let got = v["data"][i]["embedding"].as_array().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{g} vs {w}"
+                );
+            }
+        }
+    }
+    // The second cohort reused the first one's declaration set (and its indexed source).
+    assert!(s.metric("loom_specialization_cache_hits_total{model=\"w2\"}") >= 1.0);
+    // A request-time checkpoint that is missing fails those cohorts with the file named, not the model.
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "w3", "base": base.display().to_string(),
+                "options": {"cohort_checkpoint": "absent.safetensors"}}),
+    );
+    assert_eq!(r.status, 201, "the cold layout is fine: {}", r.text());
+    let r = s.post_json("/v1/embeddings", &json!({"model": "w3", "input": "x"}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("absent.safetensors"), "{}", r.text());
+    assert_eq!(
+        s.post_json(
+            "/v1/embeddings",
+            &json!({"model": "arith-embed-weighted", "input": "x"})
+        )
+        .status,
+        200
+    );
+}
