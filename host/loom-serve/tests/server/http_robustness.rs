@@ -253,3 +253,71 @@ fn a_client_that_disconnects_does_not_disturb_others() {
     let submitted = s.metric("loom_requests_total{model=\"arith-embed\"}");
     assert!(submitted >= 6.0, "{submitted}");
 }
+
+#[test]
+fn cancellation_during_accepted_device_work_then_the_rows_are_reused() {
+    let s = TestServer::start("cancel", &[]);
+    let base = s.dir.join("slow-embed").display().to_string();
+    let r = s.post_json("/v1/models", &json!({"base": base}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Time one cohort of the slow stage (its spin kernel makes it last well over the disconnect delay).
+    let t0 = std::time::Instant::now();
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "slow-embed", "input": "warm"}),
+    );
+    assert_eq!(r.status, 200);
+    let cohort = t0.elapsed();
+    assert!(
+        cohort > std::time::Duration::from_millis(200),
+        "the spin is too short: {cohort:?}"
+    );
+    eprintln!("one slow cohort: {cohort:?}");
+    let cohorts_before = s.metric("loom_cohorts_total{model=\"slow-embed\"}");
+    let members_before = s.metric("loom_cohort_members_total{model=\"slow-embed\"}");
+    // A client sends 8 inputs and disconnects while their cohort executes.
+    let body =
+        json!({"model": "slow-embed", "input": ["a", "bb", "ccc", "dddd", "e", "f", "g", "h"]})
+            .to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(cohort / 4);
+    drop(c);
+    // The next request reuses the rows after the accepted cohort is collected, with the right results.
+    let v = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "slow-embed", "input": ["xy", "z"]}),
+    );
+    assert_eq!(v.status, 200, "{}", v.text());
+    let v = v.json();
+    let got: Vec<f64> = v["data"][0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let want = crate::http_embed::arith(&[120, 121], 64);
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| (g - w).abs() <= 1e-5 * w.abs().max(1.0))
+    );
+    // Of the 8 cancelled inputs, those already accepted into the executing cohort ran to completion and were
+    // collected (at least the first: the scheduler never waits for more), and those still waiting were dropped
+    // without running; together they are all 8.
+    let cancelled_waiting = s.metric("loom_cancelled_waiting_total{model=\"slow-embed\"}");
+    let ran = s.metric("loom_cohort_members_total{model=\"slow-embed\"}") - members_before - 2.0;
+    assert!(ran >= 1.0, "{ran}");
+    assert_eq!(
+        ran + cancelled_waiting,
+        8.0,
+        "ran {ran}, dropped while waiting {cancelled_waiting}"
+    );
+    assert!(s.metric("loom_cohorts_total{model=\"slow-embed\"}") >= cohorts_before + 2.0);
+    s.healthy();
+}
