@@ -16,6 +16,25 @@ pub(crate) fn sgemm(
     ldb: usize,
     accumulate: bool,
 ) {
+    sgemm_strided(m, n, k, c, ldc, a, lda, b, 1, ldb as isize, accumulate)
+}
+
+/// [`sgemm`] with `b`'s element `(k, n)` at `b + k * b_rs + n * b_cs` (so `b_cs = K, b_rs = 1` reads a
+/// row-major `[N, K]` matrix as its transpose).
+#[allow(clippy::too_many_arguments)]
+fn sgemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    b_cs: isize,
+    b_rs: isize,
+    accumulate: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -44,8 +63,8 @@ pub(crate) fn sgemm(
             1,
             lda as isize,
             b,
-            1,
-            ldb as isize,
+            b_cs,
+            b_rs,
             1.0f32,
             1.0f32,
             false,
@@ -62,7 +81,8 @@ struct Ptrs(*mut f32, *const f32, *const f32);
 // SAFETY: each worker gets disjoint row blocks of c and only reads a and b.
 unsafe impl Send for Ptrs {}
 
-/// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c` (no accumulation).
+/// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c` (no accumulation); with
+/// `trans_b`, `b` is a row-major `[N, K]` matrix and the product is `a @ b^T`.
 pub(crate) fn sgemm_threads(
     m: usize,
     n: usize,
@@ -70,14 +90,20 @@ pub(crate) fn sgemm_threads(
     c: *mut f32,
     a: *const f32,
     b: *const f32,
+    trans_b: bool,
     threads: usize,
 ) {
+    let (b_cs, b_rs) = if trans_b {
+        (k as isize, 1)
+    } else {
+        (1, n as isize)
+    };
     // Below ~2 MFLOP per thread the spawn costs more than it saves.
     let threads = threads
         .clamp(1, m.max(1))
         .min((m * n * k / (1 << 20)).max(1));
     if threads <= 1 {
-        sgemm(m, n, k, c, n, a, k, b, n, false);
+        sgemm_strided(m, n, k, c, n, a, k, b, b_cs, b_rs, false);
         return;
     }
     // Row blocks rounded up to 16 rows keep the microkernel's M panels full.
@@ -94,7 +120,7 @@ pub(crate) fn sgemm_threads(
                 let p = p;
                 // SAFETY: rows r0..r0+r are inside m; offsets stay inside the matrices.
                 let (c, a) = unsafe { (p.0.add(r0 * n), p.1.add(r0 * k)) };
-                sgemm(r, n, k, c, n, a, k, p.2, n, false);
+                sgemm_strided(r, n, k, c, n, a, k, p.2, b_cs, b_rs, false);
             });
         }
     });

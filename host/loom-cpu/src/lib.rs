@@ -17,7 +17,8 @@
 //!   crate's microkernels.
 //! * A kernel that is exactly a tiled GEMM over full buffers (`pattern.rs`) runs as one `gemm` call over the
 //!   whole matrices (split over rows between threads) plus a JIT-compiled epilogue kernel for bias or
-//!   activation.
+//!   activation; `B` may be stored transposed (`[N, K]`, PyTorch's `Linear` layout, loaded as
+//!   `transpose(load(B[rn, rk]))`), which the `gemm` call reads through its strides.
 //! * A kernel that is exactly a tiled matrix-vector product `y = W x` with a Q8_0/Q4_0/Q4_1 weight `W: [N, K]`
 //!   (GGUF layout, `tile.dot` at M = 1 against the transposed weight tile; `pattern::match_matvec`) runs on the
 //!   hand-written quantised dot microkernels of `qdot.rs` (AVX-512 VNNI, AVX2 or scalar, chosen at run time),
@@ -123,6 +124,7 @@ struct GemmPlan {
     a: u32,
     b: u32,
     c: u32,
+    trans_b: bool,
     epilogue: Option<(Kernel, Func)>,
 }
 
@@ -285,6 +287,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 a: g.a,
                 b: g.b,
                 c: g.c,
+                trans_b: g.trans_b,
                 epilogue: epi.map(|(e, l)| (e, func(l))),
             }),
             matvec: mv,
@@ -549,6 +552,7 @@ impl CpuStage {
                         slots[sc].0 as *mut f32,
                         slots[sa].0 as *const f32,
                         slots[sb].0 as *const f32,
+                        g.trans_b,
                         threads,
                     );
                     if let Some((ek, ef)) = &g.epilogue {

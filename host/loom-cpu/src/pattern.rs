@@ -28,6 +28,9 @@ pub(crate) struct GemmMatch {
     pub(crate) a: u32,
     pub(crate) b: u32,
     pub(crate) c: u32,
+    /// `B` is stored transposed, as `[N, K]` (PyTorch's `Linear` layout), and loaded as `transpose(load(B[rn,
+    /// rk], 0.0))`.
+    pub(crate) trans_b: bool,
     pub(crate) epilogue: Option<Kernel>,
 }
 
@@ -153,10 +156,13 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     if !is_zero_f32(z) || shape[..] != [bm, bn] {
         return None;
     }
-    // Body: rk = range(iv, BK); ta = load(A[rm, rk], 0); tb = load(B[rk, rn], 0); d = dot(ta, tb, acc); yield d.
+    // Body: rk = range(iv, BK); ta = load(A[rm, rk], 0); tb = load(B[rk, rn], 0); d = dot(ta, tb, acc); yield d,
+    // or with B: [N, K] stored transposed: tb = load(B[rn, rk], 0); tt = transpose(tb); d = dot(ta, tt, acc).
     let bops = &body.ops;
-    let [r_op, la, lb, dop, y] = &bops[..] else {
-        return None;
+    let (r_op, la, lb, tr, dop, y) = match &bops[..] {
+        [r_op, la, lb, dop, y] => (r_op, la, lb, None, dop, y),
+        [r_op, la, lb, tr, dop, y] => (r_op, la, lb, Some(tr), dop, y),
+        _ => return None,
     };
     let KOpKind::Range { start, len } = &r_op.kind else {
         return None;
@@ -195,10 +201,27 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
             _ => None,
         }
     };
+    // With a transpose, the dot's B operand is the transpose of one of the two loads.
+    let db = match tr {
+        None => val(db)?,
+        Some(t) => {
+            let KOpKind::Transpose { a } = &t.kind else {
+                return None;
+            };
+            if t.results.first() != Some(&val(db)?) {
+                return None;
+            }
+            val(a)?
+        }
+    };
     let (pa, ia) = load(la, val(da)?).or_else(|| load(lb, val(da)?))?;
-    let (pb, ib) = load(lb, val(db)?).or_else(|| load(la, val(db)?))?;
+    let (pb, ib) = load(lb, db).or_else(|| load(la, db))?;
     let [arm, ark] = &ia[..] else { return None };
-    let [brk, brn] = &ib[..] else { return None };
+    let (brk, brn) = match (&ib[..], tr) {
+        ([brk, brn], None) => (brk, brn),
+        ([brn, brk], Some(_)) => (brk, brn),
+        _ => return None,
+    };
     if val(arm)? != val(srm)? || val(brn)? != val(srn)? || val(ark)? != rk || val(brk)? != rk {
         return None;
     }
@@ -216,11 +239,14 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
     {
         return None;
     }
-    let (m, kdim, n) = (pa_.shape[0], pa_.shape[1], pb_.shape[1]);
-    if pb_.shape[0] != kdim
-        || pc_.shape[..] != [m, n]
-        || kdim as i64 != kk
-        || pc_.access == Access::Read
+    let trans_b = tr.is_some();
+    let (m, kdim) = (pa_.shape[0], pa_.shape[1]);
+    let (bk_dim, n) = if trans_b {
+        (pb_.shape[1], pb_.shape[0])
+    } else {
+        (pb_.shape[0], pb_.shape[1])
+    };
+    if bk_dim != kdim || pc_.shape[..] != [m, n] || kdim as i64 != kk || pc_.access == Access::Read
     {
         return None;
     }
@@ -254,6 +280,7 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
         a: pa,
         b: pb,
         c: *c,
+        trans_b,
         epilogue,
     })
 }

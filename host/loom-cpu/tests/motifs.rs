@@ -422,6 +422,36 @@ fn gemm_bias_epilogues() {
     check_cases("gemm", cases, 0x9e37_79b9_7f4a_7c15);
 }
 
+/// The PyTorch-layout variants (`w: [N, K]`, read transposed): the whole-GEMM path reads `w` through the
+/// `gemm` call's strides, so the kernel must still match it (checked on the compile report).
+#[test]
+fn gemm_nt_bias_epilogues() {
+    let mut cases = vec![];
+    for (m, n, k) in [(64, 64, 64), (37, 45, 70), (1, 3, 129)] {
+        for act in ["none", "gelu_erf"] {
+            cases.push(case(
+                "motifs.gemm.dense_nt",
+                &[("M", int(m)), ("N", int(n)), ("K", int(k)), ("ACT", s(act))],
+                tol(1e-5, 1e-5),
+                tol(1e-5, 1e-5),
+            ));
+        }
+        cases.push(case(
+            "motifs.gemm.dense_nt_add",
+            &[("M", int(m)), ("N", int(n)), ("K", int(k))],
+            tol(1e-5, 1e-5),
+            tol(1e-5, 1e-5),
+        ));
+    }
+    for c in &cases {
+        let stage = specialize(c.stage, &c.cfg);
+        let cs = loom_cpu::compile_stage(&stage).unwrap();
+        let paths: Vec<&str> = cs.compile_report().kernels.iter().map(|k| k.path).collect();
+        assert_eq!(paths, ["gemm+epilogue"], "{} {:?}", c.stage, c.cfg);
+    }
+    check_cases("gemm_nt", cases, 0x51ed_270b_2716_8f3d);
+}
+
 #[test]
 fn norms_and_softmax() {
     let mut cases = vec![];

@@ -76,6 +76,10 @@ def run(stage, cfg, a):
     """Returns {output name: float64 array}."""
     if stage == "motifs.gemm.dense":
         return {"y": ACTS[cfg["ACT"]](a["x"] @ a["w"] + a["b"])}
+    if stage == "motifs.gemm.dense_nt":
+        return {"y": ACTS[cfg["ACT"]](a["x"] @ a["w"].T + a["b"])}
+    if stage == "motifs.gemm.dense_nt_add":
+        return {"y": a["x"] @ a["w"].T + a["b"] + a["r"]}
     if stage == "motifs.norm.layernorm":
         x = a["x"]
         mu = x.mean(axis=1, keepdims=True)
