@@ -267,6 +267,26 @@ pub(crate) extern "C" fn loom_unary_tile(
                 dst as *mut f32,
             )
         };
+        // f32 `exp` and `erf` are the hot transcendental functions of real models (attention's softmax, GELU):
+        // they run in f32 (`rows::exp_f32`, <= 1 ulp; `libm::erff`, musl's, <= 1 ulp) instead of an f64
+        // function rounded once, inside the 2 ulp the backend promises for transcendental functions.
+        match (op, dtype) {
+            (UnOp::Exp, DType::F32) => {
+                for (i, &x) in s.iter().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { d.add(i).write(crate::rows::exp_f32::<false>(x)) };
+                }
+                return;
+            }
+            (UnOp::Erf, DType::F32) => {
+                for (i, &x) in s.iter().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { d.add(i).write(libm::erff(x)) };
+                }
+                return;
+            }
+            _ => {}
+        }
         for (i, &x) in s.iter().enumerate() {
             let r = round_to(dtype, unary_f64(op, f64::from(x))) as f32;
             // SAFETY: as above.
