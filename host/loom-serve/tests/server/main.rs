@@ -6,4 +6,6 @@ mod support;
 
 mod http_embed;
 mod http_lifecycle;
+mod http_minilm;
 mod http_robustness;
+mod plugins;
