@@ -25,7 +25,7 @@ fn arith(values: &[u8], dims: usize) -> Vec<f32> {
         .map(|j| {
             let mut s = 0f32;
             for (t, &v) in values.iter().enumerate() {
-                s += v as f32 * ((((t + 1) * (j + 1)) % 13 + 1) as f32);
+                s += v as f32 * (64.0 / (64.0 + ((t + 1) * (j + 1)) as f32));
             }
             s / (n * 256.0)
         })
