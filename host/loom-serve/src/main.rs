@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
-[--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log error|warn|info|debug]";
+[--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log error|warn|info|debug|trace]";
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -95,7 +95,7 @@ fn parse_args() -> Result<Args> {
             "--log" => {
                 a.log = value()?
                     .parse()
-                    .map_err(|_| anyhow::anyhow!("--log takes error, warn, info or debug"))?
+                    .map_err(|_| anyhow::anyhow!("--log takes error, warn, info, debug or trace"))?
             }
             "-h" | "--help" => {
                 println!("{USAGE}");

@@ -379,6 +379,7 @@ impl Model {
 
     /// Runs one cohort through `prepare_batch` and `run`; one result per member, in order.
     pub fn run_cohort(&self, members: &[&Prepared]) -> Result<Vec<Rows>> {
+        let t_start = Instant::now();
         // prepare_batch(state, stage_tags, ranges, prepared)
         let mut tags = Vec::with_capacity(self.stages.len() * 8);
         for s in &self.stages {
@@ -454,6 +455,7 @@ impl Model {
         let _ = stage;
 
         // Upload, run, wait, download the live prefix.
+        let t_batch = Instant::now();
         let input = self.device.alloc(upload.len() as u64, &self.budget)?;
         self.device.write(&input, 0, &upload)?;
         let output = self.device.alloc(plan.output_bytes, &self.budget)?;
@@ -493,6 +495,7 @@ impl Model {
         drop(tl);
         // Accepted work is collected even when the invocation trapped after submitting it.
         let last = runner.signalled.last().copied();
+        let t_run = Instant::now();
         if let Some(p) = last {
             match self.device.wait(p, DEVICE_TIMEOUT.as_nanos() as u64) {
                 Ok(true) => {}
@@ -526,6 +529,7 @@ impl Model {
         }
         // The compact snapshot: the feedback slots in order when the program asked for them (their total must
         // be the plan's live bytes), else the output's live prefix.
+        let t_wait = Instant::now();
         let live = if runner.feedback.is_empty() {
             self.device.read(&output, 0, plan.live_bytes)?
         } else {
@@ -545,7 +549,21 @@ impl Model {
             }
             live
         };
-        Ok(plan.split(&live))
+        let rows = plan.split(&live);
+        if log::log_enabled!(log::Level::Trace) {
+            let us = |a: Instant, b: Instant| b.duration_since(a).as_micros();
+            let end = Instant::now();
+            log::trace!(
+                "model {}: cohort of {}: prepare_batch {} us, upload+run {} us, device wait {} us, download {} us",
+                self.name,
+                members.len(),
+                us(t_start, t_batch),
+                us(t_batch, t_run),
+                us(t_run, t_wait),
+                us(t_wait, end)
+            );
+        }
+        Ok(rows)
     }
 }
 
