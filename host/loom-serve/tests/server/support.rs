@@ -77,11 +77,29 @@ impl TestServer {
     /// Starts the server with the three example packages registered, plus `extra` arguments.
     pub(crate) fn start(tag: &str, extra: &[&str]) -> TestServer {
         let dir = package_dir(tag);
+        let models: Vec<PathBuf> = ["arith-embed", "arith-embed-weighted", "arith-decision"]
+            .iter()
+            .map(|p| dir.join(p))
+            .collect();
+        TestServer::spawn(dir, &models, extra)
+    }
+
+    /// Starts the server with `models` (package directories, used in place) registered, plus `extra`
+    /// arguments; the log goes to a fresh temporary directory.
+    pub(crate) fn start_models(tag: &str, models: &[PathBuf], extra: &[&str]) -> TestServer {
+        let dir =
+            std::env::temp_dir().join(format!("loom-serve-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TestServer::spawn(dir, models, extra)
+    }
+
+    fn spawn(dir: PathBuf, models: &[PathBuf], extra: &[&str]) -> TestServer {
         let mut args: Vec<String> =
             vec!["--port".into(), "0".into(), "--log".into(), "debug".into()];
-        for p in ["arith-embed", "arith-embed-weighted", "arith-decision"] {
+        for p in models {
             args.push("--model".into());
-            args.push(dir.join(p).display().to_string());
+            args.push(p.display().to_string());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = dir.join("server.log");
