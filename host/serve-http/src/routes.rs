@@ -569,32 +569,71 @@ async fn embeddings(
     let model = svc.model.name.clone();
     let recs = embedding_records(input, st.config.max_inputs)?;
     let (rows, units) = run_records(svc, recs).await?;
-    let mut data = Vec::with_capacity(rows.len());
-    for (i, r) in rows.into_iter().enumerate() {
-        let v = r.into_iter().next().unwrap_or_default();
-        if let Some(d) = dims {
-            if d != v.len() {
-                return Err(ApiError::bad_request(format!(
-                    "`dimensions` {d}: model `{model}` produces {} dimensions and does not truncate",
-                    v.len()
-                )));
-            }
+    let vectors: Vec<Vec<f32>> = rows
+        .into_iter()
+        .map(|r| r.into_iter().next().unwrap_or_default())
+        .collect();
+    if let Some(d) = dims {
+        if let Some(v) = vectors.iter().find(|v| v.len() != d) {
+            return Err(ApiError::bad_request(format!(
+                "`dimensions` {d}: model `{model}` produces {} dimensions and does not truncate",
+                v.len()
+            )));
         }
-        let emb = if b64 {
-            let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
-            Json::String(base64(&bytes))
-        } else {
-            Json::Array(v.iter().map(|&f| json!(f)).collect())
-        };
-        data.push(json!({"object": "embedding", "index": i, "embedding": emb}));
     }
-    Ok(axum::Json(json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": units, "total_tokens": units},
-    }))
+    let data: Vec<EmbeddingOut<'_>> = vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| EmbeddingOut {
+            object: "embedding",
+            index,
+            embedding: if b64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                Embedding::Base64(base64(&bytes))
+            } else {
+                Embedding::Float(v)
+            },
+        })
+        .collect();
+    Ok(axum::Json(EmbeddingsOut {
+        object: "list",
+        data,
+        model: &model,
+        usage: Usage {
+            prompt_tokens: units,
+            total_tokens: units,
+        },
+    })
     .into_response())
+}
+
+// Typed response shapes: serialized straight from the result rows (f32 values as f32), no JSON tree.
+#[derive(serde::Serialize)]
+struct EmbeddingsOut<'a> {
+    object: &'static str,
+    data: Vec<EmbeddingOut<'a>>,
+    model: &'a str,
+    usage: Usage,
+}
+
+#[derive(serde::Serialize)]
+struct EmbeddingOut<'a> {
+    object: &'static str,
+    index: usize,
+    embedding: Embedding<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Embedding<'a> {
+    Float(&'a [f32]),
+    Base64(String),
+}
+
+#[derive(serde::Serialize)]
+struct Usage {
+    prompt_tokens: i64,
+    total_tokens: i64,
 }
 
 /// A decision record: choice count (i32), instruction length (i32), instruction bytes, then per choice its
