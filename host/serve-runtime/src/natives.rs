@@ -167,6 +167,21 @@ fn ctx<R>(
     })
 }
 
+/// Runs `f` on the runner of a `run` invocation (any other phase is an error naming it).
+fn with_runner<R>(
+    what: &str,
+    f: impl FnOnce(&mut RunCtx) -> Result<R, NativeError>,
+) -> Result<R, NativeError> {
+    ctx(what, |c| {
+        need_phase(c, what, &[Phase::Run])?;
+        let r = c
+            .runner
+            .as_mut()
+            .ok_or_else(|| NativeError::failed(format!("{what}: no runner in this invocation")))?;
+        f(r)
+    })
+}
+
 fn need_phase(c: &Ctx, what: &str, allowed: &[Phase]) -> Result<(), NativeError> {
     if allowed.contains(&c.phase) {
         Ok(())
@@ -554,12 +569,7 @@ fn point_of(v: &Value) -> Option<TimelinePoint> {
 
 fn execute(a: &[Value], n: usize) -> Result<Vec<Value>, NativeError> {
     let what = format!("runner.execute_{n}");
-    ctx(&what, |c| {
-        need_phase(c, &what, &[Phase::Run])?;
-        let r = c
-            .runner
-            .as_mut()
-            .ok_or_else(|| NativeError::failed(format!("{what}: no runner in this invocation")))?;
+    with_runner(&what, |r| {
         let si = arg_i64(a, 0);
         let stage = usize::try_from(si)
             .ok()
@@ -676,12 +686,7 @@ pub fn runner_module() -> NativeModule {
         sig(vec![Type::I64], vec![rty("hal.buffer")]),
         20,
         |_, a| {
-            ctx("runner.buffer", |c| {
-                need_phase(c, "runner.buffer", &[Phase::Run])?;
-                let r = c
-                    .runner
-                    .as_mut()
-                    .ok_or_else(|| NativeError::failed("runner.buffer: no runner"))?;
+            with_runner("runner.buffer", |r| {
                 let n = arg_i64(a, 0);
                 if n < 0 {
                     return Err(NativeError::failed(format!(
@@ -701,12 +706,7 @@ pub fn runner_module() -> NativeModule {
         sig(vec![Type::I64, Type::I64], vec![rty("hal.buffer")]),
         20,
         |_, a| {
-            ctx("runner.stage_buffer", |c| {
-                need_phase(c, "runner.stage_buffer", &[Phase::Run])?;
-                let r = c
-                    .runner
-                    .as_mut()
-                    .ok_or_else(|| NativeError::failed("runner.stage_buffer: no runner"))?;
+            with_runner("runner.stage_buffer", |r| {
                 let (si, bi) = (arg_i64(a, 0), arg_i64(a, 1));
                 let stage = usize::try_from(si)
                     .ok()
@@ -751,12 +751,7 @@ pub fn runner_module() -> NativeModule {
         20,
         |_, a| {
             let what = "runner.feedback";
-            ctx(what, |c| {
-                need_phase(c, what, &[Phase::Run])?;
-                let r = c
-                    .runner
-                    .as_mut()
-                    .ok_or_else(|| NativeError::failed(format!("{what}: no runner")))?;
+            with_runner(what, |r| {
                 let after = a.first().and_then(point_of).ok_or_else(|| {
                     NativeError::failed(format!("{what}: argument 1 is not accepted work"))
                 })?;
@@ -805,12 +800,7 @@ pub fn runner_module() -> NativeModule {
         ),
         5,
         |_, a| {
-            ctx("runner.join", |c| {
-                need_phase(c, "runner.join", &[Phase::Run])?;
-                let r = c
-                    .runner
-                    .as_mut()
-                    .ok_or_else(|| NativeError::failed("runner.join: no runner"))?;
+            with_runner("runner.join", |r| {
                 match a.first() {
                     Some(Value::Null(_)) | None => Ok(vec![]),
                     Some(v) => {
@@ -852,12 +842,7 @@ pub fn parameters_module() -> NativeModule {
         100,
         |_, a| {
             let what = "parameters.gather";
-            ctx(what, |c| {
-                need_phase(c, what, &[Phase::Run])?;
-                let r = c
-                    .runner
-                    .as_mut()
-                    .ok_or_else(|| NativeError::failed(format!("{what}: no runner")))?;
+            with_runner(what, |r| {
                 let si = arg_i64(a, 0);
                 let source = usize::try_from(si)
                     .ok()
