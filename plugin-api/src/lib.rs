@@ -1,5 +1,6 @@
-//! The stable-ABI interfaces every loom plugin implements: the root module [`LoomPlugin`] and the HAL
-//! ([`HalDriver`], [`HalDevice`]).
+//! The stable-ABI interfaces every loom plugin implements: the root module [`LoomPlugin`], the HAL
+//! ([`HalDriver`], [`HalDevice`]) and, since ABI 1.1, the codecs ([`Codec`], [`AudioCodec`] with its
+//! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]).
 //!
 //! A plugin is a `cdylib` that exports one [`LoomPlugin`] with `#[export_root_module]`; the host
 //! (`loom-plugins`) scans a directory, checks each library's header and layout with abi_stable, checks the ABI
@@ -18,6 +19,26 @@
 //!
 //! Errors cross the boundary as [`RBoxError`]; for execution failures their text is the kernel contract's
 //! `ExecError` text, unchanged.
+//!
+//! # Codecs (ABI 1.1)
+//!
+//! A [`PluginKind::CODEC`] plugin's [`LoomPlugin::codec`] returns a [`Codec`], which hands out an
+//! [`AudioCodec`] and/or an [`ImageCodec`]:
+//!
+//! * **audio decoding**: [`AudioCodec::open_decoder`] with a [`DecodeConfig`] (container WAV/MP3/FLAC or auto,
+//!   target channel count and rate, a sample budget and an input budget, the largest chunk) opens a
+//!   streaming [`AudioDecodeSession`]: `push` bytes, `finish` (the explicit EOF, returns the
+//!   [`AudioSourceInfo`]), then `next_chunk` until `None`. Chunks ([`PcmChunk`]) are **interleaved** F32 PCM
+//!   with their channel count and rate, 1 to `max_chunk_frames` frames each. Resampling is filtered with an
+//!   exact rational clock: `round(frames * out / in)` frames in all, so the flush never extends duration;
+//! * **raw resampling**: [`AudioCodec::open_resampler`], interleaved F32 in and out, no container;
+//! * **images**: [`ImageCodec::decode`] (PNG/JPEG/WebP into packed RGB8/RGBA8, geometry and EXIF orientation,
+//!   a pixel budget checked from the header before decoding) and [`ImageCodec::encode`] (PNG/JPEG/WebP).
+//!
+//! Only plain data crosses: `#[repr(C)]` structs, `RVec`, `RString`, `ROption`, and integer newtypes with
+//! constants ([`AudioContainer`], [`ImageFormat`], [`PixelFormat`]) instead of Rust enums, so a value an older
+//! plugin does not know is an error there, not undefined behaviour. Plugins that are not codecs put
+//! [`no_codec`] in the field.
 //!
 //! # No unwinding across the boundary
 //!
@@ -39,14 +60,25 @@
 //!
 //! This crate changes **only by appending**:
 //!
-//! * the root module and both HAL traits are abi_stable prefix types; a new field or method is appended after
+//! * the root module and all traits are abi_stable prefix types; a new field or method is appended after
 //!   the current last one (never inserted, reordered, retyped or removed), and [`ABI_MINOR`] is incremented;
 //!   the `#[sabi(last_prefix_field)]` marker stays where it is, so every appended item is optional and the host
 //!   reads it as an `Option` (absent in older plugins);
+//! * abi_stable's layout check, however, refuses a library whose root module has *fewer* fields than the
+//!   host's type ("too many fields", measured with the ABI 1.0 test plugins against 1.1), so the previous root
+//!   module shape is kept, frozen, as a module ([`abi_1_0`]) and the loader checks a library against the
+//!   current shape first and then against the older ones. That is why plugins built against ABI 1.0 still
+//!   load under 1.1 (their `codec` reads as absent; `tests/plugins/abi-1-0` is such a plugin, built in
+//!   tree). Appended trait methods of a vtable that a plugin creates itself need the same care before they
+//!   are relied on for old plugins;
+//! * appending a root field is ABI-compatible but not source-compatible: a plugin that writes the root
+//!   module as a struct literal must name the new field when it is rebuilt (HAL plugins write
+//!   `codec: loom_plugin_api::no_codec`);
 //! * plain data types (structs, enums) never change: a new shape is a new type used by a new, appended method;
 //! * anything else is a new [`ABI_MAJOR`]: old plugins are then rejected with "ABI version mismatch".
 //!
-//! The host accepts a plugin with the same major and an older or equal minor. abi_stable's own library
+//! 1.1 (this version) appended [`LoomPlugin::codec`] and the codec interfaces. The host accepts a plugin with
+//! the same major and an older or equal minor. abi_stable's own library
 //! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
 
 #![deny(missing_docs)]
@@ -54,6 +86,9 @@
 #![allow(non_camel_case_types, non_local_definitions)]
 
 pub use abi_stable;
+
+mod codec;
+pub use codec::*;
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
@@ -65,7 +100,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// Incompatible interface changes increment this; plugins of another major are rejected.
 pub const ABI_MAJOR: u16 = 1;
 /// Appended fields or methods increment this; plugins with a minor up to this one are accepted.
-pub const ABI_MINOR: u16 = 0;
+pub const ABI_MINOR: u16 = 1;
 
 /// The library version abi_stable checks: `ABI_MAJOR.0.0` (a test keeps the two in step).
 pub const ABI_VERSION_STRING: &str = "1.0.0";
@@ -78,7 +113,7 @@ pub struct PluginKind(pub u32);
 impl PluginKind {
     /// A hardware abstraction layer: [`LoomPlugin::hal`] returns its driver.
     pub const HAL: PluginKind = PluginKind(1);
-    /// A media codec (not specified yet).
+    /// A media codec: [`LoomPlugin::codec`] returns its [`Codec`] (ABI 1.1).
     pub const CODEC: PluginKind = PluginKind(2);
     /// An HTTP profile (not specified yet).
     pub const PROFILE: PluginKind = PluginKind(3);
@@ -174,6 +209,10 @@ pub struct LoomPlugin {
     /// The HAL driver factory (an error for plugins that are not [`PluginKind::HAL`]).
     #[sabi(last_prefix_field)]
     pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+    /// ABI 1.1: the codec factory (an error for plugins that are not [`PluginKind::CODEC`]; [`no_codec`] is
+    /// the one to use there). Appended after the prefix: the host reads it as an `Option`, `None` for
+    /// plugins built against ABI 1.0.
+    pub codec: extern "C" fn() -> RResult<CodecBox, RBoxError>,
 }
 
 impl fmt::Debug for LoomPlugin {
@@ -192,6 +231,55 @@ impl RootModule for LoomPlugin_Ref {
     const BASE_NAME: &'static str = "loom_plugin";
     const NAME: &'static str = "loom_plugin";
     const VERSION_STRINGS: VersionStrings = VersionStrings::new(ABI_VERSION_STRING);
+}
+
+/// The root module exactly as ABI 1.0 declared it, kept so that the host can still load plugins built then.
+///
+/// abi_stable's layout check (`LibHeader::check_layout`) rejects a library whose prefix type has *fewer*
+/// fields than the host's ("too many fields"), even after the `#[sabi(last_prefix_field)]` marker, although
+/// its accessors would read the missing ones as `None`. So the host checks a library against the current
+/// [`LoomPlugin`] first and, when that fails, against each earlier shape kept here; a match is read through
+/// that shape and every field appended since is absent. This type never changes; each future minor that
+/// appends a root-module field adds the previous shape as a module like this one.
+pub mod abi_1_0 {
+    use super::{HalDriverBox, PluginKind, Probe, RBoxError, RResult, RStr, RootModule, StableAbi};
+    use super::{VersionStrings, declare_root_module_statics};
+
+    /// The ABI 1.0 root module: [`super::LoomPlugin`] without `codec`. abi_stable compares type names and
+    /// the package, not module paths, so this matches what 1.0 plugins export.
+    #[repr(C)]
+    #[derive(StableAbi)]
+    #[sabi(kind(Prefix(prefix_ref = LoomPlugin_Ref)))]
+    pub struct LoomPlugin {
+        /// The plugin's ABI major at build time.
+        pub abi_major: u16,
+        /// The plugin's ABI minor at build time.
+        pub abi_minor: u16,
+        /// A short stable id with a version.
+        pub id: RStr<'static>,
+        /// What the plugin provides.
+        pub kind: PluginKind,
+        /// Whether the plugin can run here.
+        pub probe: extern "C" fn() -> Probe,
+        /// The HAL driver factory.
+        #[sabi(last_prefix_field)]
+        pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+    }
+
+    impl std::fmt::Debug for LoomPlugin {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("abi_1_0::LoomPlugin")
+                .field("id", &self.id)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl RootModule for LoomPlugin_Ref {
+        declare_root_module_statics! {LoomPlugin_Ref}
+        const BASE_NAME: &'static str = "loom_plugin";
+        const NAME: &'static str = "loom_plugin";
+        const VERSION_STRINGS: VersionStrings = VersionStrings::new(super::ABI_VERSION_STRING);
+    }
 }
 
 /// A buffer of one device.

@@ -55,6 +55,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         kind: PluginKind::HAL,
         probe,
         hal,
+        codec: loom_plugin_api::no_codec,
     }
     .leak_into_prefix()
 }
