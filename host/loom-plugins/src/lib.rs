@@ -14,8 +14,13 @@
 //! 3. `LibHeader::check_layout`: a root module of another shape is a "layout mismatch"; the line shows the
 //!    first line of abi_stable's report (which runs to hundreds of lines), the full report is logged at debug
 //!    level.
-//! 4. The plugin's `probe`: "device absent" is a clean rejection ("probe failed: device absent"), as are a
-//!    failed probe and a panic the plugin caught while probing.
+//! 4. The kind: [`PluginKind::HAL`] (its `hal` factory is always present) or [`PluginKind::CODEC`], which
+//!    needs the `codec` factory appended in ABI 1.1 (a codec plugin built against 1.0 cannot have one and is
+//!    rejected as "unsupported plugin"); any other kind is rejected the same way. Older HAL plugins (1.0)
+//!    still load: their missing `codec` field reads as absent and [`LoadedPlugin::codec`] says so.
+//! 5. The plugin's `probe`: "device absent" is a clean rejection ("probe failed: device absent"), as are a
+//!    failed probe and a panic the plugin caught while probing. A codec plugin answers `Available` with 1
+//!    "device" (the codec itself).
 //!
 //! Loaded libraries are never unloaded (abi_stable leaks them on purpose: their `'static` data must outlive
 //! every use). A second plugin with an id already loaded is rejected as a duplicate.
@@ -27,9 +32,67 @@ use std::path::{Path, PathBuf};
 
 use abi_stable::library::{LibraryError, lib_header_from_path};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, HalDriverBox, LoomPlugin_Ref, PluginKind, Probe, ProbeStatus,
-    panic_message,
+    ABI_MAJOR, ABI_MINOR, CodecBox, HalDriverBox, LoomPlugin_Ref, PluginKind, Probe, ProbeStatus,
+    abi_1_0, panic_message,
 };
+
+/// A checked root module, in the shape it was checked against (see `loom_plugin_api::abi_1_0`).
+#[derive(Clone, Copy)]
+enum Root {
+    /// The current shape.
+    Current(LoomPlugin_Ref),
+    /// ABI 1.0: no `codec` field.
+    V1_0(abi_1_0::LoomPlugin_Ref),
+}
+
+impl Root {
+    fn abi(self) -> (u16, u16) {
+        match self {
+            Root::Current(m) => (m.abi_major(), m.abi_minor()),
+            Root::V1_0(m) => (m.abi_major(), m.abi_minor()),
+        }
+    }
+    fn id(self) -> String {
+        match self {
+            Root::Current(m) => m.id().as_str().to_string(),
+            Root::V1_0(m) => m.id().as_str().to_string(),
+        }
+    }
+    fn kind(self) -> PluginKind {
+        match self {
+            Root::Current(m) => m.kind(),
+            Root::V1_0(m) => m.kind(),
+        }
+    }
+    fn probe(self) -> extern "C" fn() -> Probe {
+        match self {
+            Root::Current(m) => m.probe(),
+            Root::V1_0(m) => m.probe(),
+        }
+    }
+    fn hal(
+        self,
+    ) -> extern "C" fn() -> abi_stable::std_types::RResult<
+        HalDriverBox,
+        abi_stable::std_types::RBoxError,
+    > {
+        match self {
+            Root::Current(m) => m.hal(),
+            Root::V1_0(m) => m.hal(),
+        }
+    }
+    fn codec(
+        self,
+    ) -> Option<
+        extern "C" fn()
+            -> abi_stable::std_types::RResult<CodecBox, abi_stable::std_types::RBoxError>,
+    > {
+        match self {
+            Root::Current(m) => m.codec(),
+            Root::V1_0(_) => None,
+        }
+    }
+}
 
 /// Why one file was not loaded. Each renders as one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +114,9 @@ pub enum Rejection {
         /// The first line of abi_stable's report.
         first_line: String,
     },
+    /// A kind this host does not use, or a codec plugin without a codec factory.
+    #[error("unsupported plugin: {0}")]
+    Unsupported(String),
     /// The probe answered that the device is not on this machine.
     #[error("probe failed: device absent ({0})")]
     DeviceAbsent(String),
@@ -99,7 +165,7 @@ pub struct LoadedPlugin {
     pub devices: u32,
     /// The probe's detail line.
     pub detail: String,
-    module: LoomPlugin_Ref,
+    module: Root,
 }
 
 impl fmt::Debug for LoadedPlugin {
@@ -120,6 +186,12 @@ impl fmt::Debug for LoadedPlugin {
 pub enum PluginError {
     #[error("plugin `{id}` is a {kind} plugin, not a HAL")]
     NotAHal { id: String, kind: PluginKind },
+    #[error("plugin `{id}` is a {kind} plugin, not a codec")]
+    NotACodec { id: String, kind: PluginKind },
+    #[error(
+        "plugin `{id}` was built against ABI {major}.{minor}, which has no codec factory (1.1 added it)"
+    )]
+    NoCodecFactory { id: String, major: u16, minor: u16 },
     #[error("plugin `{id}`: {message}")]
     Plugin { id: String, message: String },
 }
@@ -139,6 +211,32 @@ impl LoadedPlugin {
                 id: self.id.clone(),
                 message: e.to_string(),
             })
+    }
+
+    /// The plugin's codec factory's answer: the [`CodecBox`] that opens audio and image codecs.
+    pub fn codec(&self) -> Result<CodecBox, PluginError> {
+        if self.kind != PluginKind::CODEC {
+            return Err(PluginError::NotACodec {
+                id: self.id.clone(),
+                kind: self.kind,
+            });
+        }
+        let Some(factory) = self.module.codec() else {
+            return Err(PluginError::NoCodecFactory {
+                id: self.id.clone(),
+                major: self.abi.0,
+                minor: self.abi.1,
+            });
+        };
+        factory().into_result().map_err(|e| PluginError::Plugin {
+            id: self.id.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Whether the root module has the `codec` field (ABI 1.1 and later).
+    pub fn has_codec_factory(&self) -> bool {
+        self.module.codec().is_some()
     }
 }
 
@@ -265,31 +363,53 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
             host: host_accepts(),
         });
     }
-    let module = header
-        .check_layout::<LoomPlugin_Ref>()
-        .map_err(|e| match e {
-            LibraryError::AbiInstability(report) => {
-                let full = report.to_string();
-                log::debug!("{}: layout mismatch, full report:\n{full}", path.display());
-                Rejection::Layout {
-                    first_line: first_line(&full),
-                }
+    // The current shape first, then the ABI 1.0 one (abi_stable refuses a library with fewer root-module
+    // fields than the host's type, so older plugins are checked against their own shape).
+    let module = match header.check_layout::<LoomPlugin_Ref>() {
+        Ok(m) => Ok(Root::Current(m)),
+        Err(e) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
+            Ok(m) => Ok(Root::V1_0(m)),
+            Err(_) => Err(e),
+        },
+    };
+    let module = module.map_err(|e| match e {
+        LibraryError::AbiInstability(report) => {
+            let full = report.to_string();
+            log::debug!("{}: layout mismatch, full report:\n{full}", path.display());
+            Rejection::Layout {
+                first_line: first_line(&full),
             }
-            other => {
-                let full = other.to_string();
-                log::debug!("{}: {full}", path.display());
-                Rejection::NotAPlugin(first_line(&full))
-            }
-        })?;
-    let abi = (module.abi_major(), module.abi_minor());
+        }
+        other => {
+            let full = other.to_string();
+            log::debug!("{}: {full}", path.display());
+            Rejection::NotAPlugin(first_line(&full))
+        }
+    })?;
+    let abi = module.abi();
     if abi.0 != ABI_MAJOR || abi.1 > ABI_MINOR {
         return Err(Rejection::AbiVersion {
             plugin: format!("{}.{}", abi.0, abi.1),
             host: host_accepts(),
         });
     }
-    let id = module.id().as_str().to_string();
+    let id = module.id();
     let kind = module.kind();
+    match kind {
+        PluginKind::HAL => {}
+        PluginKind::CODEC if module.codec().is_some() => {}
+        PluginKind::CODEC => {
+            return Err(Rejection::Unsupported(format!(
+                "`{id}` is a codec plugin without a codec factory (built against ABI {}.{}; codecs need {ABI_MAJOR}.1)",
+                abi.0, abi.1
+            )));
+        }
+        other => {
+            return Err(Rejection::Unsupported(format!(
+                "`{id}` is a {other} plugin, which this host does not load"
+            )));
+        }
+    }
     let probe = (module.probe())();
     classify_probe(&probe)?;
     log::debug!(
