@@ -110,17 +110,22 @@ pub enum Error {
     },
 }
 
+/// The container `bytes` are in, from their signature (what [`decode`] reads them as).
+pub fn source_format(bytes: &[u8]) -> Result<SourceFormat, Error> {
+    match image::guess_format(bytes) {
+        Ok(ImageFormat::Png) => Ok(SourceFormat::Png),
+        Ok(ImageFormat::Jpeg) => Ok(SourceFormat::Jpeg),
+        Ok(ImageFormat::WebP) => Ok(SourceFormat::WebP),
+        Ok(other) => Err(Error::UnsupportedFormat(other)),
+        Err(_) => Err(Error::UnknownFormat),
+    }
+}
+
 /// Decodes PNG, JPEG or WebP `bytes` into packed RGB8/RGBA8 pixels.
 ///
 /// The header dimensions are checked against `max_pixels` before any pixel data is decoded.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Image, Error> {
-    let source = match image::guess_format(bytes) {
-        Ok(ImageFormat::Png) => SourceFormat::Png,
-        Ok(ImageFormat::Jpeg) => SourceFormat::Jpeg,
-        Ok(ImageFormat::WebP) => SourceFormat::WebP,
-        Ok(other) => return Err(Error::UnsupportedFormat(other)),
-        Err(_) => return Err(Error::UnknownFormat),
-    };
+    let source = source_format(bytes)?;
     let err = |source_err| Error::Decode {
         format: source,
         source: source_err,
