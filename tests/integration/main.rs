@@ -1,5 +1,6 @@
 //! One integration test binary (links once): golden compile/link tests, round trips, loomc end to end, sandbox.
 
+mod codec_conformance;
 mod golden_compile;
 mod golden_link;
 mod hal_conformance;
