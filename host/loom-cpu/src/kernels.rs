@@ -106,22 +106,83 @@ pub(crate) fn sgemm_threads(
         sgemm_strided(m, n, k, c, n, a, k, b, b_cs, b_rs, false);
         return;
     }
+    let p = Ptrs(c, a, b);
     // Row blocks rounded up to 16 rows keep the microkernel's M panels full.
     let rows = m.div_ceil(threads).div_ceil(16) * 16;
-    let p = Ptrs(c, a, b);
+    let block = move |t: usize| {
+        let p = p;
+        let r0 = t * rows;
+        if r0 < m {
+            let r = rows.min(m - r0);
+            // SAFETY: rows r0..r0+r are inside m; offsets stay inside the matrices.
+            let (c, a) = unsafe { (p.0.add(r0 * n), p.1.add(r0 * k)) };
+            sgemm_strided(r, n, k, c, n, a, k, p.2, b_cs, b_rs, false);
+        }
+    };
+    // Blocks 1.. on scoped threads, block 0 on the calling thread.
     std::thread::scope(|s| {
-        for t in 0..threads {
-            let r0 = t * rows;
-            if r0 >= m {
+        for t in 1..threads {
+            if t * rows >= m {
                 break;
             }
-            let r = rows.min(m - r0);
-            s.spawn(move || {
-                let p = p;
-                // SAFETY: rows r0..r0+r are inside m; offsets stay inside the matrices.
-                let (c, a) = unsafe { (p.0.add(r0 * n), p.1.add(r0 * k)) };
-                sgemm_strided(r, n, k, c, n, a, k, p.2, b_cs, b_rs, false);
-            });
+            s.spawn(move || block(t));
         }
+        block(0);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every row split (1 to 3 threads, ragged last blocks) and both layouts of `b` against a plain triple loop.
+    #[test]
+    fn threaded_splits_match_a_plain_product() {
+        for (m, n, k) in [
+            (1, 700, 300),
+            (20, 384, 384),
+            (60, 1536, 200),
+            (300, 96, 512),
+            (7, 33, 5),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+                .collect();
+            for trans_b in [false, true] {
+                let at = |kk: usize, nn: usize| {
+                    if trans_b {
+                        b[nn * k + kk]
+                    } else {
+                        b[kk * n + nn]
+                    }
+                };
+                for threads in [1, 2, 3] {
+                    let mut c = vec![f32::NAN; m * n];
+                    super::sgemm_threads(
+                        m,
+                        n,
+                        k,
+                        c.as_mut_ptr(),
+                        a.as_ptr(),
+                        b.as_ptr(),
+                        trans_b,
+                        threads,
+                    );
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k)
+                                .map(|kk| f64::from(a[i * k + kk]) * f64::from(at(kk, j)))
+                                .sum();
+                            let got = f64::from(c[i * n + j]);
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "m {m} n {n} k {k} trans_b {trans_b} threads {threads}: c[{i}, {j}] = {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -439,22 +439,24 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
     if threads == 1 {
         return work(0, total);
     }
+    // Chunks 1.. on scoped threads, chunk 0 on the calling thread (one spawn fewer per dispatch).
     let results: Vec<Result<(), Failure>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
+        let hs: Vec<_> = (1..threads)
             .map(|t| {
                 let (lo, hi) = (t * chunk, ((t + 1) * chunk).min(total));
                 s.spawn(move || work(lo, hi))
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
+        let first = work(0, chunk.min(total));
+        std::iter::once(first)
+            .chain(hs.into_iter().map(|h| {
                 h.join().unwrap_or(Err(Failure {
                     at: 0,
                     pid: [0; 3],
                     status: -1,
                     header: [0; 64],
                 }))
-            })
+            }))
             .collect()
     });
     results
