@@ -84,26 +84,28 @@ module @minilm.kernel {
     %start = conv.i64 tile.load(%x[%b])
     %len = min max(conv.i64(tile.load(%x[add(%b, B)])), 0), TMAX
     %q0 = mul program_id(2), BQ
-    %rq = tile.range %q0, BQ
-    %qrow = select cmp.lt(%rq, %len), add(%rq, %start), NT
-    %rd = tile.range mul(%h, D), D
-    %dd = tile.full D : tile<[1], f32>
-    %qs = mul tile.load(%q[%qrow, %rd], 0.0), rsqrt(%dd)
-    %hi = select cmp.lt(%q0, %len), %len, 0
-    %mf, %lf, %af = for %t0 = 0 to %hi step BK iter(%m = -3.0e38 : tile<[BQ], f32>, %l = 0.0 : tile<[BQ], f32>, %acc = 0.0 : tile<[BQ, D], f32>) -> (tile<[BQ], f32>, tile<[BQ], f32>, tile<[BQ, D], f32>) {
-      %rk = tile.range %t0, BK
-      %kin = cmp.lt %rk, %len
-      %krow = select %kin, add(%rk, %start), NT
-      %kt = tile.load %k[%krow, %rd], 0.0
-      %vt = tile.load %v[%krow, %rd], 0.0
-      %z = tile.zeros : tile<[BQ, BK], f32>
-      %s = tile.dot %qs, tile.transpose(%kt), %z
-      %valid = tile.broadcast tile.expand_dims(%kin, 0), [BQ, BK]
-      %m2, %l2, %a2 = call @motifs.attention.online_softmax_step(%s, %valid, %vt, %m, %l, %acc)
-      yield %m2, %l2, %a2
+    // Query blocks past the sequence's end (and empty slots) do nothing at all.
+    if cmp.lt(%q0, %len) {
+      %rq = tile.range %q0, BQ
+      %qrow = select cmp.lt(%rq, %len), add(%rq, %start), NT
+      %rd = tile.range mul(%h, D), D
+      %dd = tile.full D : tile<[1], f32>
+      %qs = mul tile.load(%q[%qrow, %rd], 0.0), rsqrt(%dd)
+      %mf, %lf, %af = for %t0 = 0 to %len step BK iter(%m = -3.0e38 : tile<[BQ], f32>, %l = 0.0 : tile<[BQ], f32>, %acc = 0.0 : tile<[BQ, D], f32>) -> (tile<[BQ], f32>, tile<[BQ], f32>, tile<[BQ, D], f32>) {
+        %rk = tile.range %t0, BK
+        %kin = cmp.lt %rk, %len
+        %krow = select %kin, add(%rk, %start), NT
+        %kt = tile.load %k[%krow, %rd], 0.0
+        %vt = tile.load %v[%krow, %rd], 0.0
+        %z = tile.zeros : tile<[BQ, BK], f32>
+        %s = tile.dot %qs, tile.transpose(%kt), %z
+        %valid = tile.broadcast tile.expand_dims(%kin, 0), [BQ, BK]
+        %m2, %l2, %a2 = call @motifs.attention.online_softmax_step(%s, %valid, %vt, %m, %l, %acc)
+        yield %m2, %l2, %a2
+      }
+      %out = div %af, tile.expand_dims(max(%lf, 1.0e-30), 1)
+      tile.store %o[%qrow, %rd], %out
     }
-    %out = div %af, tile.expand_dims(max(%lf, 1.0e-30), 1)
-    tile.store %o[%qrow, %rd], %out
   }
 
   // Mean pooling over each sequence's tokens (the attention mask), then L2 normalisation: y [B, H].
