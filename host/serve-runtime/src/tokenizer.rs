@@ -32,9 +32,15 @@ impl fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Parses `tokenizer.json` bytes.
     pub fn from_bytes(source: &str, bytes: &[u8]) -> Result<Tokenizer, String> {
+        // The source owns truncation and padding (`input.encode`'s capacity, zero padding): a tokenizer.json's own
+        // `truncation` / `padding` settings would silently cut or pad every input, so they are switched off.
         let load = || {
-            tokenizers::Tokenizer::from_bytes(bytes)
-                .map_err(|e| format!("{source}: not a loadable tokenizer.json: {e}"))
+            let mut t = tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| format!("{source}: not a loadable tokenizer.json: {e}"))?;
+            t.with_padding(None);
+            t.with_truncation(None)
+                .map_err(|e| format!("{source}: {e}"))?;
+            Ok::<_, String>(t)
         };
         let matching = load()?;
         let mut literal = load()?;

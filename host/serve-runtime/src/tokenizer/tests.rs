@@ -48,3 +48,19 @@ fn decode_and_bad_ids() {
     );
     assert!(t.encode("x", 1).unwrap_err().contains("unknown flags"));
 }
+
+#[test]
+fn the_files_own_truncation_and_padding_are_ignored() {
+    let mut v: serde_json::Value = serde_json::from_slice(include_bytes!(
+        "../../tests/fixtures/wordpiece-tokenizer.json"
+    ))
+    .unwrap();
+    v["truncation"] = serde_json::json!({"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0});
+    v["padding"] = serde_json::json!({"strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"});
+    let t = Tokenizer::from_bytes("t.json", v.to_string().as_bytes()).unwrap();
+    assert_eq!(
+        t.encode("hello world the cat", 0).unwrap(),
+        vec![5, 6, 7, 8]
+    );
+}
