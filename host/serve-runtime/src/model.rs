@@ -742,22 +742,50 @@ impl Model {
                         .join(", ")
                 ))
             })?;
-            if entry.dtype != Some(b.dtype) || entry.shape != b.shape {
+            // The resident layout: the checkpoint's, or `layout(transpose)` of a 2-D element-typed tensor
+            // (the checkpoint holds [cols, rows] of the stage's [rows, cols], e.g. PyTorch's Linear [out, in]).
+            let transpose = match b.layout.as_deref() {
+                None => false,
+                Some("transpose") => {
+                    let elem = b.dtype.size().filter(|_| !b.dtype.is_quantized());
+                    if b.shape.len() != 2 || elem.is_none() {
+                        return Err(Error::Program(format!(
+                            "{at}: binding `{}`: layout(transpose) needs a 2-D tensor of an element type, \
+                             found {}{:?}",
+                            b.name,
+                            b.dtype.name(),
+                            b.shape
+                        )));
+                    }
+                    true
+                }
+                Some(other) => {
+                    return Err(Error::Program(format!(
+                        "{at}: binding `{}`: layout({other}) is not a placement this server performs (supported: \
+                         transpose)",
+                        b.name
+                    )));
+                }
+            };
+            let want: Vec<u64> = if transpose {
+                b.shape.iter().rev().copied().collect()
+            } else {
+                b.shape.clone()
+            };
+            if entry.dtype != Some(b.dtype) || entry.shape != want {
                 return Err(Error::Checkpoint(format!(
-                    "{at}: binding `{}`: key {:?} is {}{:?} in the checkpoint, the stage expects {}{:?}",
+                    "{at}: binding `{}`: key {:?} is {}{:?} in the checkpoint, the stage expects {}{:?}{}",
                     b.name,
                     b.key,
                     entry.format_dtype,
                     entry.shape,
                     b.dtype.name(),
-                    b.shape
-                )));
-            }
-            if b.layout.is_some() {
-                return Err(Error::Program(format!(
-                    "{at}: binding `{}`: layout({}) transforms are not implemented by activation yet",
-                    b.name,
-                    b.layout.clone().unwrap_or_default()
+                    want,
+                    if transpose {
+                        " (stored transposed)"
+                    } else {
+                        ""
+                    }
                 )));
             }
             out.push(Binding {
@@ -765,6 +793,7 @@ impl Model {
                 key: b.key.clone(),
                 source: src,
                 entry,
+                transpose,
             });
         }
         Ok(out)
@@ -776,11 +805,38 @@ impl Model {
             .domains
             .lock()
             .map_err(|_| Error::Internal("domains poisoned".into()))?;
-        let k = (b.domain.clone(), b.key.clone());
+        let k = (
+            b.domain.clone(),
+            if b.transpose {
+                format!("{}\u{0}transpose", b.key)
+            } else {
+                b.key.clone()
+            },
+        );
         if let Some(buf) = domains.get(&k) {
             return Ok(buf.clone());
         }
         let buf = self.device.alloc(b.entry.len, &self.budget)?;
+        if b.transpose {
+            // [r, c] in the checkpoint -> [c, r] resident, element by element, on the host.
+            let (r, c) = (b.entry.shape[0] as usize, b.entry.shape[1] as usize);
+            let esz = (b.entry.len as usize) / (r * c).max(1);
+            let mut src = vec![0u8; b.entry.len as usize];
+            b.source
+                .read(&b.entry, 0, &mut src)
+                .map_err(Error::Checkpoint)?;
+            let mut dst = vec![0u8; src.len()];
+            for i in 0..r {
+                for j in 0..c {
+                    let from = (i * c + j) * esz;
+                    let to = (j * r + i) * esz;
+                    dst[to..to + esz].copy_from_slice(&src[from..from + esz]);
+                }
+            }
+            self.device.write(&buf, 0, &dst)?;
+            domains.insert(k, buf.clone());
+            return Ok(buf);
+        }
         const CHUNK: u64 = 8 << 20;
         let mut tmp = vec![0u8; CHUNK.min(b.entry.len) as usize];
         let mut off = 0u64;
@@ -861,4 +917,6 @@ pub(crate) struct Binding {
     key: String,
     source: Arc<Source>,
     entry: crate::checkpoint::Entry,
+    /// Placed transposed (`layout(transpose)`).
+    transpose: bool,
 }

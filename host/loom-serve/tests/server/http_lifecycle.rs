@@ -331,3 +331,56 @@ fn prepare_batch_can_declare_a_request_time_checkpoint() {
         200
     );
 }
+
+#[test]
+fn layout_transpose_places_a_transposed_checkpoint_tensor() {
+    let s = TestServer::start("transpose", &[]);
+    let base = s.dir.join("weighted-t");
+    // gen_weights.py's head, stored transposed ([E = 32, D = 64]) under another key; the bias as it is.
+    let mut data = Vec::new();
+    for o in 0..32 {
+        for d in 0..64 {
+            data.extend_from_slice(&(((((d * 7 + o * 3) % 17) as f32) - 8.0) / 16.0).to_le_bytes());
+        }
+    }
+    for o in 0..32 {
+        data.extend_from_slice(&((((o % 5) as f32) - 2.0) / 8.0).to_le_bytes());
+    }
+    let h = br#"{"head.weight_t":{"dtype":"F32","shape":[32,64],"data_offsets":[0,8192]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[8192,8320]}}"#;
+    let mut f = (h.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(h);
+    f.extend_from_slice(&data);
+    std::fs::write(base.join("weights_t.safetensors"), f).unwrap();
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": "weighted-t", "input": ["hi", "there"]}),
+        )
+        .json();
+    for (i, t) in ["hi", "there"].iter().enumerate() {
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        let want = crate::http_embed::weighted(&vals);
+        let got = v["data"][i]["embedding"].as_array().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{g} vs {w}"
+            );
+        }
+    }
+    // A tensor stored untransposed ([64, 32]) does not fit the placement: checked against the index.
+    let h2 = br#"{"head.weight_t":{"dtype":"F32","shape":[64,32],"data_offsets":[0,8192]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[8192,8320]}}"#;
+    let mut f2 = (h2.len() as u64).to_le_bytes().to_vec();
+    f2.extend_from_slice(h2);
+    f2.extend_from_slice(&data);
+    std::fs::write(base.join("plain.safetensors"), f2).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "t2", "base": base.display().to_string(),
+                "options": {"stage": "weighted_t.kernel.embed_head", "checkpoint": "plain.safetensors"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("stored transposed"), "{}", r.text());
+}
