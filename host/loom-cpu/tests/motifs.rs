@@ -442,6 +442,13 @@ fn gemm_nt_bias_epilogues() {
             tol(1e-5, 1e-5),
             tol(1e-5, 1e-5),
         ));
+        // The row-major residual variant (weights placed with `layout(transpose)` from PyTorch checkpoints).
+        cases.push(case(
+            "motifs.gemm.dense_add",
+            &[("M", int(m)), ("N", int(n)), ("K", int(k))],
+            tol(1e-5, 1e-5),
+            tol(1e-5, 1e-5),
+        ));
     }
     for c in &cases {
         let stage = specialize(c.stage, &c.cfg);

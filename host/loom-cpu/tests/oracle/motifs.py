@@ -80,6 +80,8 @@ def run(stage, cfg, a):
         return {"y": ACTS[cfg["ACT"]](a["x"] @ a["w"].T + a["b"])}
     if stage == "motifs.gemm.dense_nt_add":
         return {"y": a["x"] @ a["w"].T + a["b"] + a["r"]}
+    if stage == "motifs.gemm.dense_add":
+        return {"y": a["x"] @ a["w"] + a["b"] + a["r"]}
     if stage == "motifs.norm.layernorm":
         x = a["x"]
         mu = x.mean(axis=1, keepdims=True)
