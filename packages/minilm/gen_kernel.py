@@ -150,15 +150,17 @@ def stage():
             ("wv", "attention.self.value.weight", "H, H"), ("bv", "attention.self.value.bias", "H"),
             ("wo", "attention.output.dense.weight", "H, H"), ("bo", "attention.output.dense.bias", "H"),
             ("g1", "attention.output.LayerNorm.weight", "H"), ("b1", "attention.output.LayerNorm.bias", "H"),
-            ("wi", "intermediate.dense.weight", "I, H"), ("bi", "intermediate.dense.bias", "I"),
-            ("wf", "output.dense.weight", "H, I"), ("bf", "output.dense.bias", "H"),
+            ("wi", "intermediate.dense.weight", "H, I"), ("bi", "intermediate.dense.bias", "I"),
+            ("wf", "output.dense.weight", "I, H"), ("bf", "output.dense.bias", "H"),
             ("g2", "output.LayerNorm.weight", "H"), ("b2", "output.LayerNorm.bias", "H"),
         ]:
-            p.append(f'        %{v}{l}: f32[{shape}] = weights(0, "{k}{name}")')
+            # Linear weights are [out, in] in the checkpoint; placed transposed, the GEMMs read row-major [in, out].
+            lay = " layout(transpose)" if name.endswith("dense.weight") or name.endswith(("query.weight", "key.weight", "value.weight")) else ""
+            p.append(f'        %{v}{l}: f32[{shape}] = weights(0, "{k}{name}"){lay}')
     body = []
     body.append("    %h0 = alloc f32[NT, H]")
     body.append("    dispatch @embed_ln<B = B, NT = NT, H = H, V = V, P = P>(%x, %word, %pos, %tt, %eg, %eb, %h0)")
-    g = "@motifs.gemm.gemm_bias_nt"
+    g = "@motifs.gemm.gemm_bias"
     for l in range(LAYERS):
         n = l + 1
         body.append(f"    // layer {l}")
@@ -168,13 +170,13 @@ def stage():
         body.append(f"    %c{l} = alloc f32[NT, H]")
         body.append(f"    dispatch @attention_packed<B = B, NT = NT, NH = NH, D = HD, TMAX = TMAX>(%q{l}, %k{l}, %v{l}, %x, %c{l})")
         body.append(f"    %a{l} = alloc f32[NT, H]")
-        body.append(f"    dispatch @motifs.gemm.gemm_bias_nt_add<M = NT, N = H, K = H>(%c{l}, %wo{l}, %bo{l}, %h{l}, %a{l})")
+        body.append(f"    dispatch @motifs.gemm.gemm_bias_add<M = NT, N = H, K = H>(%c{l}, %wo{l}, %bo{l}, %h{l}, %a{l})")
         body.append(f"    %n{l} = alloc f32[NT, H]")
         body.append(f"    dispatch @layernorm_rows<R = NT, C = H>(%a{l}, %g1{l}, %b1{l}, %n{l})")
         body.append(f"    %f{l} = alloc f32[NT, I]")
         body.append(f"    dispatch {g}<M = NT, N = I, K = H, EPI = @motifs.gemm.gelu_erf>(%n{l}, %wi{l}, %bi{l}, %f{l})")
         body.append(f"    %o{l} = alloc f32[NT, H]")
-        body.append(f"    dispatch @motifs.gemm.gemm_bias_nt_add<M = NT, N = H, K = I>(%f{l}, %wf{l}, %bf{l}, %n{l}, %o{l})")
+        body.append(f"    dispatch @motifs.gemm.gemm_bias_add<M = NT, N = H, K = I>(%f{l}, %wf{l}, %bf{l}, %n{l}, %o{l})")
         body.append(f"    %h{n} = alloc f32[NT, H]")
         body.append(f"    dispatch @layernorm_rows<R = NT, C = H>(%o{l}, %g2{l}, %b2{l}, %h{n})")
     body.append(f"    dispatch @pool_l2<B = B, NT = NT, H = H, TMAX = TMAX>(%h{LAYERS}, %x, %y)")
