@@ -166,7 +166,7 @@ fn main() -> Result<()> {
             {
                 let files = PackageFiles::Dir(dir.clone());
                 let name = name.unwrap_or_else(|| {
-                    default_name(&dir).unwrap_or_else(|| {
+                    files.default_name().ok().unwrap_or_else(|| {
                         dir.file_name()
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_else(|| "model".into())
@@ -259,12 +259,6 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
         });
     }
     Ok(())
-}
-
-fn default_name(dir: &std::path::Path) -> Option<String> {
-    let doc = std::fs::read(dir.join("model.json")).ok()?;
-    let v: serde_json_min::Value = serde_json_min::from_slice(&doc).ok()?;
-    v.get("name")?.as_str().map(str::to_string)
 }
 
 use serve_http::serve as axum_serve;

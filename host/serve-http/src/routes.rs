@@ -272,21 +272,11 @@ async fn register(
     let ov = overrides(&body)?;
     let name = match body.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
-        None => default_name(&PackageFiles::Dir(base.clone()))?,
+        None => PackageFiles::Dir(base.clone())
+            .default_name()
+            .map_err(ApiError::bad_request)?,
     };
     register_files(&st, name, PackageFiles::Dir(base), ov).await
-}
-
-fn default_name(files: &PackageFiles) -> Result<String, ApiError> {
-    let doc = files
-        .read("model.json")
-        .map_err(|m| ApiError::bad_request(format!("model.json: {m}")))?;
-    let v: Json = serde_json::from_slice(&doc)
-        .map_err(|e| ApiError::bad_request(format!("model.json: {e}")))?;
-    v.get("name")
-        .and_then(Json::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| ApiError::bad_request("no `name` in the request or in model.json"))
 }
 
 /// `POST /v1/models/upload` (multipart): text fields `name`, `device`, `options` (JSON); every file part's
@@ -351,7 +341,7 @@ async fn upload(State(st): St, mut mp: Multipart) -> Result<Response, ApiError> 
     let ov = overrides(&meta)?;
     let name = match meta.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
-        None => default_name(&pf)?,
+        None => pf.default_name().map_err(ApiError::bad_request)?,
     };
     register_files(&st, name, pf, ov).await
 }

@@ -286,6 +286,19 @@ impl PackageFiles {
         }
     }
 
+    /// The `name` in the package's `model.json` (registrations that name no model use it).
+    pub fn default_name(&self) -> Result<String, String> {
+        let doc = self
+            .read("model.json")
+            .map_err(|m| format!("model.json: {m}"))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&doc).map_err(|e| format!("model.json: {e}"))?;
+        v.get("name")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| "no `name` in the request or in model.json".to_string())
+    }
+
     /// The base directory checkpoint paths resolve against.
     pub fn params_root(&self) -> Option<&Path> {
         match self {
