@@ -80,6 +80,8 @@ fn sgemm_strided(
 struct Ptrs(*mut f32, *const f32, *const f32);
 // SAFETY: each worker gets disjoint row blocks of c and only reads a and b.
 unsafe impl Send for Ptrs {}
+// SAFETY: as above; the pool calls the block closure from several threads at once, each with its own block.
+unsafe impl Sync for Ptrs {}
 
 /// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c` (no accumulation); with
 /// `trans_b`, `b` is a row-major `[N, K]` matrix and the product is `a @ b^T`.
@@ -119,16 +121,9 @@ pub(crate) fn sgemm_threads(
             sgemm_strided(r, n, k, c, n, a, k, p.2, b_cs, b_rs, false);
         }
     };
-    // Blocks 1.. on scoped threads, block 0 on the calling thread.
-    std::thread::scope(|s| {
-        for t in 1..threads {
-            if t * rows >= m {
-                break;
-            }
-            s.spawn(move || block(t));
-        }
-        block(0);
-    });
+    // Row blocks on the persistent pool; the calling thread takes part.
+    let blocks = m.div_ceil(rows);
+    crate::pool::run(blocks, blocks - 1, &block);
 }
 
 #[cfg(test)]

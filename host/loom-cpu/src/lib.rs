@@ -56,11 +56,13 @@
 mod jit;
 mod kernels;
 mod pattern;
+pub mod pool;
 mod qdot;
 mod quant;
 mod rows;
 mod rt;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use loom_ir::Loc;
@@ -439,29 +441,18 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
     if threads == 1 {
         return work(0, total);
     }
-    // Chunks 1.. on scoped threads, chunk 0 on the calling thread (one spawn fewer per dispatch).
-    let results: Vec<Result<(), Failure>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (1..threads)
-            .map(|t| {
-                let (lo, hi) = (t * chunk, ((t + 1) * chunk).min(total));
-                s.spawn(move || work(lo, hi))
-            })
-            .collect();
-        let first = work(0, chunk.min(total));
-        std::iter::once(first)
-            .chain(hs.into_iter().map(|h| {
-                h.join().unwrap_or(Err(Failure {
-                    at: 0,
-                    pid: [0; 3],
-                    status: -1,
-                    header: [0; 64],
-                }))
-            }))
-            .collect()
+    // Chunks on the persistent pool; the calling thread takes part.
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
+    pool::run(threads as usize, threads as usize - 1, &|t| {
+        let (lo, hi) = (t as u64 * chunk, ((t as u64 + 1) * chunk).min(total));
+        if let Err(f) = work(lo, hi) {
+            failures.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+        }
     });
-    results
+    failures
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
         .into_iter()
-        .filter_map(Result::err)
         .min_by_key(|f| f.at)
         .map_or(Ok(()), Err)
 }

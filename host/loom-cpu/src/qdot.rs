@@ -358,11 +358,11 @@ pub(crate) fn matvec(
         return;
     }
     let per = n.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (t, chunk) in y.chunks_mut(4 * per).enumerate() {
-            let rows = &rows;
-            s.spawn(move || rows(chunk, t * per));
-        }
+    let chunks: Vec<std::sync::Mutex<&mut [u8]>> =
+        y.chunks_mut(4 * per).map(std::sync::Mutex::new).collect();
+    crate::pool::run(chunks.len(), chunks.len() - 1, &|t| {
+        let mut chunk = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        rows(&mut chunk, t * per);
     });
 }
 

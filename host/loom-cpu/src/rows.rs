@@ -233,10 +233,14 @@ pub(crate) fn run(
         return;
     }
     let per = rows.div_ceil(threads) * cols;
-    std::thread::scope(|s| {
-        for (xc, yc) in x.chunks(per).zip(y.chunks_mut(per)) {
-            s.spawn(move || rows_isa(isa, &m.op, cols, xc, yc, g, b));
-        }
+    let chunks: Vec<(&[f32], std::sync::Mutex<&mut [f32]>)> = x
+        .chunks(per)
+        .zip(y.chunks_mut(per).map(std::sync::Mutex::new))
+        .collect();
+    crate::pool::run(chunks.len(), chunks.len() - 1, &|t| {
+        let (xc, yc) = &chunks[t];
+        let mut yc = yc.lock().unwrap_or_else(|e| e.into_inner());
+        rows_isa(isa, &m.op, cols, xc, &mut yc, g, b);
     });
 }
 
