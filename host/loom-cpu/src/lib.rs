@@ -31,7 +31,7 @@
 //! # Threading
 //!
 //! The grid loop runs in Rust: instances in row-major order are cut into `threads` contiguous chunks, each run
-//! by a scoped thread with its own scratch. Instances are independent by the IR's contract; if several fail,
+//! with its own scratch on the persistent worker pool ([`pool`]; the calling thread runs chunks too). Instances are independent by the IR's contract; if several fail,
 //! the error of the first failing instance in row-major order is reported (what the sequential reference
 //! reports).
 //!

@@ -48,21 +48,25 @@ struct Job {
 }
 
 impl Job {
-    /// Claims and runs indices until none are left. Returns how many this thread finished.
+    /// Claims and runs indices until none are left.
     fn work(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.n {
                 return;
             }
-            // SAFETY: `i < n` was claimed by this thread and has not finished, so the caller is still waiting
-            // in `run` and the closure is alive.
-            let f = unsafe { &*self.body.0 };
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
-                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert(p);
+            {
+                // SAFETY: `i < n` was claimed by this thread and has not finished, so the caller is still
+                // waiting in `run` and the closure is alive. The reference does not outlive this block, which
+                // ends before the completion counter below counts `i` as finished.
+                let f = unsafe { &*self.body.0 };
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                    let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                    slot.get_or_insert(p);
+                }
             }
-            // Release: the closure's effects happen before the caller observes completion.
+            // Release: the closure's effects happen before the caller observes completion (the increments
+            // form one release sequence, so the caller's acquire load of `n` sees every index's effects).
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
                 let mut g = self.finished.lock().unwrap_or_else(|e| e.into_inner());
                 *g = true;
@@ -74,6 +78,9 @@ impl Job {
 
 struct Pool {
     queue: Mutex<VecDeque<Arc<Job>>>,
+    /// The queue's length, kept under the queue lock but readable without it (spinning workers poll this
+    /// instead of taking the lock in a loop).
+    pending: AtomicUsize,
     cv: Condvar,
     workers: usize,
 }
@@ -90,6 +97,7 @@ fn pool() -> &'static Arc<Pool> {
         let workers = cores.saturating_sub(1).clamp(1, 63);
         let p = Arc::new(Pool {
             queue: Mutex::new(VecDeque::new()),
+            pending: AtomicUsize::new(0),
             cv: Condvar::new(),
             workers,
         });
@@ -112,14 +120,17 @@ fn worker(p: &Pool) {
             let mut idle_since: Option<Instant> = None;
             loop {
                 if let Some(j) = q.pop_front() {
+                    p.pending.store(q.len(), Ordering::Relaxed);
                     break j;
                 }
-                // Spin (lock released) for a moment, then park.
+                // Spin (lock released, polling `pending`) for a moment, then park.
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() < SPIN {
                     drop(q);
-                    std::hint::spin_loop();
-                    std::thread::yield_now();
+                    while p.pending.load(Ordering::Relaxed) == 0 && since.elapsed() < SPIN {
+                        std::hint::spin_loop();
+                        std::thread::yield_now();
+                    }
                     q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
                 } else {
                     q = p.cv.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -169,6 +180,7 @@ pub fn run(n: usize, helpers: usize, f: &(dyn Fn(usize) + Sync)) {
         for _ in 0..helpers {
             q.push_back(job.clone());
         }
+        p.pending.store(q.len(), Ordering::Relaxed);
     }
     if helpers == 1 {
         p.cv.notify_one();
@@ -194,6 +206,7 @@ pub fn run(n: usize, helpers: usize, f: &(dyn Fn(usize) + Sync)) {
     {
         let mut q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.retain(|j| !Arc::ptr_eq(j, &job));
+        p.pending.store(q.len(), Ordering::Relaxed);
     }
     let panic = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(p) = panic {
