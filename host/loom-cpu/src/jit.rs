@@ -10,8 +10,8 @@
 //! * Tiles live in the instance's scratch memory at offsets assigned here (64-byte aligned, a bump allocator
 //!   after a 64-byte error header); each tile op is a loop over its elements (f32 add/sub/mul/div use f32x4).
 //!   `expand_dims`/`reshape` alias their operand's storage; broadcast and transpose are index remaps;
-//!   reductions, casts, transcendental functions, `tile.dot` and quantised reads call the helpers in
-//!   [`crate::rt`].
+//!   casts between f32/f64 and integers are inline Cranelift conversions (`cast_native`); reductions, casts
+//!   to f16/bf16, transcendental functions, `tile.dot` and quantised reads call the helpers in [`crate::rt`].
 //! * Loads and stores: every buffer access is either checked per element or proven in range. A checked load
 //!   first validates every index, dimension by dimension (the same order as the reference, so the reported
 //!   index matches), and then runs unchecked; a masked access whose index tiles all come from `tile.range`
@@ -171,6 +171,20 @@ fn cty(d: DType) -> Type {
 
 fn csize(d: DType) -> u32 {
     if cty(d) == F32 { 4 } else { 8 }
+}
+
+/// The value range of an integer dtype in i64 storage (`int_range` of the reference).
+fn int_bounds(d: DType) -> (i64, i64) {
+    match d {
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        DType::U32 => (0, u32::MAX.into()),
+        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        DType::U16 => (0, u16::MAX.into()),
+        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        DType::U8 => (0, u8::MAX.into()),
+        DType::I1 => (0, 1),
+        _ => (i64::MIN, i64::MAX),
+    }
 }
 
 fn is_half(d: DType) -> bool {
@@ -1315,12 +1329,74 @@ impl<'k, 'f> Lower<'k, 'f> {
         }
     }
 
+    /// Whether [`Self::cast_native`] lowers the cast `from -> to` inline (everything but a cast to f16/bf16,
+    /// which needs the runtime's rounding to 11 / 8 significant bits, and identity casts of those types).
+    fn cast_is_native(from: DType, to: DType) -> bool {
+        from == to || !is_half(to)
+    }
+
+    /// The cast `from -> to` of one storage-class value, inline, with the reference's semantics
+    /// (`loom_reference` `ops::cast`, the same as `rt::cast_bits`):
+    /// * float to float: `round_to(to, x)`; f16/bf16/f32 share f32 storage, so to f32 it is the value itself,
+    ///   f64 to f32 rounds to nearest even (`fdemote`), to f64 is exact (`fpromote`);
+    /// * float to integer: NaN gives 0, `x <= MIN` gives MIN, `x >= MAX` gives MAX, otherwise `trunc(x)`:
+    ///   exactly a saturating truncation to i64 (`fcvt_to_sint_sat`, which maps NaN to 0) clamped to the
+    ///   type's range (truncation is monotonic and the range bounds are integers);
+    /// * float to i1: `x != 0.0` (NaN gives 1);
+    /// * integer to f32/f64: one rounding from the i64 (`fcvt_from_sint`, x86 `cvtsi2ss/sd` with a 64-bit
+    ///   source: round to nearest even, no double rounding);
+    /// * integer to integer: two's-complement truncation and sign or zero extension; to i1: `x != 0`.
+    fn cast_native(&mut self, x: Value, from: DType, to: DType) -> Value {
+        if from == to {
+            return x;
+        }
+        let (fc, tc) = (cty(from), cty(to));
+        if from.is_float() {
+            if to.is_float() {
+                return match (fc, tc) {
+                    (F64, F32) => self.b.ins().fdemote(F32, x),
+                    (F32, F64) => self.b.ins().fpromote(F64, x),
+                    _ => x,
+                };
+            }
+            if to == DType::I1 {
+                let z = if fc == F32 {
+                    self.b.ins().f32const(0.0)
+                } else {
+                    self.b.ins().f64const(0.0)
+                };
+                let c = self.b.ins().fcmp(FloatCC::NotEqual, x, z);
+                return self.b.ins().uextend(I64, c);
+            }
+            let r = self.b.ins().fcvt_to_sint_sat(I64, x);
+            let (lo, hi) = int_bounds(to);
+            if (lo, hi) == (i64::MIN, i64::MAX) {
+                return r;
+            }
+            let (lo, hi) = (self.iconst(lo), self.iconst(hi));
+            let r = self.b.ins().smax(r, lo);
+            return self.b.ins().smin(r, hi);
+        }
+        if to.is_float() {
+            return self.b.ins().fcvt_from_sint(tc, x);
+        }
+        if to == DType::I1 {
+            let c = self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0);
+            return self.b.ins().uextend(I64, c);
+        }
+        self.wrap(to, x)
+    }
+
     fn cast(&mut self, res: KValue, a: Opnd, to: DType) -> R<()> {
         if to.is_quantized() {
             return Err(bad!("cast to quantised type {to}"));
         }
         let from = a.dtype();
         match a {
+            Opnd::S(x, _) if Self::cast_is_native(from, to) => {
+                let r = self.cast_native(x, from, to);
+                self.def_scalar(res, r, to)
+            }
             Opnd::S(x, _) => {
                 let bits = self.bits_of(x, from);
                 let args = [self.i32c(dtype_code(from)), self.i32c(dtype_code(to)), bits];
@@ -1330,11 +1406,12 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             Opnd::T(t) => {
                 let o = self.alloc(&t.shape, to)?;
-                if from == DType::F32 && to == DType::F32 {
+                if Self::cast_is_native(from, to) {
                     let (s, d) = (t.off, o.off);
                     self.for_n(t.n(), &mut |l, i| {
-                        let x = l.ld(F32, s, i);
-                        l.st(x, d, i);
+                        let x = l.ld(cty(from), s, i);
+                        let r = l.cast_native(x, from, to);
+                        l.st(r, d, i);
                         Ok(())
                     })?;
                 } else {

@@ -12,8 +12,9 @@
 //!   kernel parameter) and a pointer to the instance's tile scratch; it returns a status code.
 //! * Scalars are Cranelift values; tiles live in scratch at offsets fixed at compile time (a bump allocator,
 //!   64-byte aligned, after a 64-byte error header; storage is f32 for f32/f16/bf16, f64, or i64 for every
-//!   integer type). Tile ops are loops (f32 `+ - * /` four lanes at a time); reductions, casts, `exp`-style
-//!   functions, quantised reads and `tile.dot` call Rust helpers (`rt.rs`), `tile.dot` through the `gemm`
+//!   integer type). Tile ops are loops (f32 `+ - * /` four lanes at a time; casts among f32, f64 and the integer
+//!   types inline); reductions, casts to f16/bf16, `exp`-style functions, quantised reads and `tile.dot` call
+//!   Rust helpers (`rt.rs`), `tile.dot` through the `gemm`
 //!   crate's microkernels.
 //! * A kernel that is exactly a tiled GEMM over full buffers (`pattern.rs`) runs as one `gemm` call over the
 //!   whole matrices (split over rows between threads) plus a JIT-compiled epilogue kernel for bias or

@@ -353,6 +353,183 @@ fn casts_including_f16_and_bf16() {
     }
 }
 
+/// A kernel of `n` programs, each loading one scalar `x[pid]`, applying `body` and storing `y[pid]` (the
+/// scalar lowering path, where `tile_fn` exercises the tile path).
+fn scalar_fn(
+    in_dtype: DType,
+    n: u64,
+    out_dtype: DType,
+    body: impl FnOnce(&mut KB, KOperand) -> KOperand,
+) -> loom_ir::kernel::Stage {
+    let mut kb = KB::new("scalar_fn", [n, 1, 1]);
+    let x = kb.param("x", in_dtype, &[n], READ);
+    let y = kb.param("y", out_dtype, &[n], WRITE);
+    let p = kb.pid(0);
+    let t = kb.load(x, vec![p.clone()], None);
+    let r = body(&mut kb, t);
+    kb.store(y, vec![p], r);
+    one_kernel_stage(kb.finish())
+}
+
+/// Float values at and around every integer type's bounds (where a saturating conversion and a plain
+/// truncation differ), the f32 rounding and overflow boundaries, NaN, infinities and signed zeros.
+fn cast_edge_f64s(rng: &mut Rng, n: usize) -> Vec<f64> {
+    let p63 = 2f64.powi(63);
+    let mut v: Vec<f64> = vec![
+        f64::NAN,
+        -f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.9999,
+        -0.9999,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        127.5,
+        128.0,
+        -128.5,
+        -129.0,
+        255.5,
+        256.0,
+        32767.9,
+        32768.0,
+        -32768.9,
+        -32769.0,
+        65535.5,
+        65536.0,
+        2147483647.0,
+        2147483647.5,
+        2147483648.0,
+        -2147483648.0,
+        -2147483648.9,
+        -2147483649.0,
+        4294967295.5,
+        4294967296.0,
+        p63 - 1024.0, // the largest f64 below 2^63
+        p63,
+        -p63,
+        -p63 - 2048.0, // the next f64 below -2^63
+        1e300,
+        -1e300,
+        1e-310,
+        f64::from(f32::MAX),
+        3.402_823_567_797_337e38, // above f32::MAX, below the rounding boundary
+        3.5e38,
+        1e-45,
+        7e-46,
+        16777217.0,
+        -16777219.0,
+        0.1,
+    ];
+    while v.len() < n {
+        let e = rng.below(70) as i32;
+        v.push(rng.uniform(-1.0, 1.0) * 2f64.powi(e));
+    }
+    v
+}
+
+fn cast_edge_i64s(rng: &mut Rng, n: usize) -> Vec<i64> {
+    let mut v: Vec<i64> = vec![
+        i64::MIN,
+        i64::MAX,
+        i64::MIN + 1,
+        0,
+        1,
+        -1,
+        (1 << 24) + 1,
+        (1 << 24) + 3,
+        -(1 << 24) - 1,
+        (1 << 53) + 1,
+        (1 << 53) + 3,
+        -(1 << 53) - 1,
+        (1 << 62) + (1 << 38) + 1,
+        (1 << 62) + (1 << 38),
+        i32::MAX.into(),
+        i64::from(i32::MAX) + 1,
+        i32::MIN.into(),
+        i64::from(i32::MIN) - 1,
+        u32::MAX.into(),
+        i64::from(u32::MAX) + 1,
+        255,
+        256,
+        -128,
+        -129,
+        65535,
+        65536,
+        -32769,
+    ];
+    while v.len() < n {
+        v.push((rng.next_u64() as i64) >> rng.below(63));
+    }
+    v
+}
+
+/// The casts the CPU JIT lowers inline (f32/f64/integers in every direction) against the reference at the
+/// values where the semantics matter: out-of-range and NaN float-to-integer conversions (the reference
+/// saturates, NaN gives 0), integer-to-float rounding (one rounding from the i64), f64-to-f32 overflow and
+/// subnormals, two's-complement narrowing. Tile and scalar paths; bit-exact.
+#[test]
+fn native_casts_at_edge_values() {
+    let mut rng = Rng::new(77);
+    let n = 96u64;
+    let f64s = cast_edge_f64s(&mut rng, n as usize);
+    let f32s: Vec<f32> = f64s[..n as usize - 7]
+        .iter()
+        .map(|&x| x as f32)
+        .chain([
+            2147483520.0,          // the largest f32 below 2^31
+            -2147483904.0,         // the next f32 below -2^31
+            4294967040.0,          // the largest f32 below 2^32
+            9.223_371_5e18,        // the largest f32 below 2^63
+            -9.223_373_6e18,       // the next f32 below -2^63
+            f32::from_bits(1),     // the smallest subnormal
+            f32::MIN_POSITIVE,
+        ])
+        .collect();
+    assert_eq!(f32s.len(), n as usize);
+    let i64s = cast_edge_i64s(&mut rng, n as usize);
+    let i32s: Vec<i32> = i64s.iter().map(|&x| x as i32).collect();
+    let to_all = [
+        F32,
+        DType::F64,
+        I64,
+        I32,
+        DType::U32,
+        DType::I16,
+        DType::U16,
+        DType::I8,
+        DType::U8,
+        DType::I1,
+    ];
+    let f64_bytes: Vec<u8> = f64s.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let inputs: [(DType, Vec<u8>); 4] = [
+        (DType::F64, f64_bytes),
+        (F32, f32_bytes(&f32s)),
+        (I64, i64_bytes(&i64s)),
+        (I32, i32_bytes(&i32s)),
+    ];
+    for (from, x) in &inputs {
+        for &to in &to_all {
+            let st = tile_fn(*from, &[n], to, &[n], |kb, t| kb.cast(t, to));
+            diff(&st, std::slice::from_ref(x), Tol::Exact);
+            let st = scalar_fn(*from, n, to, |kb, t| kb.cast(t, to));
+            diff(&st, std::slice::from_ref(x), Tol::Exact);
+        }
+    }
+    // Chains through a narrow type and back (the i64 storage of i8 / u32 must be the wrapped value).
+    let st = tile_fn(I64, &[n], DType::F64, &[n], |kb, t| {
+        let a = kb.cast(t, DType::I8);
+        let b = kb.cast(a, DType::U32);
+        kb.cast(b, DType::F64)
+    });
+    diff(&st, &[i64_bytes(&i64s)], Tol::Exact);
+}
+
 #[test]
 fn every_unary_op() {
     let mut rng = Rng::new(8);
