@@ -1,6 +1,7 @@
 //! The stable-ABI interfaces every loom plugin implements: the root module [`LoomPlugin`], the HAL
 //! ([`HalDriver`], [`HalDevice`]) and, since ABI 1.1, the codecs ([`Codec`], [`AudioCodec`] with its
-//! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]).
+//! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]) and, since ABI 1.2, HTTP profiles
+//! ([`Profile`]).
 //!
 //! A plugin is a `cdylib` that exports one [`LoomPlugin`] with `#[export_root_module]`; the host
 //! (`loom-plugins`) scans a directory, checks each library's header and layout with abi_stable, checks the ABI
@@ -40,11 +41,32 @@
 //! plugin does not know is an error there, not undefined behaviour. Plugins that are not codecs put
 //! [`no_codec`] in the field.
 //!
+//! # HTTP profiles (ABI 1.2)
+//!
+//! A [`PluginKind::PROFILE`] plugin's [`LoomPlugin::profile`] returns a [`Profile`]: another HTTP dialect
+//! for the models the server serves (`plugins/profile-tei` is TEI's `POST /embed`). Coarse, three calls and
+//! plain data, no callbacks into the host:
+//!
+//! * [`Profile::routes`]: method, literal path and the model role each route serves (`embeddings`,
+//!   `decisions`; the role fixes the protocol record format of `docs/serving/finite.md`). The server rejects
+//!   a profile with a route that collides with a built-in route or an earlier profile's, in one log line;
+//! * [`Profile::parse`]: content type and body bytes to a [`ParsedRequest`]: the model name (empty: the only
+//!   model of the role), the protocol input records (one finite request each), and opaque `state` bytes
+//!   (the request's options) handed back to `encode`;
+//! * [`Profile::encode`]: per record its result rows of `f32`, plus the request's usage units, to a body
+//!   and content type.
+//!
+//! Errors are a [`ProfileError`]: an [`ErrorClass`] (the HTTP status, 4xx for the client's mistakes) and a
+//! message; the server answers them with the OpenAI error shape. See the `profile` module doc for details.
+//! Plugins that are not profiles put [`no_profile`] in the field.
+//!
 //! # No unwinding across the boundary
 //!
 //! A panic must never unwind out of a plugin: every exported function body runs under
 //! [`std::panic::catch_unwind`] and turns a panic into an error. [`guard`] and [`guard_probe`] do that; plugin
-//! implementations wrap every trait method and root-module function in one of them.
+//! implementations wrap every trait method and root-module function in one of them ([`guard_profile`] for
+//! profile methods, whose error type is [`ProfileError`]). abi_stable aborts the process when a panic
+//! reaches one of its `extern "C"` wrappers, so an unguarded panic takes the server down.
 //!
 //! ```
 //! use loom_plugin_api::{guard, guard_probe, ProbeStatus};
@@ -67,18 +89,20 @@
 //! * abi_stable's layout check, however, refuses a library whose root module has *fewer* fields than the
 //!   host's type ("too many fields", measured with the ABI 1.0 test plugins against 1.1), so the previous root
 //!   module shape is kept, frozen, as a module ([`abi_1_0`]) and the loader checks a library against the
-//!   current shape first and then against the older ones. That is why plugins built against ABI 1.0 still
-//!   load under 1.1 (their `codec` reads as absent; `tests/plugins/abi-1-0` is such a plugin, built in
-//!   tree). Appended trait methods of a vtable that a plugin creates itself need the same care before they
-//!   are relied on for old plugins;
+//!   current shape first and then against the older ones, newest first ([`abi_1_1`], then [`abi_1_0`]).
+//!   That is why plugins built against ABI 1.0 and 1.1 still load under 1.2 (the fields appended after
+//!   their version read as absent; `tests/plugins/abi-1-0` and `tests/plugins/abi-1-1` are such plugins,
+//!   built in tree). Appended trait methods of a vtable that a plugin creates itself need the same care
+//!   before they are relied on for old plugins;
 //! * appending a root field is ABI-compatible but not source-compatible: a plugin that writes the root
 //!   module as a struct literal must name the new field when it is rebuilt (HAL plugins write
-//!   `codec: loom_plugin_api::no_codec`);
+//!   `codec: loom_plugin_api::no_codec, profile: loom_plugin_api::no_profile`);
 //! * plain data types (structs, enums) never change: a new shape is a new type used by a new, appended method;
 //! * anything else is a new [`ABI_MAJOR`]: old plugins are then rejected with "ABI version mismatch".
 //!
-//! 1.1 (this version) appended [`LoomPlugin::codec`] and the codec interfaces. The host accepts a plugin with
-//! the same major and an older or equal minor. abi_stable's own library
+//! Versions: 1.0 (root module, HAL); 1.1 appended [`LoomPlugin::codec`] and the codec interfaces; 1.2 (this
+//! version) appended [`LoomPlugin::profile`] and the profile interface. The host accepts a plugin with the
+//! same major and an older or equal minor. abi_stable's own library
 //! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
 
 #![deny(missing_docs)]
@@ -90,6 +114,9 @@ pub use abi_stable;
 mod codec;
 pub use codec::*;
 
+mod profile;
+pub use profile::*;
+
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RBox, RBoxError, RResult, RSlice, RStr, RString, RVec};
@@ -100,7 +127,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// Incompatible interface changes increment this; plugins of another major are rejected.
 pub const ABI_MAJOR: u16 = 1;
 /// Appended fields or methods increment this; plugins with a minor up to this one are accepted.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 2;
 
 /// The library version abi_stable checks: `ABI_MAJOR.0.0` (a test keeps the two in step).
 pub const ABI_VERSION_STRING: &str = "1.0.0";
@@ -115,7 +142,7 @@ impl PluginKind {
     pub const HAL: PluginKind = PluginKind(1);
     /// A media codec: [`LoomPlugin::codec`] returns its [`Codec`] (ABI 1.1).
     pub const CODEC: PluginKind = PluginKind(2);
-    /// An HTTP profile (not specified yet).
+    /// An HTTP profile: [`LoomPlugin::profile`] returns its [`Profile`] (ABI 1.2).
     pub const PROFILE: PluginKind = PluginKind(3);
 
     /// A short name for messages.
@@ -213,6 +240,10 @@ pub struct LoomPlugin {
     /// the one to use there). Appended after the prefix: the host reads it as an `Option`, `None` for
     /// plugins built against ABI 1.0.
     pub codec: extern "C" fn() -> RResult<CodecBox, RBoxError>,
+    /// ABI 1.2: the HTTP profile factory (an error for plugins that are not [`PluginKind::PROFILE`];
+    /// [`no_profile`] is the one to use there). Read as an `Option`, `None` for plugins built against ABI
+    /// 1.0 or 1.1.
+    pub profile: extern "C" fn() -> RResult<ProfileBox, RBoxError>,
 }
 
 impl fmt::Debug for LoomPlugin {
@@ -233,14 +264,58 @@ impl RootModule for LoomPlugin_Ref {
     const VERSION_STRINGS: VersionStrings = VersionStrings::new(ABI_VERSION_STRING);
 }
 
+/// The root module exactly as ABI 1.1 declared it, kept so that the host can still load plugins built then
+/// (see [`abi_1_0`] for why each earlier shape is kept). Never changes.
+pub mod abi_1_1 {
+    use super::{CodecBox, HalDriverBox, PluginKind, Probe, RBoxError, RResult, RStr, RootModule};
+    use super::{StableAbi, VersionStrings, declare_root_module_statics};
+
+    /// The ABI 1.1 root module: [`super::LoomPlugin`] without `profile`.
+    #[repr(C)]
+    #[derive(StableAbi)]
+    #[sabi(kind(Prefix(prefix_ref = LoomPlugin_Ref)))]
+    pub struct LoomPlugin {
+        /// The plugin's ABI major at build time.
+        pub abi_major: u16,
+        /// The plugin's ABI minor at build time.
+        pub abi_minor: u16,
+        /// A short stable id with a version.
+        pub id: RStr<'static>,
+        /// What the plugin provides.
+        pub kind: PluginKind,
+        /// Whether the plugin can run here.
+        pub probe: extern "C" fn() -> Probe,
+        /// The HAL driver factory.
+        #[sabi(last_prefix_field)]
+        pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+        /// The codec factory.
+        pub codec: extern "C" fn() -> RResult<CodecBox, RBoxError>,
+    }
+
+    impl std::fmt::Debug for LoomPlugin {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("abi_1_1::LoomPlugin")
+                .field("id", &self.id)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl RootModule for LoomPlugin_Ref {
+        declare_root_module_statics! {LoomPlugin_Ref}
+        const BASE_NAME: &'static str = "loom_plugin";
+        const NAME: &'static str = "loom_plugin";
+        const VERSION_STRINGS: VersionStrings = VersionStrings::new(super::ABI_VERSION_STRING);
+    }
+}
+
 /// The root module exactly as ABI 1.0 declared it, kept so that the host can still load plugins built then.
 ///
 /// abi_stable's layout check (`LibHeader::check_layout`) rejects a library whose prefix type has *fewer*
 /// fields than the host's ("too many fields"), even after the `#[sabi(last_prefix_field)]` marker, although
 /// its accessors would read the missing ones as `None`. So the host checks a library against the current
 /// [`LoomPlugin`] first and, when that fails, against each earlier shape kept here; a match is read through
-/// that shape and every field appended since is absent. This type never changes; each future minor that
-/// appends a root-module field adds the previous shape as a module like this one.
+/// that shape and every field appended since is absent. This type never changes; each minor that appends a
+/// root-module field adds the previous shape as a module like this one ([`abi_1_1`] for 1.2).
 pub mod abi_1_0 {
     use super::{HalDriverBox, PluginKind, Probe, RBoxError, RResult, RStr, RootModule, StableAbi};
     use super::{VersionStrings, declare_root_module_statics};
@@ -514,6 +589,92 @@ mod tests {
     fn guard_keeps_error_text() {
         let r: RResult<(), RBoxError> = guard("x", || Err("exact text"));
         assert_eq!(r.into_result().unwrap_err().to_string(), "exact text");
+    }
+
+    fn fields<T: StableAbi>() -> Vec<&'static str> {
+        T::LAYOUT
+            .get_fields()
+            .expect("a struct")
+            .iter()
+            .map(|f| f.name())
+            .collect()
+    }
+
+    /// Each root-module shape is the previous one plus the fields its minor appended, in order.
+    #[test]
+    fn root_shapes_only_append() {
+        use abi_stable::prefix_type::PrefixTypeTrait;
+        let v1_0 = <abi_1_0::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_1 = <abi_1_1::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_2 = <LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        assert_eq!(
+            v1_0,
+            ["abi_major", "abi_minor", "id", "kind", "probe", "hal"]
+        );
+        assert_eq!(v1_1, [&v1_0[..], &["codec"]].concat());
+        assert_eq!(v1_2, [&v1_1[..], &["profile"]].concat());
+        assert_eq!(
+            ABI_MINOR, 2,
+            "a new minor appends a root field and freezes this shape"
+        );
+    }
+
+    /// abi_stable's own check: a library with the current shape satisfies every older interface (the frozen
+    /// shapes are true prefixes), while the current interface refuses an older library ("too many fields"),
+    /// which is why the loader tries the frozen shapes after the current one.
+    #[test]
+    fn frozen_root_shapes_are_prefixes_of_the_current_one() {
+        use abi_stable::abi_stability::abi_checking::check_layout_compatibility;
+        let cur = <LoomPlugin_Ref as StableAbi>::LAYOUT;
+        let v1_1 = <abi_1_1::LoomPlugin_Ref as StableAbi>::LAYOUT;
+        let v1_0 = <abi_1_0::LoomPlugin_Ref as StableAbi>::LAYOUT;
+        check_layout_compatibility(v1_1, cur).expect("1.1 interface, 1.2 library");
+        check_layout_compatibility(v1_0, v1_1).expect("1.0 interface, 1.1 library");
+        check_layout_compatibility(v1_0, cur).expect("1.0 interface, 1.2 library");
+        assert!(check_layout_compatibility(cur, v1_1).is_err());
+        assert!(check_layout_compatibility(cur, v1_0).is_err());
+    }
+
+    /// The profile interface's plain data, field by field: these types never change (a new shape is a new
+    /// type), so a reordering or renaming here is an ABI break this test catches.
+    #[test]
+    fn profile_types_are_frozen() {
+        assert_eq!(fields::<ProfileRoute>(), ["method", "path", "role"]);
+        assert_eq!(fields::<ParseContext>(), ["max_inputs"]);
+        assert_eq!(fields::<ParsedRequest>(), ["model", "records", "state"]);
+        assert_eq!(fields::<ProfileError>(), ["class", "message"]);
+        assert_eq!(fields::<RecordResult>(), ["rows"]);
+        assert_eq!(
+            fields::<EncodeRequest>(),
+            ["model", "state", "results", "units"]
+        );
+        assert_eq!(fields::<ProfileResponse>(), ["content_type", "body"]);
+        assert_eq!(std::mem::size_of::<HttpMethod>(), 4);
+        assert_eq!(std::mem::size_of::<ErrorClass>(), 2);
+        assert_eq!(std::mem::size_of::<ParseContext>(), 8);
+    }
+
+    #[test]
+    fn profile_guard_turns_panics_into_internal_errors() {
+        let ok = guard_profile("parse", || Ok::<_, ProfileError>(3));
+        assert_eq!(ok.into_result().unwrap(), 3);
+        let e = guard_profile("encode", || -> Result<(), _> {
+            Err(ProfileError::bad_request("no"))
+        })
+        .into_result()
+        .unwrap_err();
+        assert_eq!(
+            (e.class, e.message.as_str()),
+            (ErrorClass::BAD_REQUEST, "no")
+        );
+        let e = guard_profile("parse", || -> Result<(), ProfileError> { panic!("boom") })
+            .into_result()
+            .unwrap_err();
+        assert_eq!(e.class, ErrorClass::INTERNAL);
+        assert_eq!(e.message.as_str(), "parse: the plugin panicked: boom");
+        assert!(guard_list::<u8>(|| panic!("x")).is_empty());
+        assert_eq!(HttpMethod::POST.to_string(), "POST");
+        assert_eq!(HttpMethod(77).to_string(), "method 77");
     }
 
     #[test]

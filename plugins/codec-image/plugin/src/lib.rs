@@ -28,6 +28,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         probe,
         hal,
         codec,
+        profile: loom_plugin_api::no_profile,
     }
     .leak_into_prefix()
 }

@@ -23,6 +23,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         probe,
         hal,
         codec: loom_plugin_api::no_codec,
+        profile: loom_plugin_api::no_profile,
     }
     .leak_into_prefix()
 }
