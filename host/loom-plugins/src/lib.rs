@@ -14,10 +14,13 @@
 //! 3. `LibHeader::check_layout`: a root module of another shape is a "layout mismatch"; the line shows the
 //!    first line of abi_stable's report (which runs to hundreds of lines), the full report is logged at debug
 //!    level.
-//! 4. The kind: [`PluginKind::HAL`] (its `hal` factory is always present) or [`PluginKind::CODEC`], which
+//! 4. The kind: [`PluginKind::HAL`] (its `hal` factory is always present), [`PluginKind::CODEC`], which
 //!    needs the `codec` factory appended in ABI 1.1 (a codec plugin built against 1.0 cannot have one and is
-//!    rejected as "unsupported plugin"); any other kind is rejected the same way. Older HAL plugins (1.0)
-//!    still load: their missing `codec` field reads as absent and [`LoadedPlugin::codec`] says so.
+//!    rejected as "unsupported plugin"), or [`PluginKind::PROFILE`], which needs the `profile` factory
+//!    appended in ABI 1.2; any other kind is rejected the same way. Older plugins (1.0, 1.1) still load:
+//!    the root fields appended after their version read as absent, and [`LoadedPlugin::codec`] /
+//!    [`LoadedPlugin::profile`] say so. (Whether a profile's routes can be mounted is the HTTP server's
+//!    check, not the loader's.)
 //! 5. The plugin's `probe`: "device absent" is a clean rejection ("probe failed: device absent"), as are a
 //!    failed probe and a panic the plugin caught while probing. A codec plugin answers `Available` with 1
 //!    "device" (the codec itself).
@@ -31,16 +34,21 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use abi_stable::library::{LibraryError, lib_header_from_path};
+use abi_stable::std_types::{RBoxError, RResult};
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, CodecBox, HalDriverBox, LoomPlugin_Ref, PluginKind, Probe, ProbeStatus,
-    abi_1_0, panic_message,
+    ProfileBox, abi_1_0, abi_1_1, panic_message,
 };
+
+type Factory<T> = extern "C" fn() -> RResult<T, RBoxError>;
 
 /// A checked root module, in the shape it was checked against (see `loom_plugin_api::abi_1_0`).
 #[derive(Clone, Copy)]
 enum Root {
     /// The current shape.
     Current(LoomPlugin_Ref),
+    /// ABI 1.1: no `profile` field.
+    V1_1(abi_1_1::LoomPlugin_Ref),
     /// ABI 1.0: no `codec` field.
     V1_0(abi_1_0::LoomPlugin_Ref),
 }
@@ -49,47 +57,49 @@ impl Root {
     fn abi(self) -> (u16, u16) {
         match self {
             Root::Current(m) => (m.abi_major(), m.abi_minor()),
+            Root::V1_1(m) => (m.abi_major(), m.abi_minor()),
             Root::V1_0(m) => (m.abi_major(), m.abi_minor()),
         }
     }
     fn id(self) -> String {
         match self {
             Root::Current(m) => m.id().as_str().to_string(),
+            Root::V1_1(m) => m.id().as_str().to_string(),
             Root::V1_0(m) => m.id().as_str().to_string(),
         }
     }
     fn kind(self) -> PluginKind {
         match self {
             Root::Current(m) => m.kind(),
+            Root::V1_1(m) => m.kind(),
             Root::V1_0(m) => m.kind(),
         }
     }
     fn probe(self) -> extern "C" fn() -> Probe {
         match self {
             Root::Current(m) => m.probe(),
+            Root::V1_1(m) => m.probe(),
             Root::V1_0(m) => m.probe(),
         }
     }
-    fn hal(
-        self,
-    ) -> extern "C" fn() -> abi_stable::std_types::RResult<
-        HalDriverBox,
-        abi_stable::std_types::RBoxError,
-    > {
+    fn hal(self) -> Factory<HalDriverBox> {
         match self {
             Root::Current(m) => m.hal(),
+            Root::V1_1(m) => m.hal(),
             Root::V1_0(m) => m.hal(),
         }
     }
-    fn codec(
-        self,
-    ) -> Option<
-        extern "C" fn()
-            -> abi_stable::std_types::RResult<CodecBox, abi_stable::std_types::RBoxError>,
-    > {
+    fn codec(self) -> Option<Factory<CodecBox>> {
         match self {
             Root::Current(m) => m.codec(),
+            Root::V1_1(m) => m.codec(),
             Root::V1_0(_) => None,
+        }
+    }
+    fn profile(self) -> Option<Factory<ProfileBox>> {
+        match self {
+            Root::Current(m) => m.profile(),
+            Root::V1_1(_) | Root::V1_0(_) => None,
         }
     }
 }
@@ -114,7 +124,7 @@ pub enum Rejection {
         /// The first line of abi_stable's report.
         first_line: String,
     },
-    /// A kind this host does not use, or a codec plugin without a codec factory.
+    /// A kind this host does not use, or a codec (profile) plugin without a codec (profile) factory.
     #[error("unsupported plugin: {0}")]
     Unsupported(String),
     /// The probe answered that the device is not on this machine.
@@ -192,6 +202,12 @@ pub enum PluginError {
         "plugin `{id}` was built against ABI {major}.{minor}, which has no codec factory (1.1 added it)"
     )]
     NoCodecFactory { id: String, major: u16, minor: u16 },
+    #[error("plugin `{id}` is a {kind} plugin, not an HTTP profile")]
+    NotAProfile { id: String, kind: PluginKind },
+    #[error(
+        "plugin `{id}` was built against ABI {major}.{minor}, which has no profile factory (1.2 added it)"
+    )]
+    NoProfileFactory { id: String, major: u16, minor: u16 },
     #[error("plugin `{id}`: {message}")]
     Plugin { id: String, message: String },
 }
@@ -237,6 +253,32 @@ impl LoadedPlugin {
     /// Whether the root module has the `codec` field (ABI 1.1 and later).
     pub fn has_codec_factory(&self) -> bool {
         self.module.codec().is_some()
+    }
+
+    /// The plugin's profile factory's answer: the [`ProfileBox`] with its routes, `parse` and `encode`.
+    pub fn profile(&self) -> Result<ProfileBox, PluginError> {
+        if self.kind != PluginKind::PROFILE {
+            return Err(PluginError::NotAProfile {
+                id: self.id.clone(),
+                kind: self.kind,
+            });
+        }
+        let Some(factory) = self.module.profile() else {
+            return Err(PluginError::NoProfileFactory {
+                id: self.id.clone(),
+                major: self.abi.0,
+                minor: self.abi.1,
+            });
+        };
+        factory().into_result().map_err(|e| PluginError::Plugin {
+            id: self.id.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Whether the root module has the `profile` field (ABI 1.2 and later).
+    pub fn has_profile_factory(&self) -> bool {
+        self.module.profile().is_some()
     }
 }
 
@@ -363,13 +405,16 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
             host: host_accepts(),
         });
     }
-    // The current shape first, then the ABI 1.0 one (abi_stable refuses a library with fewer root-module
-    // fields than the host's type, so older plugins are checked against their own shape).
+    // The current shape first, then the older ones, newest first (abi_stable refuses a library with fewer
+    // root-module fields than the host's type, so older plugins are checked against their own shape).
     let module = match header.check_layout::<LoomPlugin_Ref>() {
         Ok(m) => Ok(Root::Current(m)),
-        Err(e) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
-            Ok(m) => Ok(Root::V1_0(m)),
-            Err(_) => Err(e),
+        Err(e) => match header.check_layout::<abi_1_1::LoomPlugin_Ref>() {
+            Ok(m) => Ok(Root::V1_1(m)),
+            Err(_) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
+                Ok(m) => Ok(Root::V1_0(m)),
+                Err(_) => Err(e),
+            },
         },
     };
     let module = module.map_err(|e| match e {
@@ -401,6 +446,13 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
         PluginKind::CODEC => {
             return Err(Rejection::Unsupported(format!(
                 "`{id}` is a codec plugin without a codec factory (built against ABI {}.{}; codecs need {ABI_MAJOR}.1)",
+                abi.0, abi.1
+            )));
+        }
+        PluginKind::PROFILE if module.profile().is_some() => {}
+        PluginKind::PROFILE => {
+            return Err(Rejection::Unsupported(format!(
+                "`{id}` is a profile plugin without a profile factory (built against ABI {}.{}; profiles need {ABI_MAJOR}.2)",
                 abi.0, abi.1
             )));
         }

@@ -1,0 +1,46 @@
+//! A plugin built against ABI 1.1 (its root module has `codec` but no `profile` field) still loads under 1.2:
+//! abi_stable refuses it against the current root-module type, so the loader checks it against
+//! `abi_1_1::LoomPlugin`, reads `codec` through that shape and the appended `profile` as absent. (The ABI 1.0
+//! plugin is checked by `tests/integration/codec_conformance.rs`.)
+
+use loom_plugin_api::PluginKind;
+use std::path::PathBuf;
+
+/// `target/<profile>/deps/lib{stem}.so`, where cargo builds a dev-dependency's cdylib (the test binary lives
+/// in the same `deps/`).
+fn library(stem: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let name = format!(
+        "{}{stem}.{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_EXTENSION
+    );
+    let p = exe.parent().expect("deps dir").join(&name);
+    assert!(
+        p.is_file(),
+        "{} is missing (a dev-dependency?)",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn abi_1_1_plugins_still_load_without_a_profile_factory() {
+    let p = loom_plugins::load_file(&library("loom_test_plugin_abi11"))
+        .unwrap_or_else(|e| panic!("an ABI 1.1 plugin is rejected: {e}"));
+    assert_eq!(
+        (p.id.as_str(), p.kind, p.abi),
+        ("abi11-0001", PluginKind::CODEC, (1, 1))
+    );
+    assert!(p.has_codec_factory());
+    assert!(!p.has_profile_factory());
+    // Its codec factory is called through the 1.1 shape and answers.
+    let codec = p.codec().unwrap_or_else(|e| panic!("{e}"));
+    let e = codec.audio().into_result().err().expect("no audio codec");
+    assert_eq!(e.to_string(), "abi11-0001 has no audio codec");
+    let e = p.profile().err().expect("a codec").to_string();
+    assert_eq!(
+        e,
+        "plugin `abi11-0001` is a codec plugin, not an HTTP profile"
+    );
+}
