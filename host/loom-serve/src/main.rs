@@ -11,7 +11,8 @@
 //! all absent fails its registration with an error naming the devices present; the server keeps serving.
 //!
 //! Loads plugins (a bad plugin is one log line), opens devices (the built-in CPU HAL when no plugin gives a
-//! CPU device), starts listening, registers the `--model` packages, then reports ready on `/health`. On
+//! CPU device), mounts the routes of HTTP profile plugins (a profile whose route collides with a built-in
+//! route or an earlier profile's is one "plugin rejected" line), starts listening, registers the `--model` packages, then reports ready on `/health`. On
 //! SIGINT/SIGTERM it stops accepting connections, drains accepted work and exits. With `--port 0` it prints the
 //! bound address on stdout (`listening on http://127.0.0.1:PORT`) for tests.
 
@@ -138,8 +139,9 @@ fn main() -> Result<()> {
     for n in notes {
         log::info!("{n}");
     }
+    let profiles = mount_profiles(&report);
     let registry = Arc::new(Registry::new(Arc::new(devices)));
-    let state = AppState::new(registry.clone(), args.config.clone());
+    let state = AppState::with_profiles(registry.clone(), args.config.clone(), profiles);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -261,6 +263,7 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
     Ok(())
 }
 
+use loom_plugin_api::PluginKind;
 use serve_http::serve as axum_serve;
 use serve_runtime::json as serde_json_min;
 
@@ -269,7 +272,11 @@ fn loom_plugins_report(dirs: &[PathBuf]) -> Vec<serve_runtime::PluginHandle> {
     for r in &report.rejected {
         log::warn!("plugin rejected: {r}");
     }
-    for p in &report.plugins {
+    for p in report
+        .plugins
+        .iter()
+        .filter(|p| p.kind != PluginKind::PROFILE)
+    {
         log::info!(
             "plugin {} ({}, ABI {}.{}): {} device(s): {}",
             p.id,
@@ -281,4 +288,28 @@ fn loom_plugins_report(dirs: &[PathBuf]) -> Vec<serve_runtime::PluginHandle> {
         );
     }
     report.plugins
+}
+
+/// The profile plugins' routes, checked against the built-in ones and each other: a profile that cannot be
+/// mounted is one "plugin rejected" line, like the loader's.
+fn mount_profiles(plugins: &[serve_runtime::PluginHandle]) -> serve_http::Profiles {
+    let mut found = Vec::new();
+    for p in plugins.iter().filter(|p| p.kind == PluginKind::PROFILE) {
+        match p.profile() {
+            Ok(profile) => found.push(serve_http::ProfilePlugin {
+                id: p.id.clone(),
+                path: p.path.clone(),
+                profile,
+            }),
+            Err(e) => log::warn!("plugin rejected: {}: {e}", p.path.display()),
+        }
+    }
+    let (profiles, rejected) = serve_http::Profiles::mount(found);
+    for r in rejected {
+        log::warn!("plugin rejected: {r}");
+    }
+    for line in profiles.describe() {
+        log::info!("profile route {line}");
+    }
+    profiles
 }

@@ -2,14 +2,18 @@
 //! lifecycle routes, `/health`, Prometheus `/metrics`; errors in the OpenAI shape with honest status codes,
 //! mapped from [`serve_runtime::Error`] in one place ([`ApiError::from`]).
 //!
-//! This is the only crate that knows HTTP and JSON request shapes. Request inputs become the finite
-//! contract's *protocol records* here (`docs/serving/finite.md`); packages never see JSON.
+//! This is the only crate that knows HTTP and JSON request shapes (besides profile plugins). Request inputs
+//! become the finite contract's *protocol records* here (`docs/serving/finite.md`); packages never see JSON.
+//! HTTP profiles from plugins (`loom_plugin_api::Profile`) add routes of other dialects: [`Profiles::mount`]
+//! checks their routes, [`AppState::with_profiles`] + [`router`] mount them (see `profiles.rs`).
 
 mod error;
 mod metrics;
+mod profiles;
 mod routes;
 
 pub use error::ApiError;
+pub use profiles::{ProfilePlugin, Profiles, RejectedProfile};
 pub use routes::{AppState, Config, router};
 
 /// Serves `app` on `listener` until SIGINT or SIGTERM; then stops accepting and lets in-flight requests

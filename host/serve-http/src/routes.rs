@@ -51,15 +51,27 @@ pub struct AppState {
     /// False until start-up registrations are done (then `/health` is 200).
     pub ready: AtomicBool,
     requests: AtomicU64,
+    /// The HTTP profiles from plugins (`profiles.rs`).
+    pub(crate) profiles: crate::profiles::Profiles,
 }
 
 impl AppState {
     pub fn new(registry: Arc<Registry>, config: Config) -> Arc<AppState> {
+        AppState::with_profiles(registry, config, Default::default())
+    }
+
+    /// With the profiles that [`crate::Profiles::mount`] kept; their routes are mounted by [`router`].
+    pub fn with_profiles(
+        registry: Arc<Registry>,
+        config: Config,
+        profiles: crate::profiles::Profiles,
+    ) -> Arc<AppState> {
         Arc::new(AppState {
             registry,
             config,
             ready: AtomicBool::new(false),
             requests: AtomicU64::new(0),
+            profiles,
         })
     }
 }
@@ -79,6 +91,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{name}/activate", post(activate))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/decisions", post(decisions))
+        .merge(crate::profiles::routes(&state))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), frame))
         .layer(DefaultBodyLimit::max(limit))
@@ -384,8 +397,9 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Submits each record as one finite request and waits for every result (in order).
-async fn run_records(
+/// Submits each record as one finite request and waits for every result (in order). Shared by the
+/// built-in finite routes and the profile routes (`profiles.rs`).
+pub(crate) async fn run_records(
     svc: Arc<FiniteService>,
     records: Vec<Vec<u8>>,
 ) -> Result<(Vec<Rows>, i64), ApiError> {
