@@ -9,3 +9,4 @@ mod http_lifecycle;
 mod http_minilm;
 mod http_robustness;
 mod plugins;
+mod profiles;

@@ -1,0 +1,198 @@
+//! HTTP profile plugins in the real server: the TEI profile (`plugins/profile-tei`, `POST /embed`) returns the
+//! same vectors as `/v1/embeddings`; its bad bodies are 4xx in the OpenAI error shape; a profile whose route
+//! collides with a built-in route (`tests/plugins/profile-clash`) is one log line; panics inside a profile
+//! (`tests/plugins/profile-panics`, caught by `guard_profile`) are 500s with the panic message; the server
+//! stays healthy throughout.
+
+use crate::support::TestServer;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+/// A plugins directory holding the profile cdylibs of this build (dev-dependencies of `loom-serve`, built
+/// into `target/<profile>/deps/`, next to this test binary).
+fn plugins_dir() -> PathBuf {
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = std::env::temp_dir().join(format!("loom-profiles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for lib in [
+        "libprofile_tei.so",
+        "libloom_test_profile_clash.so",
+        "libloom_test_profile_panics.so",
+    ] {
+        std::fs::copy(deps.join(lib), dir.join(lib))
+            .unwrap_or_else(|e| panic!("{lib} from {}: {e}", deps.display()));
+    }
+    dir
+}
+
+fn vectors(v: &Value) -> Vec<Vec<f64>> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap_or_else(|| panic!("not a list: {row}"))
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn openai(s: &TestServer, input: Value) -> Vec<Vec<f64>> {
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "arith-embed", "input": input}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| vectors(&json!([d["embedding"]])).remove(0))
+        .collect()
+}
+
+/// The error message of an OpenAI-shaped error response with `status`.
+fn error(r: &crate::support::Response, status: u16) -> String {
+    assert_eq!(r.status, status, "{}", r.text());
+    let v = r.json();
+    assert!(v["error"]["type"].is_string(), "{v}");
+    v["error"]["message"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn tei_profile_serves_embed_like_the_openai_route() {
+    let dir = plugins_dir();
+    let dir_arg = dir.display().to_string();
+    let s = TestServer::start("profiles", &["--plugins", &dir_arg]);
+    let log = s.log();
+
+    // Loading: the TEI and the panicking profiles are mounted; the clashing one is one line.
+    assert!(
+        log.contains("profile route tei-0001: POST /embed (embeddings)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("profile route ppanic-0001: POST /test/panic-parse (embeddings)"),
+        "{log}"
+    );
+    let clash: Vec<&str> = log.lines().filter(|l| l.contains("collides")).collect();
+    assert_eq!(clash.len(), 1, "{log}");
+    assert!(
+        clash[0].contains("plugin rejected: ")
+            && clash[0].contains("libloom_test_profile_clash.so: profile `clash-0001`: route POST /v1/embeddings collides with the built-in route /v1/embeddings"),
+        "{}",
+        clash[0]
+    );
+    assert!(!log.contains("profile route clash-0001"), "{log}");
+    assert_eq!(s.request("POST", "/clash/ok", b"{}").status, 404);
+
+    // normalize=false: exactly the vectors of /v1/embeddings (same records, same f32 values).
+    let inputs = json!(["hello", "world", "a longer sentence to embed"]);
+    let want = openai(&s, inputs.clone());
+    let r = s.post_json(
+        "/embed",
+        &json!({"model": "arith-embed", "inputs": inputs, "normalize": false}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(vectors(&r.json()), want);
+
+    // Token ids, one list and a list of lists, and a single string (still a list of vectors).
+    for ids in [json!([1, 2, 3]), json!([[1], [2, 3]])] {
+        let r = s.post_json(
+            "/embed",
+            &json!({"model": "arith-embed", "inputs": ids, "normalize": false}),
+        );
+        assert_eq!(vectors(&r.json()), openai(&s, ids), "{}", r.text());
+    }
+    let r = s.post_json(
+        "/embed",
+        &json!({"model": "arith-embed", "inputs": "hello", "normalize": false}),
+    );
+    assert_eq!(vectors(&r.json()), vec![want[0].clone()]);
+
+    // normalize defaults to true: the same vectors with unit L2 norm.
+    let r = s.post_json("/embed", &json!({"model": "arith-embed", "inputs": inputs}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = vectors(&r.json());
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!(norm > 0.0);
+        assert_eq!(g.len(), w.len());
+        for (a, b) in g.iter().zip(w) {
+            assert!((a - b / norm).abs() < 1e-6, "{a} vs {}", b / norm);
+        }
+        let unit = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((unit - 1.0).abs() < 1e-5, "{unit}");
+    }
+
+    // Bad bodies: 4xx with a clear message in the OpenAI shape.
+    let m = error(&s.request("POST", "/embed", b"{"), 400);
+    assert!(m.starts_with("the body is not valid JSON"), "{m}");
+    assert_eq!(
+        error(&s.request("POST", "/embed", b"{}"), 422),
+        "`inputs` is required"
+    );
+    let r = s.post_json("/embed", &json!({"model": "arith-embed", "inputs": []}));
+    assert_eq!(error(&r, 422), "`inputs` cannot be empty");
+    let r = s.post_json(
+        "/embed",
+        &json!({"model": "arith-embed", "inputs": "x", "normalize": 1}),
+    );
+    assert_eq!(error(&r, 422), "`normalize` must be a boolean");
+    let r = s
+        .try_request(
+            "POST",
+            "/embed",
+            &[("Content-Type", "text/plain")],
+            b"{\"inputs\": \"x\"}",
+        )
+        .unwrap();
+    assert!(error(&r, 415).contains("expected a JSON body"));
+    // Model errors are the server's, as on /v1/embeddings.
+    let r = s.post_json("/embed", &json!({"model": "nope", "inputs": "x"}));
+    assert!(error(&r, 404).contains("nope"));
+    let r = s.post_json("/embed", &json!({"model": "arith-decision", "inputs": "x"}));
+    assert!(error(&r, 501).contains("serves decisions, not embeddings"));
+    // Two embeddings models are registered: a request without `model` must name one.
+    let r = s.post_json("/embed", &json!({"inputs": "x"}));
+    let m = error(&r, 400);
+    assert!(
+        m.contains("2 models serve embeddings (arith-embed, arith-embed-weighted)"),
+        "{m}"
+    );
+
+    // Panics inside the profile are 500s with the message; the server keeps serving.
+    let m = error(&s.request("POST", "/test/panic-parse", b""), 500);
+    assert!(
+        m.contains("parse: the plugin panicked: this test profile panics in parse on purpose"),
+        "{m}"
+    );
+    let m = error(
+        &s.request("POST", "/test/panic-encode", b"arith-embed"),
+        500,
+    );
+    assert!(
+        m.contains("encode: the plugin panicked: this test profile panics in encode on purpose"),
+        "{m}"
+    );
+    s.healthy();
+    assert_eq!(openai(&s, json!("hello")), vec![want[0].clone()]);
+
+    // With one embeddings model left, `model` may be left out (TEI serves one model).
+    let r = s.request("DELETE", "/v1/models/arith-embed-weighted", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post_json("/embed", &json!({"inputs": ["hello"], "normalize": false}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(vectors(&r.json()), vec![want[0].clone()]);
+    s.healthy();
+    let _ = std::fs::remove_dir_all(&dir);
+}
