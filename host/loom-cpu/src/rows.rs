@@ -1,17 +1,21 @@
 //! Row-wise softmax and layernorm (`pattern::match_rows`) at memory speed: each row (contiguous, `C` f32)
 //! is read from memory once and then worked on in L1 (max, exp and sum, divide; or sum, centred sum of
 //! squares, scale). The element loops are written so that LLVM vectorises them; they are compiled three
-//! times (AVX-512, AVX2+FMA, baseline) and the variant is chosen at run time ([`Isa::detect`]). No fused
+//! times (AVX-512, AVX2+FMA, baseline) and the variant is chosen at run time ([`Isa::detect`]). Softmax on
+//! AVX-512 is hand-written instead (module `x86`: `vscalefps` exp, sum fused into the exp pass, prefetch of
+//! the next rows). No fused
 //! multiply-adds are formed (Rust never contracts `a * b + c`), so every f32 operation rounds as the IR says.
 //!
 //! Rounding model against the reference (which computes in f64 and rounds each op to f32):
 //! * `+ - * /` and `max` are the same IEEE f32 operations (bit-identical);
-//! * row sums accumulate in f64 (64 lanes, then the lanes in order) and round once: the reference sums in
+//! * row sums accumulate in f64 (64 lanes, then the lanes in order; 32 lanes and a tree in the AVX-512
+//!   softmax) and round once: the reference sums in
 //!   index order in f64, so the two differ by at most the f64 reassociation error (relative ~`C * 2^-53`)
 //!   before the same final rounding;
 //! * `rsqrt` is `1 / sqrt` in f64 rounded once (one scalar per row, as the reference);
-//! * `exp` is [`exp_f32`], an f32 polynomial with at most 1 ulp error (measured over every 997th f32 bit pattern in
-//!   `[-105, 89]` in the unit test below) instead of the correctly rounded f64 `exp`; a softmax output
+//! * `exp` is [`exp_f32`] (or its 16-lane form `x86::exp16`), an f32 polynomial with at most 1 ulp error
+//!   (measured over every 997th f32 bit pattern in `[-105, 89]` in the unit tests below) instead of the
+//!   correctly rounded f64 `exp`; a softmax output
 //!   therefore differs from the reference by at most ~2 ulp of `e` plus the sum's rounding (well inside the
 //!   relative 1e-6 `tests/diff.rs` states).
 
@@ -79,6 +83,139 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
     let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
     let e = y * pow2(n1) * pow2(n2);
     if x.is_nan() { x } else { e }
+}
+
+/// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
+/// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `e^x` on 16 lanes: the same reduction and Cephes polynomial as [`super::exp_f32`] (fused), with
+    /// `n = round(x log2 e)` from `vrndscaleps` and the scale `2^n` applied by `vscalefps` (one rounding, also
+    /// for subnormal results). The clamps to [-105, 89] keep NaN (`vmaxps`/`vminps` return the second
+    /// operand when either is NaN), which then propagates through every step.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn exp16(x: __m512) -> __m512 {
+        let xc = _mm512_min_ps(
+            _mm512_set1_ps(89.0),
+            _mm512_max_ps(_mm512_set1_ps(-105.0), x),
+        );
+        let t = _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+        let y = _mm512_add_ps(y, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
+    }
+
+    #[inline]
+    fn tail(n: usize) -> __mmask16 {
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// The f64 widening of 16 f32 lanes added to two f64 accumulators.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn add_f64(acc: &mut [__m512d; 2], e: __m512) {
+        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(e),
+        )));
+        acc[0] = _mm512_add_pd(acc[0], lo);
+        acc[1] = _mm512_add_pd(acc[1], hi);
+    }
+
+    /// Softmax over the rows of `x` (row length `cols`) into `y`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn softmax_rows(cols: usize, x: &[f32], y: &mut [f32]) {
+        // Prefetch distance: one row ahead, at least 4 KiB (one line per 16-element step of the exp pass,
+        // so the lines of the row ahead are each requested once, while this row is computed in L1).
+        let ahead = cols.max(1024);
+        for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+            softmax_row(xr, yr, ahead);
+        }
+    }
+
+    /// One softmax row: NaN-ignoring max (four accumulators), then `e = exp(x - max)` stored to `y` with
+    /// the f64 row sum taken in the same pass (32 f64 lanes), then `y / sum` (exact `vdivps`). The exp pass
+    /// prefetches `x` and `y` `ahead` elements on (the next rows), so that their memory traffic overlaps
+    /// this row's arithmetic; a prefetch never faults, so addresses past the buffers are harmless.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn softmax_row(x: &[f32], y: &mut [f32], ahead: usize) {
+        let n = x.len().min(y.len());
+        let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+        let full = n / 16 * 16;
+        // SAFETY (every load and store below): offsets `i < full` cover 16 in-bounds elements of `x`/`y`
+        // (both have at least `n` elements); the tail's masked accesses touch only lanes `full..n`.
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut acc = [ninf; 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let v = unsafe { _mm512_loadu_ps(xp.add(i + 16 * j)) };
+                // `vmaxps v, a` returns `a` where `v` is NaN: NaNs are ignored.
+                *a = _mm512_max_ps(v, *a);
+            }
+            i += 64;
+        }
+        while i < full {
+            let v = unsafe { _mm512_loadu_ps(xp.add(i)) };
+            acc[0] = _mm512_max_ps(v, acc[0]);
+            i += 16;
+        }
+        if full < n {
+            let v = unsafe { _mm512_mask_loadu_ps(ninf, tail(n - full), xp.add(full)) };
+            acc[0] = _mm512_max_ps(v, acc[0]);
+        }
+        let m = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
+        let m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+
+        let mut sum = [_mm512_setzero_pd(); 2];
+        let mut i = 0;
+        while i < full {
+            _mm_prefetch::<_MM_HINT_T0>(xp.wrapping_add(i + ahead) as *const i8);
+            _mm_prefetch::<_MM_HINT_ET0>(yp.wrapping_add(i + ahead) as *const i8);
+            let v = unsafe { _mm512_loadu_ps(xp.add(i)) };
+            let e = exp16(_mm512_sub_ps(v, m));
+            unsafe { _mm512_storeu_ps(yp.add(i), e) };
+            add_f64(&mut sum, e);
+            i += 16;
+        }
+        if full < n {
+            let k = tail(n - full);
+            let v = unsafe { _mm512_maskz_loadu_ps(k, xp.add(full)) };
+            let e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(v, m)));
+            unsafe { _mm512_mask_storeu_ps(yp.add(full), k, e) };
+            add_f64(&mut sum, e);
+        }
+        let s = _mm512_set1_ps(_mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1])) as f32);
+
+        let mut i = 0;
+        while i < full {
+            unsafe {
+                let e = _mm512_loadu_ps(yp.add(i));
+                _mm512_storeu_ps(yp.add(i), _mm512_div_ps(e, s));
+            }
+            i += 16;
+        }
+        if full < n {
+            let k = tail(n - full);
+            unsafe {
+                let e = _mm512_maskz_loadu_ps(k, yp.add(full));
+                _mm512_mask_storeu_ps(yp.add(full), k, _mm512_div_ps(e, s));
+            }
+        }
+    }
 }
 
 /// Max of a row ignoring NaNs (as the reference's `f64::max` fold from -inf).
@@ -177,6 +314,9 @@ fn rows_generic<const FMA: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn rows_avx512(op: &RowOp, cols: usize, x: &[f32], y: &mut [f32], g: &[f32], b: &[f32]) {
+    if *op == RowOp::Softmax {
+        return x86::softmax_rows(cols, x, y);
+    }
     rows_generic::<true>(op, cols, x, y, g, b)
 }
 
@@ -210,7 +350,7 @@ fn avx512_ok() -> bool {
 }
 
 /// Runs a matched row kernel: `x` and `y` hold at least `rows * cols` f32, `g` and `b` (layernorm) `cols`.
-/// Rows are split between up to `threads` scoped threads (each at least 64 K elements).
+/// Rows are split between up to `threads` pool threads (each at least 64 K elements).
 pub(crate) fn run(
     isa: Isa,
     m: &RowsMatch,
@@ -289,12 +429,74 @@ mod tests {
         }
     }
 
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp16_is_within_one_ulp() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        use std::arch::x86_64::*;
+        let exp16 = |v: &[f32; 16]| -> [f32; 16] {
+            let mut out = [0f32; 16];
+            // SAFETY: AVX-512F was detected above; the arrays hold 16 f32.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), x86::exp16(_mm512_loadu_ps(v.as_ptr()))) };
+            out
+        };
+        let (lo, hi) = (-105.0f32, 89.0f32);
+        let mut vals = vec![];
+        let mut bits = 0u32;
+        while bits < 0x8000_0000 {
+            for v in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                if (lo..=hi).contains(&v) {
+                    vals.push(v);
+                }
+            }
+            bits += 997;
+        }
+        // Around the overflow and subnormal boundaries, densely.
+        for c in [88.72f32, -87.33, -103.28, 0.35, -0.35] {
+            let b = c.to_bits();
+            vals.extend((0..4096u32).map(|d| f32::from_bits(b - 2048 + d)));
+        }
+        let mut worst = (0u32, 0f32);
+        for ch in vals.chunks(16) {
+            let mut v = [0f32; 16];
+            v[..ch.len()].copy_from_slice(ch);
+            let got = exp16(&v);
+            for (&x, &g) in v.iter().zip(&got) {
+                let u = ulps(g, f64::from(x).exp() as f32);
+                if u > worst.0 {
+                    worst = (u, x);
+                }
+            }
+        }
+        assert!(worst.0 <= 1, "exp16 max error {} ulp at {}", worst.0, worst.1);
+        let mut sp = [0f32; 16];
+        sp[..7].copy_from_slice(&[
+            0.0,
+            f32::NEG_INFINITY,
+            -104.5,
+            f32::INFINITY,
+            89.0,
+            f32::NAN,
+            -f32::NAN,
+        ]);
+        let r = exp16(&sp);
+        assert_eq!(&r[..5], &[1.0, 0.0, 0.0, f32::INFINITY, f32::INFINITY]);
+        assert!(r[5].is_nan() && r[6].is_nan());
+    }
+
     #[test]
     fn every_isa_gives_the_same_rows() {
         let cols = 37;
-        let x: Vec<f32> = (0..cols * 5)
+        let mut x: Vec<f32> = (0..cols * 5)
             .map(|i| ((i * 7919) % 1000) as f32 / 97.0 - 5.0)
             .collect();
+        // -inf (exp gives 0), far below the max (0), and results in the subnormal range; one row in the
+        // vector tail.
+        for (i, v) in [(3, f32::NEG_INFINITY), (40, -200.0), (41, -90.0), (42, -95.5), (35, -88.0)] {
+            x[i] = v;
+        }
         let g: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 / 50.0).collect();
         let b: Vec<f32> = (0..cols).map(|i| i as f32 / 30.0 - 0.5).collect();
         for op in [
