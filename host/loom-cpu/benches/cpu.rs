@@ -103,7 +103,7 @@ fn run_stage_best(
 }
 
 fn main() {
-    // LOOM_BENCH=gemm|qmatvec|rows runs one group only.
+    // LOOM_BENCH=gemm|qmatvec|rows|cast runs one group only.
     let only = std::env::var("LOOM_BENCH").unwrap_or_default();
     let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
@@ -192,6 +192,24 @@ fn main() {
             }
         }
     }
+    // An integer-to-float cast over a [T, D] tile (token ids or positions to f32), JIT path; no target,
+    // reported against memcpy for scale (8 bytes in, 4 out per element).
+    if on("cast") {
+        let (t, d) = (128u64, 384u64);
+        let st = one_kernel_stage(cast_kernel(t, d, 16));
+        let v: Vec<i64> = (0..t * d).map(|i| (i as i64 * 7919) % 100_003 - 50_000).collect();
+        let ins = vec![i64_bytes(&v)];
+        for threads in [1usize, 2] {
+            let tm = run_stage_best(&st, &ins, threads, 50);
+            let moved = 12 * t * d;
+            println!(
+                "| cast i64 -> f32 tile {t}x{d} (JIT) | {threads} | {:.1} us | {:.1} GB/s | memcpy {bw:.1} GB/s | {:.0} % | - |",
+                tm * 1e6,
+                moved as f64 / tm / 1e9,
+                100.0 * moved as f64 / tm / 1e9 / bw
+            );
+        }
+    }
     for (name, st, ins) in cases.into_iter().filter(|_| on("rows")) {
         for threads in [1usize, 2] {
             let t = run_stage_best(&st, &ins, threads, 20);
@@ -203,6 +221,20 @@ fn main() {
             );
         }
     }
+}
+
+fn cast_kernel(t: u64, d: u64, bt: u32) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("cast", [cdiv(t, bt as u64), 1, 1]);
+    let x = kb.param("x", DType::I64, &[t, d], READ);
+    let y = kb.param("y", DType::F32, &[t, d], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(bt as i64));
+    let rr = kb.range(r0, bt);
+    let rc = kb.range(i(0), d as u32);
+    let v = kb.load(x, vec![rr.clone(), rc.clone()], None);
+    let v = kb.cast(v, DType::F32);
+    kb.store(y, vec![rr, rc], v);
+    kb.finish()
 }
 
 fn softmax_kernel(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
