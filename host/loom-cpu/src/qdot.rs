@@ -23,7 +23,10 @@
 //!
 //! * AVX-512 VNNI (`avx512f`, `avx512bw`, `avx512vnni`): two blocks per `vpdpbusd` (u8 x i8 -> i32). Signed
 //!   weights use `|w|` as the unsigned operand and `x` negated where `w < 0` as the signed one (`qx` is never
-//!   -128, so the negation is exact); Q4_1's nibbles are already unsigned.
+//!   -128, so the negation is exact); Q4_1's nibbles are already unsigned. Q4_1 rows of at least 16 blocks
+//!   take 16 blocks at a time, one block per 32-bit lane (`dot_q4_1_groups`: the 20-byte blocks are
+//!   deinterleaved with permutes, the activation is regrouped once per call, and the scales and the offset
+//!   term become vector operations); the remaining blocks go two at a time.
 //! * AVX2 + FMA (+ F16C for the scales, as the AVX-512 variant): one block per `vpmaddubsw` + `vpmaddwd` with the same sign trick (`vpsignb`); the i16 pair
 //!   sums stay below 2 * 128 * 127 < 2^15, so `vpmaddubsw` never saturates.
 //! * Scalar: the definition above, one block at a time.
@@ -41,7 +44,14 @@ pub(crate) struct QActs {
     pub(crate) d: Vec<f32>,
     /// Per block: `dx * sum qx` (the Q4_1 offset term's activation factor).
     pub(crate) ds: Vec<f32>,
+    /// `qs` regrouped for the 16-block AVX-512 Q4_1 kernel: per group of 16 whole blocks, 8 vectors of 16
+    /// dwords, vector `g` lane `j` holding bytes `4g..4g + 4` of block `16 G + j` (the tail blocks past the
+    /// last whole group are not included).
+    pub(crate) xt: Vec<i32>,
 }
+
+/// Blocks per group of the AVX-512 Q4_1 kernel (one block per 32-bit lane).
+pub(crate) const GROUP: usize = 16;
 
 /// Quantises `x` (length a multiple of 32) to Q8 blocks.
 pub(crate) fn quantize_acts(x: &[f32]) -> QActs {
@@ -66,7 +76,19 @@ pub(crate) fn quantize_acts(x: &[f32]) -> QActs {
         d[b] = dx;
         ds[b] = dx * s as f32;
     }
-    QActs { qs, d, ds }
+    let groups = nb / GROUP;
+    let mut xt = vec![0i32; groups * 8 * GROUP];
+    for gr in 0..groups {
+        for g in 0..8 {
+            for j in 0..GROUP {
+                let o = (gr * GROUP + j) * QK + 4 * g;
+                let q = &qs[o..o + 4];
+                xt[(gr * 8 + g) * GROUP + j] =
+                    i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+            }
+        }
+    }
+    QActs { qs, d, ds, xt }
 }
 
 /// f16 bits to f32: a bit shuffle for normal numbers, the exact general conversion otherwise.
@@ -165,9 +187,14 @@ pub(crate) fn dot_row(isa: Isa, dtype: DType, w: &[u8], a: &QActs) -> f32 {
 }
 
 fn dot_scalar(dtype: DType, w: &[u8], a: &QActs) -> f32 {
+    dot_scalar_from(dtype, w, a, 0)
+}
+
+/// [`dot_scalar`] over blocks `b0..` of the row only.
+fn dot_scalar_from(dtype: DType, w: &[u8], a: &QActs, b0: usize) -> f32 {
     let bs = block_bytes(dtype);
     let mut acc = 0f32;
-    for (b, blk) in w.chunks_exact(bs).enumerate() {
+    for (b, blk) in w.chunks_exact(bs).enumerate().skip(b0) {
         let qx = &a.qs[b * QK..(b + 1) * QK];
         let dw = f16(blk[0], blk[1]);
         match dtype {
@@ -207,7 +234,7 @@ fn dot_scalar(dtype: DType, w: &[u8], a: &QActs) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{QActs, QK, block_bytes};
+    use super::{GROUP, QActs, QK, block_bytes};
     use loom_ir::kernel::DType;
     use std::arch::x86_64::*;
 
@@ -282,47 +309,142 @@ mod x86 {
     /// 32 values per block.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn dot_avx512vnni(dtype: DType, w: &[u8], a: &QActs) -> f32 {
-        let bs = block_bytes(dtype);
-        let nb = a.d.len();
-        let mut acc = _mm512_setzero_ps();
-        let mut off = 0f32;
-        let zero = _mm512_setzero_si512();
-        let mut b = 0;
-        while b + 2 <= nb {
-            // SAFETY: blocks b and b + 1 lie inside `w`, activation blocks b, b + 1 (64 bytes) inside `a.qs`.
-            let (w0, w1, xv) = unsafe {
-                (
-                    weights256(dtype, w.as_ptr().add(b * bs)),
-                    weights256(dtype, w.as_ptr().add((b + 1) * bs)),
-                    _mm512_loadu_si512(a.qs.as_ptr().add(b * QK) as *const _),
-                )
-            };
-            let wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-            let (b0, b1) = (&w[b * bs..], &w[(b + 1) * bs..]);
-            let p = if dtype == DType::Q4_1 {
-                off += f16(b0[2], b0[3]) * a.ds[b] + f16(b1[2], b1[3]) * a.ds[b + 1];
-                _mm512_dpbusd_epi32(zero, wv, xv)
-            } else {
-                let neg = _mm512_movepi8_mask(wv);
-                let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
-                _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx)
-            };
-            let s0 = _mm512_set1_ps(f16(b0[0], b0[1]) * a.d[b]);
-            let s1 = _mm512_set1_ps(f16(b1[0], b1[1]) * a.d[b + 1]);
-            let sc = _mm512_mask_blend_ps(0xff00, s0, s1);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
-            b += 2;
+        // SAFETY (all three): the caller's contract; for Q4_1, `a` was quantised from the row's `nb` blocks,
+        // so `a.xt` holds its `nb / GROUP` whole groups. One call per constant dtype, so that each inlined
+        // copy of the pair loop is specialised.
+        unsafe {
+            match dtype {
+                DType::Q8_0 => pairs(DType::Q8_0, w, a, 0, _mm512_setzero_ps()),
+                DType::Q4_0 => pairs(DType::Q4_0, w, a, 0, _mm512_setzero_ps()),
+                _ if a.d.len() >= GROUP => {
+                    let (acc, b) = dot_q4_1_groups(w, a);
+                    pairs(DType::Q4_1, w, a, b, acc)
+                }
+                _ => pairs(DType::Q4_1, w, a, 0, _mm512_setzero_ps()),
+            }
         }
-        let mut r = _mm512_reduce_add_ps(acc) + off;
-        if b < nb {
-            let a1 = QActs {
-                qs: a.qs[b * QK..].to_vec(),
-                d: a.d[b..].to_vec(),
-                ds: a.ds[b..].to_vec(),
-            };
-            r += super::dot_scalar(dtype, &w[b * bs..], &a1);
+    }
+
+    /// Blocks `b0..` two at a time (`vpdpbusd` over 64 bytes) added to the lanes `acc`, alternating two
+    /// accumulators; the odd last block on the scalar path. The row's sum.
+    ///
+    /// # Safety
+    /// As [`dot_avx512vnni`]; only called from functions with its target features.
+    #[inline(always)]
+    unsafe fn pairs(dtype: DType, w: &[u8], a: &QActs, b0: usize, acc: __m512) -> f32 {
+        // SAFETY: the intrinsics need AVX-512F/BW/VNNI and F16C, which every caller enables; blocks `b`,
+        // `b + 1` lie inside `w` and activation blocks `b`, `b + 1` (64 bytes) inside `a.qs` (the caller's
+        // contract: `w` holds `nb` whole blocks).
+        unsafe {
+            let bs = block_bytes(dtype);
+            let nb = a.d.len();
+            let mut acc = [acc, _mm512_setzero_ps()];
+            let mut off = 0f32;
+            let zero = _mm512_setzero_si512();
+            let mut b = b0;
+            let mut t = 0;
+            while b + 2 <= nb {
+                let w0 = weights256(dtype, w.as_ptr().add(b * bs));
+                let w1 = weights256(dtype, w.as_ptr().add((b + 1) * bs));
+                let xv = _mm512_loadu_si512(a.qs.as_ptr().add(b * QK) as *const _);
+                let wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                let (b0, b1) = (&w[b * bs..], &w[(b + 1) * bs..]);
+                let p = if dtype == DType::Q4_1 {
+                    off += f16(b0[2], b0[3]) * a.ds[b] + f16(b1[2], b1[3]) * a.ds[b + 1];
+                    _mm512_dpbusd_epi32(zero, wv, xv)
+                } else {
+                    let neg = _mm512_movepi8_mask(wv);
+                    let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+                    _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx)
+                };
+                let s0 = _mm512_set1_ps(f16(b0[0], b0[1]) * a.d[b]);
+                let s1 = _mm512_set1_ps(f16(b1[0], b1[1]) * a.d[b + 1]);
+                let sc = _mm512_mask_blend_ps(0xff00, s0, s1);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[t]);
+                t ^= 1;
+                b += 2;
+            }
+            let mut r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + off;
+            if b < nb {
+                r += super::dot_scalar_from(dtype, w, a, b);
+            }
+            r
         }
-        r
+    }
+
+    /// Dword `5 j + k` of 80 (five vectors) for lanes `j = 0..16`: word `k` of each of 16 consecutive 20-byte
+    /// Q4_1 blocks (`k = 0` the two f16 `d, m`, `k = 1..5` the 16 nibble bytes).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn deinterleave5(r: &[__m512i; 5], k: usize) -> __m512i {
+        let idx = |lo: usize, hi: usize, base: usize| -> __m512i {
+            let mut v = [0i32; 16];
+            for (j, x) in v.iter_mut().enumerate() {
+                let i = 5 * j + k;
+                if (lo..hi).contains(&i) {
+                    *x = (i - base) as i32;
+                }
+            }
+            // SAFETY: `v` holds 16 i32.
+            unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+        };
+        let mask = |lo: usize, hi: usize| -> __mmask16 {
+            (0..16).filter(|j| (lo..hi).contains(&(5 * j + k))).fold(0, |m, j| m | (1 << j))
+        };
+        let t = _mm512_permutex2var_epi32(r[0], idx(0, 32, 0), r[1]);
+        let u = _mm512_permutex2var_epi32(r[2], idx(32, 64, 32), r[3]);
+        let v = _mm512_permutexvar_epi32(idx(64, 80, 64), r[4]);
+        let o = _mm512_mask_mov_epi32(t, mask(32, 64), u);
+        _mm512_mask_mov_epi32(o, mask(64, 80), v)
+    }
+
+    /// Q4_1 over the row's whole groups of 16 blocks, one block per 32-bit lane: the 16 blocks' words are
+    /// deinterleaved (five loads, permutes), nibble word `g` of every block meets activation word `g`
+    /// (`a.xt`, regrouped once per call) in one `vpdpbusd`, so the 16 exact block sums land in one vector
+    /// and the scales `d`, `m` of all 16 blocks convert with one `vcvtph2ps` each; per group,
+    /// `acc += (d * dx) * isum` and `off += m * (dx * sx)` as whole vectors. Returns the summed lanes and
+    /// the first block not covered.
+    ///
+    /// # Safety
+    /// As [`dot_avx512vnni`], with `dtype` Q4_1.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dot_q4_1_groups(w: &[u8], a: &QActs) -> (__m512, usize) {
+        const BS: usize = 20;
+        let groups = a.d.len() / GROUP;
+        assert!(w.len() >= groups * GROUP * BS && a.xt.len() >= groups * 8 * GROUP);
+        let m4 = _mm512_set1_epi8(15);
+        let (mut acc, mut off) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for gr in 0..groups {
+            // SAFETY: group `gr` is 320 bytes inside `w` (asserted above); its 8 activation vectors and 16
+            // `d`, `ds` values are inside `a.xt`, `a.d`, `a.ds`.
+            let (r, xt, dx, ds) = unsafe {
+                let base = w.as_ptr().add(gr * GROUP * BS);
+                let r = [0, 1, 2, 3, 4].map(|i| _mm512_loadu_si512(base.add(64 * i) as *const _));
+                let xp = a.xt.as_ptr().add(gr * 8 * GROUP);
+                let xt = [0, 1, 2, 3, 4, 5, 6, 7]
+                    .map(|g| _mm512_loadu_si512(xp.add(g * GROUP) as *const _));
+                let dx = _mm512_loadu_ps(a.d.as_ptr().add(gr * GROUP));
+                let ds = _mm512_loadu_ps(a.ds.as_ptr().add(gr * GROUP));
+                (r, xt, dx, ds)
+            };
+            let h = deinterleave5(&r, 0);
+            let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for g in 0..4 {
+                let q = deinterleave5(&r, g + 1);
+                // Byte i of a block's nibbles holds weight i (low) and weight i + 16 (high).
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                s0 = _mm512_dpbusd_epi32(s0, lo, xt[g]);
+                s1 = _mm512_dpbusd_epi32(s1, hi, xt[g + 4]);
+            }
+            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+            let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h)));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), isum, acc);
+            off = _mm512_fmadd_ps(m, ds, off);
+        }
+        (_mm512_add_ps(acc, off), groups * GROUP)
     }
 }
 
@@ -428,7 +550,7 @@ mod tests {
     fn variants_match_scalar_and_reference_within_the_bound() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-            for nb in [1usize, 2, 3, 18, 48] {
+            for nb in [1usize, 2, 3, 16, 17, 18, 33, 48] {
                 for _ in 0..20 {
                     let w = random_row(&mut rng, dtype, nb);
                     let x: Vec<f32> = (0..nb * QK).map(|_| 4.0 * rng.unit() - 2.0).collect();
