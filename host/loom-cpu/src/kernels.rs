@@ -100,10 +100,11 @@ pub(crate) fn sgemm_threads(
     } else {
         (1, n as isize)
     };
-    // Below ~2 MFLOP per thread the spawn costs more than it saves.
+    // At least 512 K multiply-adds (~4 us) per thread: the pool's round trip is ~0.5 us with the worker
+    // spinning and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 1 M for a thread spawn per call.
     let threads = threads
         .clamp(1, m.max(1))
-        .min((m * n * k / (1 << 20)).max(1));
+        .min((m * n * k / (1 << 19)).max(1));
     if threads <= 1 {
         sgemm_strided(m, n, k, c, n, a, k, b, b_cs, b_rs, false);
         return;

@@ -467,8 +467,9 @@ pub(crate) fn matvec(
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let a = quantize_acts(&xf);
-    // Below ~256 K multiply-adds per thread the spawn costs more than it saves.
-    let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 18).max(1));
+    // At least 128 K weights (~4 us) per thread: the pool's round trip is ~0.5 us with the worker spinning
+    // and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 256 K for a thread spawn per call.
+    let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
     let rows = |y: &mut [u8], r0: usize| {
         for (i, out) in y.chunks_exact_mut(4).enumerate() {
             let r = r0 + i;

@@ -350,7 +350,7 @@ fn avx512_ok() -> bool {
 }
 
 /// Runs a matched row kernel: `x` and `y` hold at least `rows * cols` f32, `g` and `b` (layernorm) `cols`.
-/// Rows are split between up to `threads` pool threads (each at least 64 K elements).
+/// Rows are split between up to `threads` pool threads (each at least 16 K elements).
 pub(crate) fn run(
     isa: Isa,
     m: &RowsMatch,
@@ -366,7 +366,9 @@ pub(crate) fn run(
         RowOp::LayerNorm { .. } => (&g[..cols], &b[..cols]),
         RowOp::Softmax => (g, b),
     };
-    let per_thread_min = (65_536 / cols).max(1);
+    // At least 16 K elements (~5 us of softmax) per thread: the pool's round trip is ~0.5 us with the worker
+    // spinning and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 64 K for a thread spawn per call.
+    let per_thread_min = (16_384 / cols).max(1);
     let threads = threads.clamp(1, rows.div_ceil(per_thread_min).max(1));
     if threads == 1 {
         rows_isa(isa, &m.op, cols, x, y, g, b);
