@@ -103,7 +103,7 @@ fn run_stage_best(
 }
 
 fn main() {
-    // LOOM_BENCH=gemm|qmatvec|rows|cast runs one group only.
+    // LOOM_BENCH=gemm|qmatvec|rows|cast|pool|small runs one group only.
     let only = std::env::var("LOOM_BENCH").unwrap_or_default();
     let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
@@ -208,6 +208,55 @@ fn main() {
                 moved as f64 / tm / 1e9,
                 100.0 * moved as f64 / tm / 1e9 / bw
             );
+        }
+    }
+    // The persistent pool's round trip (the cost that the per-thread work thresholds of kernels.rs, qdot.rs
+    // and rows.rs must cover): two empty indices, one on the caller and one on a worker, back to back
+    // (the worker is still spinning) and after a 1 ms pause (the worker has parked).
+    if on("pool") {
+        let spin = best(2000, || loom_cpu::pool::run(2, 1, &|_| {}));
+        let mut parked = Vec::new();
+        for _ in 0..50 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let t = Instant::now();
+            loom_cpu::pool::run(2, 1, &|_| {});
+            parked.push(t.elapsed().as_secs_f64());
+        }
+        parked.sort_by(f64::total_cmp);
+        let parked = parked[parked.len() / 2];
+        println!(
+            "| pool round trip, worker spinning | 2 | {:.1} us | - | - | - | - |",
+            spin * 1e6
+        );
+        println!(
+            "| pool round trip, worker parked (median of 50) | 2 | {:.1} us | - | - | - | - |",
+            parked * 1e6
+        );
+    }
+    // Sizes just above the per-thread thresholds (two threads each at the current thresholds), 1 vs 2
+    // threads: whether splitting still pays at the smallest size that splits.
+    if on("small") {
+        let sm = one_kernel_stage(softmax_kernel(32, 1024, 4));
+        let xs = vec![rand_f32(&mut rng, 32 * 1024, -3.0, 3.0)];
+        let gm = one_kernel_stage(gemm_kernel(32, 128, 256, 32, 64, 32, false));
+        let gi = vec![
+            rand_f32(&mut rng, 32 * 256, -1.0, 1.0),
+            rand_f32(&mut rng, 256 * 128, -1.0, 1.0),
+        ];
+        let qm = one_kernel_stage(matvec_kernel(DType::Q8_0, 256, 1024, 64, 256));
+        let qi = vec![
+            random_blocks(&mut rng, DType::Q8_0, 256 * 1024 / 32),
+            rand_f32(&mut rng, 1024, -1.0, 1.0),
+        ];
+        for (name, st, ins) in [
+            ("softmax rows 32x1024", &sm, &xs),
+            ("f32 GEMM stage 32x128x256", &gm, &gi),
+            ("q8_0 matvec 256x1024", &qm, &qi),
+        ] {
+            for threads in [1usize, 2] {
+                let t = run_stage_best(st, ins, threads, 200);
+                println!("| {name} | {threads} | {:.1} us | - | - | - | - |", t * 1e6);
+            }
         }
     }
     for (name, st, ins) in cases.into_iter().filter(|_| on("rows")) {
