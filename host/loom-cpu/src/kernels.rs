@@ -1,5 +1,5 @@
 //! The contraction provider: f32 GEMM through the `gemm` crate (its AVX-512 microkernels with `x86-v4`),
-//! split over rows for several threads.
+//! split over rows (or columns, for wide and short products) for several threads.
 
 /// `c[m, n] (+)= a[m, k] @ b[k, n]`, row-major with the given row strides (in elements); with `accumulate`
 /// the product is added to `c`, otherwise it overwrites it.
@@ -78,12 +78,13 @@ fn sgemm_strided(
 /// Raw pointers that may cross into the worker threads of [`sgemm_threads`].
 #[derive(Clone, Copy)]
 struct Ptrs(*mut f32, *const f32, *const f32);
-// SAFETY: each worker gets disjoint row blocks of c and only reads a and b.
+// SAFETY: each worker gets disjoint row (or column) blocks of c and only reads a and b.
 unsafe impl Send for Ptrs {}
 // SAFETY: as above; the pool calls the block closure from several threads at once, each with its own block.
 unsafe impl Sync for Ptrs {}
 
-/// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c` (no accumulation); with
+/// [`sgemm`] over `threads` workers, each owning a contiguous block of rows of `c`, or of columns when `n > m`
+/// (no accumulation); with
 /// `trans_b`, `b` is a row-major `[N, K]` matrix and the product is `a @ b^T`.
 pub(crate) fn sgemm_threads(
     m: usize,
@@ -103,13 +104,32 @@ pub(crate) fn sgemm_threads(
     // At least 512 K multiply-adds (~4 us) per thread: the pool's round trip is ~0.5 us with the worker
     // spinning and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 1 M for a thread spawn per call.
     let threads = threads
-        .clamp(1, m.max(1))
+        .clamp(1, m.max(n).max(1))
         .min((m * n * k / (1 << 19)).max(1));
     if threads <= 1 {
         sgemm_strided(m, n, k, c, n, a, k, b, b_cs, b_rs, false);
         return;
     }
     let p = Ptrs(c, a, b);
+    if n > m {
+        // Wide and short (a BERT-style 128 x 384 x 1536): column blocks, so that each thread packs only its
+        // part of `b`, the larger operand (row blocks would have every thread pack all of it).
+        let cols = n.div_ceil(threads).div_ceil(16) * 16;
+        let block = move |t: usize| {
+            let p = p;
+            let c0 = t * cols;
+            if c0 < n {
+                let w = cols.min(n - c0);
+                // SAFETY: columns c0..c0+w are inside n; `c + c0` keeps row stride n, `b`'s column c0 starts
+                // at `b + c0 * b_cs` (b_cs is 1 or k), so every access stays inside the matrices.
+                let (c, b) = unsafe { (p.0.add(c0), p.2.offset(c0 as isize * b_cs)) };
+                sgemm_strided(m, w, k, c, n, p.1, k, b, b_cs, b_rs, false);
+            }
+        };
+        let blocks = n.div_ceil(cols);
+        crate::pool::run(blocks, blocks - 1, &block);
+        return;
+    }
     // Row blocks rounded up to 16 rows keep the microkernel's M panels full.
     let rows = m.div_ceil(threads).div_ceil(16) * 16;
     let block = move |t: usize| {
@@ -129,7 +149,8 @@ pub(crate) fn sgemm_threads(
 
 #[cfg(test)]
 mod tests {
-    /// Every row split (1 to 3 threads, ragged last blocks) and both layouts of `b` against a plain triple loop.
+    /// Every row and column split (1 to 3 threads, ragged last blocks) and both layouts of `b` against a plain
+    /// triple loop.
     #[test]
     fn threaded_splits_match_a_plain_product() {
         for (m, n, k) in [
@@ -138,6 +159,8 @@ mod tests {
             (60, 1536, 200),
             (300, 96, 512),
             (7, 33, 5),
+            (128, 384, 64),
+            (16, 1000, 40),
         ] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
