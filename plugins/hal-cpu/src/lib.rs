@@ -69,8 +69,11 @@ pub fn driver() -> HalDriverBox {
     HalDriver_TO::from_value(CpuDriver, TD_Opaque)
 }
 
+/// The worker count, read once: `available_parallelism` reads cgroup files on every call (tens of
+/// microseconds), and every dispatch asks.
 fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn device_name() -> String {
