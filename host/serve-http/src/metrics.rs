@@ -59,6 +59,12 @@ pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
             |s| s.metrics.cohorts_shared.load(Ordering::Relaxed),
         ),
         (
+            "loom_cohorts_in_place_total",
+            "cohorts run on the submitting thread (a lone request, quick cohorts, nothing waiting)",
+            "counter",
+            |s| s.metrics.cohorts_in_place.load(Ordering::Relaxed),
+        ),
+        (
             "loom_cohort_max_members",
             "largest cohort so far",
             "gauge",

@@ -415,16 +415,21 @@ pub(crate) async fn run_records(
         (txs, rxs)
     });
     let (txs, rxs) = handles;
-    // prepare_request runs VM code: off the async workers.
-    let tickets = tokio::task::spawn_blocking(move || {
+    // prepare_request runs VM code: off the async workers unless it is known to be quick.
+    let admit = move || {
+        let alone = records.len() == 1;
         let mut tickets = Vec::with_capacity(records.len());
         for (rec, tx) in records.into_iter().zip(txs) {
-            match svc2.submit(
-                rec,
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            ) {
+            let reply: serve_runtime::finite::Reply = Box::new(move |r| {
+                let _ = tx.send(r);
+            });
+            // A request that arrives alone may run its cohort right here when cohorts are quick.
+            let submitted = if alone {
+                svc2.submit_one(rec, reply)
+            } else {
+                svc2.submit(rec, reply)
+            };
+            match submitted {
                 Ok(t) => tickets.push(t),
                 Err(e) => {
                     for t in &tickets {
@@ -435,9 +440,14 @@ pub(crate) async fn run_records(
             }
         }
         Ok(tickets)
-    })
-    .await
-    .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
+    };
+    let tickets = if svc.admits_inline() {
+        admit()?
+    } else {
+        tokio::task::spawn_blocking(admit)
+            .await
+            .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??
+    };
     let units: i64 = tickets.iter().map(|t| t.units).sum();
     let mut guard = CancelOnDrop(tickets, false);
     let mut out = Vec::with_capacity(n);

@@ -2,10 +2,16 @@
 //!
 //! # Protocol
 //!
-//! * **Admission.** [`FiniteService::submit`] runs `prepare_request(state, input)` on the caller's thread (an
-//!   HTTP blocking worker), so a bad input fails fast with the trap's message and never reaches the queue. A
-//!   request whose units exceed the cold batch-unit limit is refused there too. A full queue refuses with
-//!   [`Error::Overloaded`].
+//! * **Admission.** [`FiniteService::submit`] runs `prepare_request(state, input)` on the caller's thread, so a
+//!   bad input fails fast with the trap's message and never reaches the queue. A request whose units exceed the
+//!   cold batch-unit limit is refused there too. A full queue refuses with [`Error::Overloaded`]. The caller is
+//!   an HTTP blocking worker, or the async worker itself while [`FiniteService::admits_inline`] holds (a small
+//!   fuel budget and quick recent admissions: the hand-off costs a thread wake-up).
+//! * **In place.** A request that arrives alone, when nothing is waiting, no cohort is running and the model's
+//!   cohorts are quick, runs its cohort of one on the submitting thread ([`FiniteService::submit_one`]). This is
+//!   the scheduler's own rule (the oldest request, filled with the compatible waiting ones: none) without the
+//!   two wake-ups of a round trip through the scheduler thread, which cost more than such a cohort runs for.
+//!   One cohort of a model runs at a time either way (the `exec` lock).
 //! * **Scheduling.** One scheduler thread per model owns the waiting queue (nobody else touches it; callers
 //!   send it requests over a channel). It takes the *oldest* waiting request, then fills the cohort with
 //!   waiting requests of the same compatibility tag, oldest first, while the units fit the batch-unit limit.
@@ -74,7 +80,31 @@ pub struct Metrics {
     pub retried_alone: AtomicU64,
     pub device_ns: AtomicU64,
     pub queue: AtomicUsize,
+    /// A moving average of `prepare_request`'s wall time (ns), for [`FiniteService::admits_inline`].
+    pub admit_ns: AtomicU64,
+    /// A moving average of a cohort's wall time (ns), for [`FiniteService::submit_one`].
+    pub cohort_ns: AtomicU64,
+    /// Cohorts run in place by the submitting thread (a subset of `cohorts`).
+    pub cohorts_in_place: AtomicU64,
 }
+
+/// A cohort runs in place on the submitting thread only while cohorts average below this (see
+/// [`FiniteService::submit_one`]).
+pub const IN_PLACE_COHORT_NS: u64 = 200_000;
+
+/// Folds a sample into a moving average (weight 1/8).
+fn fold(avg: &AtomicU64, sample: Duration) {
+    let ns = sample.as_nanos().min(u64::MAX as u128) as u64;
+    let a = avg.load(Ordering::Relaxed);
+    avg.store(a - a / 8 + ns / 8, Ordering::Relaxed);
+}
+
+/// The largest `fuel.prepare_request` budget whose admission may run on an async worker (see
+/// [`FiniteService::admits_inline`]); about a millisecond of interpreted code at worst.
+pub const INLINE_ADMISSION_FUEL: u64 = 1_000_000;
+
+/// Admission runs inline while its moving average stays below this.
+pub const INLINE_ADMISSION_NS: u64 = 100_000;
 
 /// A model serving the finite contract.
 pub struct FiniteService {
@@ -82,6 +112,9 @@ pub struct FiniteService {
     pub metrics: Arc<Metrics>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held while a cohort runs, by the scheduler thread or by a submitter running one in place: one cohort of
+    /// a model at a time.
+    exec: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for FiniteService {
@@ -110,36 +143,45 @@ impl FiniteService {
     pub fn start(model: Arc<Model>) -> Arc<FiniteService> {
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
+        // Nothing runs on the caller's thread until this model has shown its admissions and cohorts are quick:
+        // the averages start high and fall below the thresholds after a few dozen fast ones.
+        metrics
+            .admit_ns
+            .store(10 * INLINE_ADMISSION_NS, Ordering::Relaxed);
+        metrics
+            .cohort_ns
+            .store(50 * IN_PLACE_COHORT_NS, Ordering::Relaxed);
         let m = model.clone();
         let met = metrics.clone();
+        let exec = Arc::new(Mutex::new(()));
+        let ex = exec.clone();
         let thread = std::thread::Builder::new()
             .name(format!("sched-{}", model.name))
-            .spawn(move || scheduler(m, met, rx))
+            .spawn(move || scheduler(m, met, rx, ex))
             .expect("spawning a scheduler thread; this is a bug");
         Arc::new(FiniteService {
             model,
             metrics,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            exec,
         })
+    }
+
+    /// Whether a caller on an async worker may run [`submit`](Self::submit) in place instead of handing it to a
+    /// blocking thread: the package's `prepare_request` budget is small ([`INLINE_ADMISSION_FUEL`]) and recent
+    /// admissions were quick ([`INLINE_ADMISSION_NS`], a moving average). The hand-off costs a thread wake-up,
+    /// which is most of a small request's latency; a slow or hostile `prepare_request` still stalls an async
+    /// worker at most for its fuel budget, once, before the average sends its requests to the blocking pool.
+    pub fn admits_inline(&self) -> bool {
+        self.model.doc.fuel.prepare_request <= INLINE_ADMISSION_FUEL
+            && self.metrics.admit_ns.load(Ordering::Relaxed) < INLINE_ADMISSION_NS
     }
 
     /// Runs `prepare_request` here, then queues the request. `reply` is called exactly once, from the scheduler
     /// thread, unless this returns an error (then it is not called).
     pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
-        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
-        let max = self.model.doc.capacities.max_request_bytes;
-        if input.len() > max {
-            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::BadRequest(format!(
-                "the input record is {} bytes; model `{}` accepts at most {max} (capacities.max_request_bytes)",
-                input.len(),
-                self.model.name
-            )));
-        }
-        let prepared = self.model.prepare_request(input).inspect_err(|_| {
-            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
-        })?;
+        let prepared = self.admit(input)?;
         let q = self.metrics.queue.fetch_add(1, Ordering::Relaxed);
         if q >= self.model.doc.capacities.max_queue {
             self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
@@ -172,6 +214,74 @@ impl FiniteService {
         Ok(Ticket { cancelled, units })
     }
 
+    /// Counts the request, checks its size and runs `prepare_request`.
+    fn admit(&self, input: Vec<u8>) -> Result<Prepared> {
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let max = self.model.doc.capacities.max_request_bytes;
+        if input.len() > max {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::BadRequest(format!(
+                "the input record is {} bytes; model `{}` accepts at most {max} (capacities.max_request_bytes)",
+                input.len(),
+                self.model.name
+            )));
+        }
+        let t0 = Instant::now();
+        let prepared = self.model.prepare_request(input);
+        fold(&self.metrics.admit_ns, t0.elapsed());
+        let prepared = prepared.inspect_err(|_| {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        })?;
+        Ok(prepared)
+    }
+
+    /// [`submit`](Self::submit) for a request that arrives alone, from a caller that may block for a short
+    /// while (see [`admits_inline`](Self::admits_inline)). When nothing is waiting, no cohort is running and
+    /// this model's cohorts are quick ([`IN_PLACE_COHORT_NS`]), the request's cohort (itself: nothing else is
+    /// waiting to join it, and the scheduler never waits for arrivals) runs here and `reply` is called before
+    /// this returns: the hand-off to the scheduler thread and back would cost two thread wake-ups, more than
+    /// such a cohort runs for. Otherwise the request is queued as by `submit`. Order is kept: it runs in place
+    /// only when it is the oldest request of the model.
+    pub fn submit_one(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < IN_PLACE_COHORT_NS;
+        if !quick || self.metrics.queue.load(Ordering::Relaxed) != 0 {
+            return self.submit(input, reply);
+        }
+        let Ok(guard) = self.exec.try_lock() else {
+            return self.submit(input, reply);
+        };
+        if self.metrics.queue.load(Ordering::Relaxed) != 0
+            || self.tx.lock().map(|g| g.is_none()).unwrap_or(true)
+        {
+            drop(guard);
+            return self.submit(input, reply);
+        }
+        let prepared = self.admit(input)?;
+        let units = prepared.units;
+        self.metrics.cohorts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.cohort_members.fetch_add(1, Ordering::Relaxed);
+        self.metrics.cohort_max.fetch_max(1, Ordering::Relaxed);
+        self.metrics
+            .cohorts_in_place
+            .fetch_add(1, Ordering::Relaxed);
+        let t1 = Instant::now();
+        let r = self.model.run_cohort(&[&prepared]).map(|mut r| r.remove(0));
+        let took = t1.elapsed();
+        drop(guard);
+        fold(&self.metrics.cohort_ns, took);
+        self.metrics
+            .device_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        if r.is_err() {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        reply(r);
+        Ok(Ticket {
+            cancelled: Arc::new(AtomicBool::new(false)),
+            units,
+        })
+    }
+
     /// Stops accepting requests, finishes every accepted one, and joins the scheduler. Idempotent.
     pub fn drain(&self) {
         let tx = self.tx.lock().ok().and_then(|mut g| g.take());
@@ -184,10 +294,17 @@ impl FiniteService {
         if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
             let _ = t.join();
         }
+        // A cohort running in place (accepted before the drain) finishes too.
+        drop(self.exec.lock());
     }
 }
 
-fn scheduler(model: Arc<Model>, metrics: Arc<Metrics>, rx: mpsc::Receiver<Cmd>) {
+fn scheduler(
+    model: Arc<Model>,
+    metrics: Arc<Metrics>,
+    rx: mpsc::Receiver<Cmd>,
+    exec: Arc<Mutex<()>>,
+) {
     let mut waiting: VecDeque<Pending> = VecDeque::new();
     let mut drain: Option<mpsc::Sender<()>> = None;
     loop {
@@ -242,6 +359,7 @@ fn scheduler(model: Arc<Model>, metrics: Arc<Metrics>, rx: mpsc::Receiver<Cmd>) 
         if n > 1 {
             metrics.cohorts_shared.fetch_add(1, Ordering::Relaxed);
         }
+        let guard = exec.lock().unwrap_or_else(|e| e.into_inner());
         let t0 = Instant::now();
         let members: Vec<&Prepared> = cohort.iter().map(|p| &p.prepared).collect();
         let results = match model.run_cohort(&members) {
@@ -259,9 +377,13 @@ fn scheduler(model: Arc<Model>, metrics: Arc<Metrics>, rx: mpsc::Receiver<Cmd>) 
             }
             Err(e) => vec![Err(e)],
         };
+        let took = t0.elapsed();
+        drop(members);
+        drop(guard);
+        fold(&metrics.cohort_ns, took);
         metrics
             .device_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
         for (p, r) in cohort.into_iter().zip(results) {
             if r.is_err() {
                 metrics.failed.fetch_add(1, Ordering::Relaxed);
