@@ -217,6 +217,41 @@ fn concurrent_requests_share_cohorts_and_each_gets_its_own_rows() {
     assert!(s.metric("loom_specialization_cache_hits_total{model=\"arith-embed\"}") >= 1.0);
 }
 
+/// A lone request runs its cohort of one on the admitting thread once the model has shown quick cohorts; those
+/// results are as right as the scheduler's, and a failing request in place fails only itself.
+#[test]
+fn lone_requests_run_in_place_once_cohorts_are_quick() {
+    let s = TestServer::start("in-place", &[]);
+    let mut rng = Rng(4242);
+    for i in 0..120 {
+        let l = 1 + rng.below(120) as usize;
+        let t = text(&mut rng, l);
+        let v = embed(&s, "arith-embed", json!(t));
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        close(
+            v["data"][0]["embedding"].as_array().unwrap(),
+            &arith(&vals, 64),
+            "in place",
+        );
+        if i % 40 == 39 {
+            // A bad request in between (the package refuses an empty input) fails only itself.
+            let r = s.post_json(
+                "/v1/embeddings",
+                &json!({"model": "arith-embed", "input": ""}),
+            );
+            assert_eq!(r.status, 400, "{}", r.text());
+        }
+    }
+    let in_place = s.metric("loom_cohorts_in_place_total{model=\"arith-embed\"}");
+    let cohorts = s.metric("loom_cohorts_total{model=\"arith-embed\"}");
+    assert!(
+        in_place >= 1.0,
+        "no cohort ran in place ({cohorts} cohorts)"
+    );
+    assert!(in_place <= cohorts);
+    s.healthy();
+}
+
 /// The decision oracle: "<instructions>\n<choice>" bytes truncated to 128, scored per the package's formula,
 /// then a softmax in f64.
 fn decision(instr: &str, choices: &[&str]) -> Vec<f64> {
