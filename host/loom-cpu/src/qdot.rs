@@ -23,7 +23,8 @@
 //!
 //! * AVX-512 VNNI (`avx512f`, `avx512bw`, `avx512vnni`): two blocks per `vpdpbusd` (u8 x i8 -> i32). Signed
 //!   weights use `|w|` as the unsigned operand and `x` negated where `w < 0` as the signed one (`qx` is never
-//!   -128, so the negation is exact); Q4_1's nibbles are already unsigned. Q4_1 rows of at least 16 blocks
+//!   -128, so the negation is exact); Q4_1's nibbles are already unsigned. Q8_0 and Q4_0 fetch the scales of
+//!   16 blocks with one gather and one `vcvtph2ps` (`signed_groups`). Q4_1 rows of at least 16 blocks
 //!   take 16 blocks at a time, one block per 32-bit lane (`dot_q4_1_groups`: the 20-byte blocks are
 //!   deinterleaved with permutes, the activation is regrouped once per call, and the scales and the offset
 //!   term become vector operations); the remaining blocks go two at a time.
@@ -314,8 +315,14 @@ mod x86 {
         // copy of the pair loop is specialised.
         unsafe {
             match dtype {
-                DType::Q8_0 => pairs(DType::Q8_0, w, a, 0, _mm512_setzero_ps()),
-                DType::Q4_0 => pairs(DType::Q4_0, w, a, 0, _mm512_setzero_ps()),
+                DType::Q8_0 => {
+                    let (acc, b) = signed_groups(DType::Q8_0, w, a);
+                    pairs(DType::Q8_0, w, a, b, acc)
+                }
+                DType::Q4_0 => {
+                    let (acc, b) = signed_groups(DType::Q4_0, w, a);
+                    pairs(DType::Q4_0, w, a, b, acc)
+                }
                 _ if a.d.len() >= GROUP => {
                     let (acc, b) = dot_q4_1_groups(w, a);
                     pairs(DType::Q4_1, w, a, b, acc)
@@ -369,6 +376,52 @@ mod x86 {
                 r += super::dot_scalar_from(dtype, w, a, b);
             }
             r
+        }
+    }
+
+    /// Q8_0 / Q4_0 over the row's whole groups of 16 blocks, two blocks per `vpdpbusd` as in [`pairs`], but
+    /// with the 16 blocks' f16 scales fetched by one gather and converted by one `vcvtph2ps`, multiplied by
+    /// the 16 `dx` in one vector op, and each pair's scale vector taken from them by one permute (instead of
+    /// two scalar conversions, multiplications and broadcasts per pair). Returns the lanes and the first
+    /// block not covered.
+    ///
+    /// # Safety
+    /// As [`dot_avx512vnni`]; only called from functions with its target features.
+    #[inline(always)]
+    unsafe fn signed_groups(dtype: DType, w: &[u8], a: &QActs) -> (__m512, usize) {
+        // SAFETY: the callers enable the intrinsics' features; group `gr` covers blocks `16 gr..16 gr + 16`,
+        // inside `w` and `a` (the caller's contract), and each gathered dword (`bs * j .. bs * j + 4` of the
+        // group, `bs >= 18`) lies inside the group's bytes.
+        unsafe {
+            let bs = block_bytes(dtype);
+            let groups = a.d.len() / GROUP;
+            let offs = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(bs as i32),
+            );
+            let lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); 2];
+            for gr in 0..groups {
+                let base = w.as_ptr().add(gr * GROUP * bs);
+                let hdr = _mm512_i32gather_epi32::<1>(offs, base as *const _);
+                let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+                let sc16 = _mm512_mul_ps(d, _mm512_loadu_ps(a.d.as_ptr().add(gr * GROUP)));
+                for p in 0..GROUP / 2 {
+                    let b = gr * GROUP + 2 * p;
+                    let w0 = weights256(dtype, w.as_ptr().add(b * bs));
+                    let w1 = weights256(dtype, w.as_ptr().add((b + 1) * bs));
+                    let xv = _mm512_loadu_si512(a.qs.as_ptr().add(b * QK) as *const _);
+                    let wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                    let neg = _mm512_movepi8_mask(wv);
+                    let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+                    let ip = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx);
+                    let idx = _mm512_add_epi32(lo8, _mm512_set1_epi32(2 * p as i32));
+                    let sc = _mm512_permutexvar_ps(idx, sc16);
+                    acc[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), sc, acc[p & 1]);
+                }
+            }
+            (_mm512_add_ps(acc[0], acc[1]), groups * GROUP)
         }
     }
 
