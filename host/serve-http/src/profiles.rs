@@ -51,6 +51,7 @@ pub(crate) const BUILTIN_PATHS: &[&str] = &[
     "/v1/models/{name}",
     "/v1/models/{name}/deactivate",
     "/v1/models/{name}/activate",
+    "/v1/models/{name}/events",
     "/v1/embeddings",
     "/v1/decisions",
 ];

@@ -88,6 +88,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/upload", post(upload))
         .route("/v1/models/{name}", get(model_detail).delete(unregister))
         .route("/v1/models/{name}/deactivate", post(deactivate))
+        .route("/v1/models/{name}/events", get(model_events))
         .route("/v1/models/{name}/activate", post(activate))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/decisions", post(decisions))
@@ -219,6 +220,59 @@ async fn model_detail(State(st): St, Path(name): Path<String>) -> Result<Respons
         .get(&name)
         .ok_or_else(|| ApiError::from(serve_runtime::Error::UnknownModel(name.clone())))?;
     Ok(axum::Json(model_json(&m)).into_response())
+}
+
+/// How often the event stream looks at a preparation's progress.
+const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `GET /v1/models/{name}/events`: the latest preparation's progress as server-sent events, one `progress`
+/// event per change (stages compiled of total, parameter bytes placed of total, the error), ending after the
+/// event that shows the model out of `preparing` (ready, failed or deactivated). A model that is not preparing
+/// gets one event. A model unregistered meanwhile ends the stream with a `removed` event.
+async fn model_events(State(st): St, Path(name): Path<String>) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    if st.registry.progress(&name).is_none() {
+        return Err(ApiError::from(serve_runtime::Error::UnknownModel(name)));
+    }
+    let reg = st.registry.clone();
+    let events = futures_util::stream::unfold(
+        (reg, name, None::<u64>, false),
+        |(reg, name, last, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let Some((status, p)) = reg.progress(&name) else {
+                    let e = Event::default()
+                        .event("removed")
+                        .data(json!({"model": name}).to_string());
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(e),
+                        (reg, name, last, true),
+                    ));
+                };
+                let end = status != serve_runtime::registry::Status::Preparing;
+                if last != Some(p.version) || end {
+                    let data = json!({
+                        "model": name,
+                        "status": status.name(),
+                        "phase": p.phase.name(),
+                        "stages_compiled": p.stages_compiled,
+                        "stages_total": p.stages_total,
+                        "bytes_placed": p.bytes_placed,
+                        "bytes_total": p.bytes_total,
+                        "error": p.error,
+                    });
+                    let e = Event::default().event("progress").data(data.to_string());
+                    return Some((Ok(e), (reg, name, Some(p.version), end)));
+                }
+                tokio::time::sleep(PROGRESS_POLL).await;
+            }
+        },
+    );
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 fn overrides(body: &Json) -> Result<Overrides, ApiError> {

@@ -1,6 +1,6 @@
 //! `serve-runtime`: everything between HTTP and the devices. Model packages ([`package`]), checkpoint
 //! indexing ([`checkpoint`]), devices through the HAL plugins with per-model memory budgets ([`device`]), the
-//! native modules packages import ([`natives`]), model preparation ([`model`]), the finite contract and its
+//! native modules packages import ([`natives`]), model preparation ([`model`]) and its progress ([`progress`]), the finite contract and its
 //! cohort scheduler ([`finite`]), and the model registry ([`registry`]).
 //!
 //! Nothing here knows HTTP; nothing here knows a model by name.
@@ -13,6 +13,7 @@ pub mod gather;
 pub mod model;
 pub mod natives;
 pub mod package;
+pub mod progress;
 pub mod registry;
 pub mod tokenizer;
 

@@ -14,6 +14,7 @@ use crate::checkpoint::Source;
 use crate::device::{Budget, Device, DeviceBuffer};
 use crate::natives::{self, ConfigValue, Ctx, Decls, Phase, StageDecl};
 use crate::package::{self, ModelDoc, PackageFiles};
+use crate::progress::{Phase as ProgressPhase, Progress};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use loom_compiler::{Catalog, Role};
@@ -88,6 +89,8 @@ pub struct Model {
     pub(crate) timeline: loom_plugin_api::TimelineId,
     pub(crate) timeline_value: Mutex<u64>,
     pub(crate) gather: Arc<crate::gather::GatherQueue>,
+    /// The current preparation's progress (replaced by each activation).
+    pub(crate) progress: Mutex<Arc<Progress>>,
 }
 
 /// The stages (and any new sources) one exact invocation declaration set resolved to.
@@ -262,6 +265,7 @@ pub fn prepare(
     files: &PackageFiles,
     overrides: &Overrides,
     device_for: impl FnOnce(&[String]) -> Result<Arc<Device>>,
+    progress: Arc<Progress>,
 ) -> Result<Model> {
     let start = Instant::now();
     let doc_bytes = files
@@ -426,6 +430,7 @@ pub fn prepare(
     }
 
     // Sources: each opened and indexed once, before any placement.
+    progress.phase(ProgressPhase::Sources);
     let mut sources = Vec::with_capacity(decls.sources.len());
     for (i, shards) in decls.sources.iter().enumerate() {
         let mut paths = Vec::with_capacity(shards.len());
@@ -461,7 +466,9 @@ pub fn prepare(
         timeline,
         timeline_value: Mutex::new(0),
         gather,
+        progress: Mutex::new(progress.clone()),
     };
+    progress.phase(ProgressPhase::Compiling);
     let compile_start = Instant::now();
     let cold_sources = model.sources.clone();
     let stages = model.build_stages(&decls.stages, &decls.params, 0, &cold_sources)?;
@@ -625,16 +632,42 @@ impl Model {
         }
         // Compile on the shared queue (encoded stages are what plugins receive).
         let device = self.device.clone();
-        let encoded: Vec<Vec<u8>> = specialized
+        let encoded: Vec<(String, Vec<u8>)> = specialized
             .iter()
-            .map(|(_, s, _, _)| loom_ir::kernel_codec::encode_stage(s))
+            .map(|(_, s, _, _)| (s.name.clone(), loom_ir::kernel_codec::encode_stage(s)))
             .collect();
+        let progress = self.progress();
+        progress.stages_declared(encoded.len() as u64);
+        let (name, cold) = (self.name.clone(), base == 0);
         let exes = on_compile_queue(move || {
+            let n = encoded.len();
             encoded
                 .iter()
-                .map(|e| device.compile(e))
+                .enumerate()
+                .map(|(i, (stage, e))| {
+                    let t0 = Instant::now();
+                    let exe = device.compile(e)?;
+                    progress.stage_compiled();
+                    let (at, took) = (i + 1, t0.elapsed());
+                    if cold {
+                        log::info!("model {name}: compiled stage {at}/{n} `{stage}` in {took:.1?}");
+                    } else {
+                        log::debug!("model {name}: compiled request-time stage {at}/{n} `{stage}` in {took:.1?}");
+                    }
+                    Ok(exe)
+                })
                 .collect::<Result<Vec<_>>>()
         })?;
+        let progress = self.progress();
+        if progress.snapshot().phase == ProgressPhase::Compiling {
+            progress.phase(ProgressPhase::Placing);
+        }
+        progress.bytes_declared(
+            specialized
+                .iter()
+                .flat_map(|(_, _, _, b)| b.iter().map(|b| b.entry.len))
+                .sum(),
+        );
         let mut out = Vec::with_capacity(specialized.len());
         for ((decl, stage, reflection, bindings), exe) in specialized.into_iter().zip(exes) {
             let mut params = Vec::with_capacity(bindings.len());
@@ -813,7 +846,10 @@ impl Model {
                 b.key.clone()
             },
         );
+        let progress = self.progress();
         if let Some(buf) = domains.get(&k) {
+            // Shared with a stage placed before: nothing more to move.
+            progress.bytes_placed(b.entry.len);
             return Ok(buf.clone());
         }
         let buf = self.device.alloc(b.entry.len, &self.budget)?;
@@ -834,6 +870,7 @@ impl Model {
                 }
             }
             self.device.write(&buf, 0, &dst)?;
+            progress.bytes_placed(b.entry.len);
             domains.insert(k, buf.clone());
             return Ok(buf);
         }
@@ -846,6 +883,7 @@ impl Model {
                 .read(&b.entry, off, &mut tmp[..n])
                 .map_err(Error::Checkpoint)?;
             self.device.write(&buf, off, &tmp[..n])?;
+            progress.bytes_placed(n as u64);
             off += n as u64;
         }
         domains.insert(k, buf.clone());
@@ -876,9 +914,26 @@ impl Model {
         }
     }
 
+    /// The current preparation's progress.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Streams every parameter again from its (already indexed) source; on failure nothing stays resident.
-    pub fn activate_params(&self) -> Result<()> {
+    /// `progress` follows this activation from here on.
+    pub fn activate_params(&self, progress: Arc<Progress>) -> Result<()> {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress.clone();
+        progress.phase(ProgressPhase::Placing);
         let stages = self.all_stages();
+        progress.bytes_declared(
+            stages
+                .iter()
+                .flat_map(|s| s.bindings.iter().map(|b| b.entry.len))
+                .sum(),
+        );
         for s in &stages {
             let mut fresh = Vec::with_capacity(s.bindings.len());
             for b in &s.bindings {

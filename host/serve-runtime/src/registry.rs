@@ -15,6 +15,7 @@ use crate::device::Devices;
 use crate::finite::FiniteService;
 use crate::model::{self, Overrides};
 use crate::package::{PackageFiles, check_model_name};
+use crate::progress::{Phase as ProgressPhase, Progress, Snapshot};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,8 @@ struct Slot {
     parked: Option<Arc<crate::model::Model>>,
     error: Option<String>,
     source: String,
+    /// The latest preparation's (registration's or activation's) progress.
+    progress: Arc<Progress>,
 }
 
 /// What the model list shows.
@@ -91,6 +94,7 @@ impl Registry {
         overrides: Overrides,
     ) -> Result<ModelInfo> {
         check_model_name(name).map_err(Error::BadRequest)?;
+        let progress = Arc::new(Progress::new());
         {
             let mut slots = self.lock();
             match slots.get_mut(name) {
@@ -108,6 +112,7 @@ impl Registry {
                 Some(s) => {
                     s.status = Status::Preparing;
                     s.source = files.describe();
+                    s.progress = progress.clone();
                 }
                 None => {
                     slots.insert(
@@ -118,6 +123,7 @@ impl Registry {
                             parked: None,
                             error: None,
                             source: files.describe(),
+                            progress: progress.clone(),
                         },
                     );
                 }
@@ -125,7 +131,13 @@ impl Registry {
         }
         log::info!("model {name}: preparing from {}", files.describe());
         let devices = self.devices.clone();
-        let r = model::prepare(name, &files, &overrides, |prefs| devices.select(prefs));
+        let r = model::prepare(
+            name,
+            &files,
+            &overrides,
+            |prefs| devices.select(prefs),
+            progress.clone(),
+        );
         let mut slots = self.lock();
         let Some(slot) = slots.get_mut(name) else {
             // Unregistered while preparing: the new model is dropped.
@@ -141,6 +153,7 @@ impl Registry {
                     m.report.compile_time,
                     m.report.total_time
                 );
+                progress.phase(ProgressPhase::Ready);
                 let svc = FiniteService::start(Arc::new(m));
                 let old = slot.service.replace(svc);
                 slot.status = Status::Ready;
@@ -154,6 +167,7 @@ impl Registry {
             }
             Err(e) => {
                 log::warn!("model {name}: preparation failed: {e}");
+                progress.failed(e.to_string());
                 slot.error = Some(e.to_string());
                 slot.status = if slot.service.is_some() {
                     Status::Ready
@@ -212,6 +226,7 @@ impl Registry {
 
     /// Streams a deactivated model's parameters again and serves it.
     pub fn activate(&self, name: &str) -> Result<ModelInfo> {
+        let progress = Arc::new(Progress::new());
         let model = {
             let mut slots = self.lock();
             let slot = slots
@@ -224,11 +239,12 @@ impl Registry {
                 )));
             }
             slot.status = Status::Preparing;
+            slot.progress = progress.clone();
             slot.parked.take()
         };
         let model =
             model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
-        let r = model.activate_params();
+        let r = model.activate_params(progress.clone());
         let mut slots = self.lock();
         let slot = slots
             .get_mut(name)
@@ -239,11 +255,13 @@ impl Registry {
                     "model {name}: activated ({} device bytes)",
                     model.device_bytes()
                 );
+                progress.phase(ProgressPhase::Ready);
                 slot.service = Some(FiniteService::start(model));
                 slot.status = Status::Ready;
                 Ok(info(name, slot))
             }
             Err(e) => {
+                progress.failed(e.to_string());
                 slot.parked = Some(model);
                 slot.status = Status::Deactivated;
                 slot.error = Some(e.to_string());
@@ -266,6 +284,13 @@ impl Registry {
 
     pub fn list(&self) -> Vec<ModelInfo> {
         self.lock().iter().map(|(n, s)| info(n, s)).collect()
+    }
+
+    /// `name`'s status and its latest preparation's progress.
+    pub fn progress(&self, name: &str) -> Option<(Status, Snapshot)> {
+        self.lock()
+            .get(name)
+            .map(|s| (s.status, s.progress.snapshot()))
     }
 
     pub fn get(&self, name: &str) -> Option<ModelInfo> {

@@ -384,3 +384,108 @@ fn layout_transpose_places_a_transposed_checkpoint_tensor() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("stored transposed"), "{}", r.text());
 }
+
+/// The `progress` events of `GET /v1/models/{name}/events`, parsed.
+fn progress_events(s: &TestServer, name: &str) -> Vec<serde_json::Value> {
+    let r = s.request("GET", &format!("/v1/models/{name}/events"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{:?}",
+        r.header("content-type")
+    );
+    let text = r.text();
+    text.split("\n\n")
+        .filter(|e| e.lines().any(|l| l == "event: progress"))
+        .map(|e| {
+            let data = e
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or_else(|| panic!("an event without data: {e:?}"));
+            serde_json::from_str(data).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn preparation_progress_streams_as_server_sent_events() {
+    let s = TestServer::start("progress", &[]);
+    // Registered while the stream is open: events follow the preparation to its end.
+    let base = s.dir.join("arith-embed-weighted").display().to_string();
+    let reg = {
+        let (addr, base) = (s.addr.clone(), base.clone());
+        std::thread::spawn(move || {
+            let body = json!({"name": "w2", "base": base}).to_string();
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            use std::io::{Read, Write};
+            write!(
+                c,
+                "POST /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        })
+    };
+    // Until the slot exists the route answers 404; then it streams to the end of the preparation.
+    let t0 = std::time::Instant::now();
+    let events = loop {
+        let r = s.request("GET", "/v1/models/w2", b"");
+        if r.status == 200 {
+            break progress_events(&s, "w2");
+        }
+        assert!(t0.elapsed().as_secs() < 60, "w2 never appeared");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    assert!(reg.join().unwrap().starts_with("HTTP/1.1 201"));
+    let last = events.last().expect("at least one event");
+    assert_eq!(last["status"], "ready", "{events:?}");
+    assert_eq!(last["phase"], "ready");
+    assert!(last["stages_total"].as_u64().unwrap() >= 1);
+    assert_eq!(last["stages_compiled"], last["stages_total"]);
+    // The weighted package places its checkpoint head: 64 x 32 f32 weights and 32 biases.
+    assert!(
+        last["bytes_total"].as_u64().unwrap() >= 64 * 32 * 4,
+        "{last}"
+    );
+    assert_eq!(last["bytes_placed"], last["bytes_total"]);
+    assert!(last["error"].is_null());
+    // Counts never go backwards along the stream.
+    for w in events.windows(2) {
+        for k in ["stages_compiled", "bytes_placed"] {
+            assert!(w[0][k].as_u64() <= w[1][k].as_u64(), "{k}: {events:?}");
+        }
+    }
+
+    // A model that is not preparing gets one event; a failed preparation says why; unknown models are 404.
+    let ready = progress_events(&s, "arith-embed");
+    assert_eq!(ready.len(), 1, "{ready:?}");
+    assert_eq!(ready[0]["status"], "ready");
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "broken", "base": base, "options": {"checkpoint": "missing.safetensors"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let failed = progress_events(&s, "broken");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["status"], "failed");
+    assert_eq!(failed[0]["phase"], "failed");
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing.safetensors"),
+        "{failed:?}"
+    );
+    assert_eq!(s.request("GET", "/v1/models/nope/events", b"").status, 404);
+    // The log names each compiled stage.
+    assert!(
+        s.log().contains("model w2: compiled stage 1/"),
+        "{}",
+        s.log()
+    );
+    s.healthy();
+}
