@@ -1,7 +1,7 @@
 //! The stable-ABI interfaces every loom plugin implements: the root module [`LoomPlugin`], the HAL
 //! ([`HalDriver`], [`HalDevice`]) and, since ABI 1.1, the codecs ([`Codec`], [`AudioCodec`] with its
-//! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]) and, since ABI 1.2, HTTP profiles
-//! ([`Profile`]).
+//! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]), since ABI 1.2, HTTP profiles
+//! ([`Profile`]) and, since ABI 1.3, queued file reads of HAL devices ([`HalFiles`]).
 //!
 //! A plugin is a `cdylib` that exports one [`LoomPlugin`] with `#[export_root_module]`; the host
 //! (`loom-plugins`) scans a directory, checks each library's header and layout with abi_stable, checks the ABI
@@ -60,6 +60,19 @@
 //! message; the server answers them with the OpenAI error shape. See the `profile` module doc for details.
 //! Plugins that are not profiles put [`no_profile`] in the field.
 //!
+//! # Queued file reads (ABI 1.3)
+//!
+//! [`LoomPlugin::hal_files`] opens a HAL device together with its [`HalFiles`]: the host hands the device an
+//! open file ([`HalFiles::file_open`], buffered or direct I/O) and queues reads of file byte ranges straight
+//! into device buffers ([`HalFiles::submit_reads`]: plain [`FileRead`] records, at most [`MAX_FILE_READS`] per
+//! submission, ordered by wait and signal points like a [`Submission`]; a short read, a destination outside
+//! the buffer or a misaligned direct read fails the signal point with a message naming the file offset and
+//! length). `parameters.gather` uses it when the device has it. It is a separate object, not methods appended
+//! to [`HalDevice`], because abi_stable's layout check refuses a plugin whose device vtable is shorter than
+//! the host's, which would reject every HAL plugin built before 1.3; see the `files` module doc. Plugins
+//! without it put [`no_hal_files`] in the field; plugins built before 1.3 have no field, and the host then
+//! reads checkpoint ranges itself and writes them to the device (direct I/O is then refused).
+//!
 //! # No unwinding across the boundary
 //!
 //! A panic must never unwind out of a plugin: every exported function body runs under
@@ -89,19 +102,25 @@
 //! * abi_stable's layout check, however, refuses a library whose root module has *fewer* fields than the
 //!   host's type ("too many fields", measured with the ABI 1.0 test plugins against 1.1), so the previous root
 //!   module shape is kept, frozen, as a module ([`abi_1_0`]) and the loader checks a library against the
-//!   current shape first and then against the older ones, newest first ([`abi_1_1`], then [`abi_1_0`]).
-//!   That is why plugins built against ABI 1.0 and 1.1 still load under 1.2 (the fields appended after
-//!   their version read as absent; `tests/plugins/abi-1-0` and `tests/plugins/abi-1-1` are such plugins,
-//!   built in tree). Appended trait methods of a vtable that a plugin creates itself need the same care
-//!   before they are relied on for old plugins;
+//!   current shape first and then against the older ones, newest first ([`abi_1_2`], [`abi_1_1`], then
+//!   [`abi_1_0`]). That is why plugins built against ABI 1.0, 1.1 and 1.2 still load under 1.3 (the fields
+//!   appended after their version read as absent; `tests/plugins/abi-1-0` and `tests/plugins/abi-1-1` are
+//!   such plugins, built in tree);
+//! * the same check applies to every prefix type *nested* in the root module, the vtables of the
+//!   `#[sabi_trait]`s included: a method appended to [`HalDevice`] (after its `last_prefix_field`) would make
+//!   the host refuse every HAL plugin built before, whose vtable is shorter, and the root shapes frozen here
+//!   name the current trait types, so they cannot help. A trait therefore never grows either: new methods go
+//!   on a new trait handed out by a new, appended root field (1.3's [`HalFiles`] through
+//!   [`LoomPlugin::hal_files`]);
 //! * appending a root field is ABI-compatible but not source-compatible: a plugin that writes the root
 //!   module as a struct literal must name the new field when it is rebuilt (HAL plugins write
 //!   `codec: loom_plugin_api::no_codec, profile: loom_plugin_api::no_profile`);
 //! * plain data types (structs, enums) never change: a new shape is a new type used by a new, appended method;
 //! * anything else is a new [`ABI_MAJOR`]: old plugins are then rejected with "ABI version mismatch".
 //!
-//! Versions: 1.0 (root module, HAL); 1.1 appended [`LoomPlugin::codec`] and the codec interfaces; 1.2 (this
-//! version) appended [`LoomPlugin::profile`] and the profile interface. The host accepts a plugin with the
+//! Versions: 1.0 (root module, HAL); 1.1 appended [`LoomPlugin::codec`] and the codec interfaces; 1.2 appended
+//! [`LoomPlugin::profile`] and the profile interface; 1.3 (this version) appended [`LoomPlugin::hal_files`]
+//! and the file-read interface. The host accepts a plugin with the
 //! same major and an older or equal minor. abi_stable's own library
 //! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
 
@@ -117,6 +136,9 @@ pub use codec::*;
 mod profile;
 pub use profile::*;
 
+mod files;
+pub use files::*;
+
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RBox, RBoxError, RResult, RSlice, RStr, RString, RVec};
@@ -127,7 +149,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// Incompatible interface changes increment this; plugins of another major are rejected.
 pub const ABI_MAJOR: u16 = 1;
 /// Appended fields or methods increment this; plugins with a minor up to this one are accepted.
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 3;
 
 /// The library version abi_stable checks: `ABI_MAJOR.0.0` (a test keeps the two in step).
 pub const ABI_VERSION_STRING: &str = "1.0.0";
@@ -244,6 +266,10 @@ pub struct LoomPlugin {
     /// [`no_profile`] is the one to use there). Read as an `Option`, `None` for plugins built against ABI
     /// 1.0 or 1.1.
     pub profile: extern "C" fn() -> RResult<ProfileBox, RBoxError>,
+    /// ABI 1.3: opens HAL device `index` (as [`HalDriver::open`] does) together with its queued file reads
+    /// ([`HalFiles`]); [`no_hal_files`] for plugins without them. Read as an `Option`, `None` for plugins
+    /// built against ABI 1.0 to 1.2.
+    pub hal_files: extern "C" fn(index: u32) -> RResult<HalDeviceWithFiles, RBoxError>,
 }
 
 impl fmt::Debug for LoomPlugin {
@@ -262,6 +288,52 @@ impl RootModule for LoomPlugin_Ref {
     const BASE_NAME: &'static str = "loom_plugin";
     const NAME: &'static str = "loom_plugin";
     const VERSION_STRINGS: VersionStrings = VersionStrings::new(ABI_VERSION_STRING);
+}
+
+/// The root module exactly as ABI 1.2 declared it, kept so that the host can still load plugins built then
+/// (see [`abi_1_0`] for why each earlier shape is kept). Never changes.
+pub mod abi_1_2 {
+    use super::{CodecBox, HalDriverBox, PluginKind, Probe, ProfileBox, RBoxError, RResult, RStr};
+    use super::{RootModule, StableAbi, VersionStrings, declare_root_module_statics};
+
+    /// The ABI 1.2 root module: [`super::LoomPlugin`] without `hal_files`.
+    #[repr(C)]
+    #[derive(StableAbi)]
+    #[sabi(kind(Prefix(prefix_ref = LoomPlugin_Ref)))]
+    pub struct LoomPlugin {
+        /// The plugin's ABI major at build time.
+        pub abi_major: u16,
+        /// The plugin's ABI minor at build time.
+        pub abi_minor: u16,
+        /// A short stable id with a version.
+        pub id: RStr<'static>,
+        /// What the plugin provides.
+        pub kind: PluginKind,
+        /// Whether the plugin can run here.
+        pub probe: extern "C" fn() -> Probe,
+        /// The HAL driver factory.
+        #[sabi(last_prefix_field)]
+        pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+        /// The codec factory.
+        pub codec: extern "C" fn() -> RResult<CodecBox, RBoxError>,
+        /// The HTTP profile factory.
+        pub profile: extern "C" fn() -> RResult<ProfileBox, RBoxError>,
+    }
+
+    impl std::fmt::Debug for LoomPlugin {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("abi_1_2::LoomPlugin")
+                .field("id", &self.id)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl RootModule for LoomPlugin_Ref {
+        declare_root_module_statics! {LoomPlugin_Ref}
+        const BASE_NAME: &'static str = "loom_plugin";
+        const NAME: &'static str = "loom_plugin";
+        const VERSION_STRINGS: VersionStrings = VersionStrings::new(super::ABI_VERSION_STRING);
+    }
 }
 
 /// The root module exactly as ABI 1.1 declared it, kept so that the host can still load plugins built then
@@ -315,7 +387,8 @@ pub mod abi_1_1 {
 /// its accessors would read the missing ones as `None`. So the host checks a library against the current
 /// [`LoomPlugin`] first and, when that fails, against each earlier shape kept here; a match is read through
 /// that shape and every field appended since is absent. This type never changes; each minor that appends a
-/// root-module field adds the previous shape as a module like this one ([`abi_1_1`] for 1.2).
+/// root-module field adds the previous shape as a module like this one ([`abi_1_1`] for 1.2, [`abi_1_2`] for
+/// 1.3).
 pub mod abi_1_0 {
     use super::{HalDriverBox, PluginKind, Probe, RBoxError, RResult, RStr, RootModule, StableAbi};
     use super::{VersionStrings, declare_root_module_statics};
@@ -606,15 +679,17 @@ mod tests {
         use abi_stable::prefix_type::PrefixTypeTrait;
         let v1_0 = <abi_1_0::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
         let v1_1 = <abi_1_1::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
-        let v1_2 = <LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_2 = <abi_1_2::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_3 = <LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
         assert_eq!(
             v1_0,
             ["abi_major", "abi_minor", "id", "kind", "probe", "hal"]
         );
         assert_eq!(v1_1, [&v1_0[..], &["codec"]].concat());
         assert_eq!(v1_2, [&v1_1[..], &["profile"]].concat());
+        assert_eq!(v1_3, [&v1_2[..], &["hal_files"]].concat());
         assert_eq!(
-            ABI_MINOR, 2,
+            ABI_MINOR, 3,
             "a new minor appends a root field and freezes this shape"
         );
     }
@@ -626,11 +701,14 @@ mod tests {
     fn frozen_root_shapes_are_prefixes_of_the_current_one() {
         use abi_stable::abi_stability::abi_checking::check_layout_compatibility;
         let cur = <LoomPlugin_Ref as StableAbi>::LAYOUT;
+        let v1_2 = <abi_1_2::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_1 = <abi_1_1::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_0 = <abi_1_0::LoomPlugin_Ref as StableAbi>::LAYOUT;
-        check_layout_compatibility(v1_1, cur).expect("1.1 interface, 1.2 library");
+        check_layout_compatibility(v1_2, cur).expect("1.2 interface, 1.3 library");
+        check_layout_compatibility(v1_1, v1_2).expect("1.1 interface, 1.2 library");
         check_layout_compatibility(v1_0, v1_1).expect("1.0 interface, 1.1 library");
-        check_layout_compatibility(v1_0, cur).expect("1.0 interface, 1.2 library");
+        check_layout_compatibility(v1_0, cur).expect("1.0 interface, 1.3 library");
+        assert!(check_layout_compatibility(cur, v1_2).is_err());
         assert!(check_layout_compatibility(cur, v1_1).is_err());
         assert!(check_layout_compatibility(cur, v1_0).is_err());
     }
@@ -652,6 +730,60 @@ mod tests {
         assert_eq!(std::mem::size_of::<HttpMethod>(), 4);
         assert_eq!(std::mem::size_of::<ErrorClass>(), 2);
         assert_eq!(std::mem::size_of::<ParseContext>(), 8);
+    }
+
+    /// Why 1.3's file reads are a new trait behind a new root field and not methods appended to `HalDevice`:
+    /// abi_stable refuses a library whose trait vtable has fewer methods than the host's, even after the
+    /// `last_prefix_field` marker (the same rule as for root modules).
+    #[allow(unreachable_pub)]
+    mod vtable_v1 {
+        use abi_stable::sabi_trait;
+        #[sabi_trait]
+        pub trait Dev: Send + Sync {
+            fn a(&self) -> u32;
+            #[sabi(last_prefix_field)]
+            fn b(&self) -> u32;
+        }
+    }
+    #[allow(unreachable_pub)]
+    mod vtable_v2 {
+        use abi_stable::sabi_trait;
+        #[sabi_trait]
+        pub trait Dev: Send + Sync {
+            fn a(&self) -> u32;
+            #[sabi(last_prefix_field)]
+            fn b(&self) -> u32;
+            fn c(&self) -> u32;
+        }
+    }
+
+    #[test]
+    fn a_longer_trait_vtable_refuses_an_older_plugin() {
+        use abi_stable::abi_stability::abi_checking::check_layout_compatibility;
+        type Old = vtable_v1::Dev_TO<'static, RBox<()>>;
+        type New = vtable_v2::Dev_TO<'static, RBox<()>>;
+        check_layout_compatibility(<Old as StableAbi>::LAYOUT, <New as StableAbi>::LAYOUT)
+            .expect("an old host takes a newer plugin");
+        assert!(
+            check_layout_compatibility(<New as StableAbi>::LAYOUT, <Old as StableAbi>::LAYOUT)
+                .is_err(),
+            "a new host refuses an older plugin's shorter vtable"
+        );
+    }
+
+    /// The file-read interface's plain data, field by field (frozen like the profile types).
+    #[test]
+    fn file_read_types_are_frozen() {
+        assert_eq!(
+            fields::<FileRead>(),
+            ["file", "file_offset", "len", "dst", "dst_offset"]
+        );
+        assert_eq!(fields::<FileReadSubmission>(), ["reads", "wait", "signal"]);
+        assert_eq!(fields::<FileInfo>(), ["file", "len", "direct_alignment"]);
+        assert_eq!(fields::<HalDeviceWithFiles>(), ["device", "files"]);
+        assert_eq!(std::mem::size_of::<FileRead>(), 40);
+        assert_eq!(std::mem::size_of::<FileOpenFlags>(), 4);
+        assert!(FileOpenFlags::DIRECT.direct() && !FileOpenFlags::BUFFERED.direct());
     }
 
     #[test]

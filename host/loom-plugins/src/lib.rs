@@ -17,9 +17,9 @@
 //! 4. The kind: [`PluginKind::HAL`] (its `hal` factory is always present), [`PluginKind::CODEC`], which
 //!    needs the `codec` factory appended in ABI 1.1 (a codec plugin built against 1.0 cannot have one and is
 //!    rejected as "unsupported plugin"), or [`PluginKind::PROFILE`], which needs the `profile` factory
-//!    appended in ABI 1.2; any other kind is rejected the same way. Older plugins (1.0, 1.1) still load:
+//!    appended in ABI 1.2; any other kind is rejected the same way. Older plugins (1.0 to 1.2) still load:
 //!    the root fields appended after their version read as absent, and [`LoadedPlugin::codec`] /
-//!    [`LoadedPlugin::profile`] say so. (Whether a profile's routes can be mounted is the HTTP server's
+//!    [`LoadedPlugin::profile`] say so ([`LoadedPlugin::hal_files`], appended in 1.3, likewise). (Whether a profile's routes can be mounted is the HTTP server's
 //!    check, not the loader's.)
 //! 5. The plugin's `probe`: "device absent" is a clean rejection ("probe failed: device absent"), as are a
 //!    failed probe and a panic the plugin caught while probing. A codec plugin answers `Available` with 1
@@ -36,17 +36,20 @@ use std::path::{Path, PathBuf};
 use abi_stable::library::{LibraryError, lib_header_from_path};
 use abi_stable::std_types::{RBoxError, RResult};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, CodecBox, HalDriverBox, LoomPlugin_Ref, PluginKind, Probe, ProbeStatus,
-    ProfileBox, abi_1_0, abi_1_1, panic_message,
+    ABI_MAJOR, ABI_MINOR, CodecBox, HalDeviceWithFiles, HalDriverBox, LoomPlugin_Ref, PluginKind,
+    Probe, ProbeStatus, ProfileBox, abi_1_0, abi_1_1, abi_1_2, panic_message,
 };
 
 type Factory<T> = extern "C" fn() -> RResult<T, RBoxError>;
+type HalFilesOpen = extern "C" fn(u32) -> RResult<HalDeviceWithFiles, RBoxError>;
 
 /// A checked root module, in the shape it was checked against (see `loom_plugin_api::abi_1_0`).
 #[derive(Clone, Copy)]
 enum Root {
     /// The current shape.
     Current(LoomPlugin_Ref),
+    /// ABI 1.2: no `hal_files` field.
+    V1_2(abi_1_2::LoomPlugin_Ref),
     /// ABI 1.1: no `profile` field.
     V1_1(abi_1_1::LoomPlugin_Ref),
     /// ABI 1.0: no `codec` field.
@@ -57,6 +60,7 @@ impl Root {
     fn abi(self) -> (u16, u16) {
         match self {
             Root::Current(m) => (m.abi_major(), m.abi_minor()),
+            Root::V1_2(m) => (m.abi_major(), m.abi_minor()),
             Root::V1_1(m) => (m.abi_major(), m.abi_minor()),
             Root::V1_0(m) => (m.abi_major(), m.abi_minor()),
         }
@@ -64,6 +68,7 @@ impl Root {
     fn id(self) -> String {
         match self {
             Root::Current(m) => m.id().as_str().to_string(),
+            Root::V1_2(m) => m.id().as_str().to_string(),
             Root::V1_1(m) => m.id().as_str().to_string(),
             Root::V1_0(m) => m.id().as_str().to_string(),
         }
@@ -71,6 +76,7 @@ impl Root {
     fn kind(self) -> PluginKind {
         match self {
             Root::Current(m) => m.kind(),
+            Root::V1_2(m) => m.kind(),
             Root::V1_1(m) => m.kind(),
             Root::V1_0(m) => m.kind(),
         }
@@ -78,6 +84,7 @@ impl Root {
     fn probe(self) -> extern "C" fn() -> Probe {
         match self {
             Root::Current(m) => m.probe(),
+            Root::V1_2(m) => m.probe(),
             Root::V1_1(m) => m.probe(),
             Root::V1_0(m) => m.probe(),
         }
@@ -85,6 +92,7 @@ impl Root {
     fn hal(self) -> Factory<HalDriverBox> {
         match self {
             Root::Current(m) => m.hal(),
+            Root::V1_2(m) => m.hal(),
             Root::V1_1(m) => m.hal(),
             Root::V1_0(m) => m.hal(),
         }
@@ -92,6 +100,7 @@ impl Root {
     fn codec(self) -> Option<Factory<CodecBox>> {
         match self {
             Root::Current(m) => m.codec(),
+            Root::V1_2(m) => m.codec(),
             Root::V1_1(m) => m.codec(),
             Root::V1_0(_) => None,
         }
@@ -99,7 +108,14 @@ impl Root {
     fn profile(self) -> Option<Factory<ProfileBox>> {
         match self {
             Root::Current(m) => m.profile(),
+            Root::V1_2(m) => m.profile(),
             Root::V1_1(_) | Root::V1_0(_) => None,
+        }
+    }
+    fn hal_files(self) -> Option<HalFilesOpen> {
+        match self {
+            Root::Current(m) => m.hal_files(),
+            Root::V1_2(_) | Root::V1_1(_) | Root::V1_0(_) => None,
         }
     }
 }
@@ -280,6 +296,23 @@ impl LoadedPlugin {
     pub fn has_profile_factory(&self) -> bool {
         self.module.profile().is_some()
     }
+
+    /// Opens HAL device `index` with its queued file reads (`LoomPlugin::hal_files`, ABI 1.3): `None` when
+    /// the plugin was built before 1.3 (open it with [`LoadedPlugin::hal`] then), otherwise the plugin's
+    /// answer (an error from a 1.3 plugin without file reads: `no_hal_files`).
+    pub fn hal_files(&self, index: u32) -> Option<Result<HalDeviceWithFiles, PluginError>> {
+        if self.kind != PluginKind::HAL {
+            return Some(Err(PluginError::NotAHal {
+                id: self.id.clone(),
+                kind: self.kind,
+            }));
+        }
+        let open = self.module.hal_files()?;
+        Some(open(index).into_result().map_err(|e| PluginError::Plugin {
+            id: self.id.clone(),
+            message: e.to_string(),
+        }))
+    }
 }
 
 /// What a scan found.
@@ -409,11 +442,14 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
     // root-module fields than the host's type, so older plugins are checked against their own shape).
     let module = match header.check_layout::<LoomPlugin_Ref>() {
         Ok(m) => Ok(Root::Current(m)),
-        Err(e) => match header.check_layout::<abi_1_1::LoomPlugin_Ref>() {
-            Ok(m) => Ok(Root::V1_1(m)),
-            Err(_) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
-                Ok(m) => Ok(Root::V1_0(m)),
-                Err(_) => Err(e),
+        Err(e) => match header.check_layout::<abi_1_2::LoomPlugin_Ref>() {
+            Ok(m) => Ok(Root::V1_2(m)),
+            Err(_) => match header.check_layout::<abi_1_1::LoomPlugin_Ref>() {
+                Ok(m) => Ok(Root::V1_1(m)),
+                Err(_) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
+                    Ok(m) => Ok(Root::V1_0(m)),
+                    Err(_) => Err(e),
+                },
             },
         },
     };

@@ -11,10 +11,24 @@
 //!   submission that uses it is queued stays alive until that submission retires.
 //! * Every exported function runs under `catch_unwind` (`loom_plugin_api::guard`); a panic on the queue thread
 //!   fails the submission's signal point.
+//! * Queued file reads (ABI 1.3, `loom_plugin_api::HalFiles`, from the root's `hal_files` or [`open_with_files`]):
+//!   `file_open` reopens the host's descriptor through `/proc/self/fd/<fd>` (with `O_DIRECT` for a direct file:
+//!   a file system that refuses it, such as tmpfs, is an error), and a read submission runs on the same queue
+//!   as other work, in acceptance order, each read a positional `read_exact_at` straight into the destination
+//!   buffer's bytes. A direct read needs its file offset, length and destination offset to be multiples of
+//!   4096 ([`DIRECT_ALIGNMENT`]: not asked of the file system, which needs a `statx`/`ioctl` call and `unsafe`;
+//!   4096 is a multiple of every common logical block size), else it fails its point with
+//!   `direct I/O needs 4096-byte aligned ranges: offset X length Y`, never falling back to a buffered read. The
+//!   buffers are plain `Vec<u8>`s, whose start is only as aligned as the allocator makes it, so a direct read
+//!   whose destination *address* is not 4096-aligned goes through an aligned bounce slice of at most 1 MiB
+//!   (carved out of a slightly larger `Vec<u8>`, no `unsafe`) and is copied from there; an aligned one lands
+//!   in place.
 //!
 //! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
@@ -23,15 +37,17 @@ use std::time::{Duration, Instant};
 use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::ROption;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
 use loom_cpu::CpuStage;
 use loom_ir::kernel::ExecError;
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, HalDevice,
-    HalDevice_TO, HalDeviceBox, HalDriver, HalDriver_TO, HalDriverBox, LoomPlugin, LoomPlugin_Ref,
-    PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
-    panic_message,
+    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, FileId,
+    FileInfo, FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox,
+    HalDeviceWithFiles, HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin,
+    LoomPlugin_Ref, MAX_FILE_READS, PluginKind, Probe, Submission, TimelineId, TimelinePoint,
+    WaitStatus, guard, guard_probe, panic_message,
 };
 
 /// This plugin's id.
@@ -39,6 +55,12 @@ pub const PLUGIN_ID: &str = "cpu-0001";
 
 /// Largest buffer `alloc` accepts.
 pub const MAX_BUFFER_BYTES: u64 = 1 << 40;
+
+/// What a direct read's file offset, length and destination offset must be multiples of.
+pub const DIRECT_ALIGNMENT: u64 = loom_plugin_api::DEFAULT_DIRECT_ALIGNMENT;
+
+/// Largest bounce slice of a direct read into a destination whose address is not aligned.
+const BOUNCE_BYTES: usize = 1 << 20;
 
 /// The exported root module.
 #[export_root_module]
@@ -52,6 +74,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         hal,
         codec: loom_plugin_api::no_codec,
         profile: loom_plugin_api::no_profile,
+        hal_files,
     }
     .leak_into_prefix()
 }
@@ -62,6 +85,22 @@ extern "C" fn probe() -> Probe {
 
 extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
     guard("hal-cpu driver", || Ok::<_, String>(driver()))
+}
+
+extern "C" fn hal_files(index: u32) -> RResult<HalDeviceWithFiles, RBoxError> {
+    guard("hal-cpu open with files", || open_with_files(index))
+}
+
+/// Opens cpu device `index` with its queued file reads (also what the plugin's `hal_files` returns).
+pub fn open_with_files(index: u32) -> Result<HalDeviceWithFiles, String> {
+    if index != 0 {
+        return Err(format!("no cpu device {index} (there is 1)"));
+    }
+    let dev = CpuDevice::new();
+    Ok(HalDeviceWithFiles {
+        device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
+        files: ROption::RSome(HalFiles_TO::from_value(dev, TD_Opaque)),
+    })
 }
 
 /// The CPU driver (also what the plugin's `hal` returns).
@@ -127,9 +166,18 @@ struct Timeline {
     failure: Option<String>,
 }
 
+/// A file opened by `file_open`.
+#[derive(Debug)]
+struct OpenFile {
+    file: File,
+    path: String,
+    direct: bool,
+}
+
 #[derive(Debug, Default)]
 struct State {
     buffers: HashMap<u64, Buf>,
+    files: HashMap<u64, Arc<OpenFile>>,
     exes: HashMap<u64, Arc<Exe>>,
     timelines: HashMap<u64, Timeline>,
     next_id: u64,
@@ -237,6 +285,13 @@ enum Cmd {
         len: u64,
         byte: u8,
     },
+    FileRead {
+        file: Arc<OpenFile>,
+        file_offset: u64,
+        len: u64,
+        dst: Buf,
+        dst_offset: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -246,15 +301,34 @@ struct Job {
     signal: TimelinePoint,
 }
 
+/// The device state and its queue; closed when the last [`CpuDevice`] handle (the device's and its file
+/// reads') drops.
 #[derive(Debug)]
-struct CpuDevice {
+struct Core {
     inner: Arc<Inner>,
     queue: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// A handle to one device: `HalDevice` and `HalFiles` are both implemented on it.
+#[derive(Debug, Clone)]
+struct CpuDevice(Arc<Core>);
+
+impl std::ops::Deref for CpuDevice {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.0
+    }
+}
+
 impl CpuDevice {
     fn new() -> CpuDevice {
+        CpuDevice(Arc::new(Core::new()))
+    }
+}
+
+impl Core {
+    fn new() -> Core {
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -266,7 +340,7 @@ impl CpuDevice {
             .name("hal-cpu-queue".into())
             .spawn(move || queue_thread(&q, &rx))
             .ok();
-        CpuDevice {
+        Core {
             inner,
             queue: Mutex::new(worker.as_ref().map(|_| tx)),
             worker: Mutex::new(worker),
@@ -276,9 +350,57 @@ impl CpuDevice {
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.inner.state)
     }
+
+    /// Queues a resolved job (or runs it here: see `submit`). `st` has checked its timelines.
+    fn accept(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        commands: Vec<Cmd>,
+        wait: &[TimelinePoint],
+        signal: TimelinePoint,
+    ) -> Result<(), String> {
+        if st.closed {
+            return Err("submit: the device is closed".to_string());
+        }
+        // An idle queue whose waits are already satisfied runs the job here, on the submitting thread: the
+        // CPU has no other processor to hand it to, and the hand-off to the queue thread and back cost two
+        // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions queue behind it
+        // (`in_flight`) and the queue thread takes `exec` only after this job releases it, so jobs still run
+        // one at a time in acceptance order; the caller sees the same points and failures either way.
+        let ready = st.in_flight == 0
+            && wait.iter().all(|p| {
+                st.timelines
+                    .get(&p.timeline.0)
+                    .is_some_and(|t| t.value >= p.value || t.failure.is_some())
+            });
+        st.in_flight += 1;
+        drop(st);
+        let job = Job {
+            commands,
+            wait: wait.to_vec(),
+            signal,
+        };
+        if ready {
+            execute(&self.inner, job);
+            return Ok(());
+        }
+        let sent = lock(&self.queue)
+            .as_ref()
+            .ok_or("submit: the device has no queue thread")
+            .and_then(|q| {
+                q.send(job)
+                    .map_err(|_| "submit: the queue thread has stopped")
+            });
+        if let Err(e) = sent {
+            let mut st = self.state();
+            st.in_flight = st.in_flight.saturating_sub(1);
+            return Err(e.to_string());
+        }
+        Ok(())
+    }
 }
 
-impl Drop for CpuDevice {
+impl Drop for Core {
     fn drop(&mut self) {
         lock(&self.inner.state).closed = true;
         self.inner.changed.notify_all();
@@ -361,6 +483,13 @@ fn run_command(c: &Cmd) -> Result<(), String> {
                 d[dr].copy_from_slice(&s[sr]);
             }
         }
+        Cmd::FileRead {
+            file,
+            file_offset,
+            len,
+            dst,
+            dst_offset,
+        } => file_read(file, *file_offset, *len, dst, *dst_offset)?,
         Cmd::Dispatch {
             exe,
             inputs,
@@ -395,6 +524,72 @@ fn run_command(c: &Cmd) -> Result<(), String> {
             }
             r.map_err(|e: ExecError| e.to_string())?;
         }
+    }
+    Ok(())
+}
+
+/// One queued file read (see the crate doc): errors name the file offset and length.
+fn file_read(
+    file: &OpenFile,
+    file_offset: u64,
+    len: u64,
+    dst: &Buf,
+    dst_offset: u64,
+) -> Result<(), String> {
+    let at = || {
+        format!(
+            "file read at offset {file_offset} length {len} of {}",
+            file.path
+        )
+    };
+    let a = DIRECT_ALIGNMENT;
+    if file.direct
+        && !(file_offset.is_multiple_of(a) && len.is_multiple_of(a) && dst_offset.is_multiple_of(a))
+    {
+        return Err(format!(
+            "{}: direct I/O needs {a}-byte aligned ranges: offset {file_offset} length {len}{}",
+            at(),
+            if !dst_offset.is_multiple_of(a) {
+                format!(" (destination offset {dst_offset})")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let mut d = lock(dst);
+    let r = range("destination", d.len(), dst_offset, len).map_err(|e| format!("{}: {e}", at()))?;
+    let out = &mut d[r];
+    let io = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            let size = file
+                .file
+                .metadata()
+                .map_or_else(|_| "?".to_string(), |m| m.len().to_string());
+            format!(
+                "{}: short read (the file has {size} bytes; the range ends at {})",
+                at(),
+                file_offset.saturating_add(len)
+            )
+        } else {
+            format!("{}: {e}", at())
+        }
+    };
+    if !file.direct || (out.as_ptr() as usize).is_multiple_of(a as usize) {
+        return file.file.read_exact_at(out, file_offset).map_err(io);
+    }
+    // A direct read into an unaligned address: through an aligned slice of a slightly larger Vec.
+    let chunk = out.len().min(BOUNCE_BYTES);
+    let mut bounce = vec![0u8; chunk + a as usize];
+    let skip = (a as usize - (bounce.as_ptr() as usize) % a as usize) % a as usize;
+    let aligned = &mut bounce[skip..skip + chunk];
+    let mut pos = file_offset;
+    for piece in out.chunks_mut(chunk) {
+        let n = piece.len();
+        file.file
+            .read_exact_at(&mut aligned[..n], pos)
+            .map_err(io)?;
+        piece.copy_from_slice(&aligned[..n]);
+        pos += n as u64;
     }
     Ok(())
 }
@@ -494,7 +689,7 @@ impl HalDevice for CpuDevice {
 
     fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
         guard("submit", || {
-            let mut st = self.state();
+            let st = self.state();
             for p in submission.wait.iter().chain([&submission.signal]) {
                 st.timeline(p.timeline)?;
             }
@@ -552,44 +747,7 @@ impl HalDevice for CpuDevice {
                     },
                 });
             }
-            if st.closed {
-                return Err("submit: the device is closed".to_string());
-            }
-            // An idle queue whose waits are already satisfied runs the job here, on the submitting thread: the
-            // CPU has no other processor to hand it to, and the hand-off to the queue thread and back cost two
-            // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions queue behind it
-            // (`in_flight`) and the queue thread takes `exec` only after this job releases it, so jobs still run
-            // one at a time in acceptance order; the caller sees the same points and failures either way.
-            let ready = st.in_flight == 0
-                && submission.wait.iter().all(|p| {
-                    st.timelines
-                        .get(&p.timeline.0)
-                        .is_some_and(|t| t.value >= p.value || t.failure.is_some())
-                });
-            st.in_flight += 1;
-            drop(st);
-            let job = Job {
-                commands,
-                wait: submission.wait.to_vec(),
-                signal: submission.signal,
-            };
-            if ready {
-                execute(&self.inner, job);
-                return Ok(());
-            }
-            let sent = lock(&self.queue)
-                .as_ref()
-                .ok_or("submit: the device has no queue thread")
-                .and_then(|q| {
-                    q.send(job)
-                        .map_err(|_| "submit: the queue thread has stopped")
-                });
-            if let Err(e) = sent {
-                let mut st = self.state();
-                st.in_flight = st.in_flight.saturating_sub(1);
-                return Err(e.to_string());
-            }
-            Ok(())
+            self.accept(st, commands, &submission.wait, submission.signal)
         })
     }
 
@@ -644,6 +802,101 @@ impl HalDevice for CpuDevice {
         guard("timeline_wait", || {
             let deadline = Instant::now().checked_add(Duration::from_nanos(timeout_ns));
             self.inner.wait(point, deadline)
+        })
+    }
+}
+
+impl HalFiles for CpuDevice {
+    fn file_open(
+        &self,
+        fd: i32,
+        path: RStr<'_>,
+        flags: FileOpenFlags,
+    ) -> RResult<FileInfo, RBoxError> {
+        guard("file_open", || {
+            let path = path.as_str();
+            if fd < 0 {
+                return Err(format!("file_open {path}: bad descriptor {fd}"));
+            }
+            if flags.0 & !FileOpenFlags::DIRECT.0 != 0 {
+                return Err(format!("file_open {path}: unknown flags {:#x}", flags.0));
+            }
+            let direct = flags.direct();
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            // The host's open file, not whatever its path names now.
+            let file = o.open(format!("/proc/self/fd/{fd}")).map_err(|e| {
+                if direct && e.raw_os_error() == Some(libc::EINVAL) {
+                    format!(
+                        "file_open {path}: the file system refuses direct I/O (O_DIRECT): {e} \
+                         (tmpfs does; there are no buffered fallbacks)"
+                    )
+                } else {
+                    format!("file_open {path}: {e}")
+                }
+            })?;
+            let meta = file
+                .metadata()
+                .map_err(|e| format!("file_open {path}: {e}"))?;
+            if !meta.is_file() {
+                return Err(format!("file_open {path}: not a regular file"));
+            }
+            let mut st = self.state();
+            let id = st.id();
+            st.files.insert(
+                id,
+                Arc::new(OpenFile {
+                    file,
+                    path: path.to_string(),
+                    direct,
+                }),
+            );
+            Ok(FileInfo {
+                file: FileId(id),
+                len: meta.len(),
+                direct_alignment: if direct { DIRECT_ALIGNMENT } else { 0 },
+            })
+        })
+    }
+
+    fn file_close(&self, file: FileId) -> RResult<(), RBoxError> {
+        guard("file_close", || match self.state().files.remove(&file.0) {
+            Some(_) => Ok(()),
+            None => Err(format!("file_close: unknown file {}", file.0)),
+        })
+    }
+
+    fn submit_reads(&self, submission: FileReadSubmission) -> RResult<(), RBoxError> {
+        guard("submit_reads", || {
+            if submission.reads.len() > MAX_FILE_READS {
+                return Err(format!(
+                    "submit_reads: {} reads, more than the {MAX_FILE_READS} of one submission",
+                    submission.reads.len()
+                ));
+            }
+            let st = self.state();
+            for p in submission.wait.iter().chain([&submission.signal]) {
+                st.timeline(p.timeline)?;
+            }
+            let mut commands = Vec::with_capacity(submission.reads.len());
+            for r in submission.reads.iter() {
+                let file = st
+                    .files
+                    .get(&r.file.0)
+                    .cloned()
+                    .ok_or_else(|| format!("submit_reads: unknown file {}", r.file.0))?;
+                commands.push(Cmd::FileRead {
+                    file,
+                    file_offset: r.file_offset,
+                    len: r.len,
+                    dst: st.buffer(r.dst)?,
+                    dst_offset: r.dst_offset,
+                });
+            }
+            self.accept(st, commands, &submission.wait, submission.signal)
         })
     }
 }

@@ -29,6 +29,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         hal,
         codec,
         profile: loom_plugin_api::no_profile,
+        hal_files: loom_plugin_api::no_hal_files,
     }
     .leak_into_prefix()
 }

@@ -23,6 +23,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         hal,
         codec: loom_plugin_api::no_codec,
         profile,
+        hal_files: loom_plugin_api::no_hal_files,
     }
     .leak_into_prefix()
 }
