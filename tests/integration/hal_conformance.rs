@@ -15,8 +15,10 @@ use loom_ir::TValue;
 use loom_ir::kernel::Stage;
 use loom_ir::kernel_codec::encode_stage;
 use loom_plugin_api::abi_stable::std_types::{RBoxError, RResult, RSlice, RVec};
+use loom_plugin_api::abi_stable::std_types::{ROption, RStr};
 use loom_plugin_api::{
-    BufferId, Command, HalDeviceBox, PluginKind, Submission, TimelineId, TimelinePoint, WaitStatus,
+    BufferId, Command, FileId, FileOpenFlags, FileRead, FileReadSubmission, HalDeviceBox,
+    HalFilesBox, MAX_FILE_READS, PluginKind, Submission, TimelineId, TimelinePoint, WaitStatus,
 };
 use loom_plugins::{LoadedPlugin, Rejection};
 
@@ -630,6 +632,299 @@ fn hal_freed_buffer_lives_until_its_submission_retires() {
             data,
             "{id}: the copy read the freed buffer's data"
         );
+    });
+}
+
+// ---- queued file reads (ABI 1.3) ---------------------------------------------------------------------------
+
+/// Runs `check` on device 0 of every HAL plugin that queues file reads (`hal_files`); the others are named
+/// on stderr (the host reads files for them) and must answer without panicking.
+fn each_device_with_files(check: impl Fn(&str, &HalDeviceBox, &HalFilesBox)) {
+    let mut checked = 0;
+    for p in plugins() {
+        match p.hal_files(0) {
+            Some(Ok(d)) => match d.files {
+                ROption::RSome(files) => {
+                    check(&p.id, &d.device, &files);
+                    checked += 1;
+                }
+                ROption::RNone => eprintln!("{}: device 0 has no queued file reads", p.id),
+            },
+            Some(Err(e)) => eprintln!(
+                "{}: no queued file reads ({e}); the host reads for it",
+                p.id
+            ),
+            None => eprintln!("{}: built before ABI 1.3, no queued file reads", p.id),
+        }
+    }
+    assert!(
+        plugins().iter().all(|p| p.id != "cpu-0001") || checked > 0,
+        "hal-cpu must queue file reads"
+    );
+}
+
+/// A file of `len` bytes, byte `i` being `(i * 7 + 3) % 251`, in the temporary directory.
+fn pattern_file(name: &str, len: usize) -> (PathBuf, std::fs::File, Vec<u8>) {
+    let data: Vec<u8> = (0..len).map(|i| ((i * 7 + 3) % 251) as u8).collect();
+    let path = std::env::temp_dir().join(format!("loom-{name}-{}.bin", std::process::id()));
+    std::fs::write(&path, &data).expect("write the pattern file");
+    let f = std::fs::File::open(&path).expect("open the pattern file");
+    (path, f, data)
+}
+
+fn open_file(
+    files: &HalFilesBox,
+    f: &std::fs::File,
+    path: &Path,
+    flags: FileOpenFlags,
+) -> RResult<loom_plugin_api::FileInfo, RBoxError> {
+    use std::os::fd::AsRawFd;
+    let p = path.display().to_string();
+    files.file_open(f.as_raw_fd(), RStr::from_str(&p), flags)
+}
+
+fn read(file: FileId, file_offset: u64, len: u64, dst: BufferId, dst_offset: u64) -> FileRead {
+    FileRead {
+        file,
+        file_offset,
+        len,
+        dst,
+        dst_offset,
+    }
+}
+
+fn submit_reads(
+    files: &HalFilesBox,
+    reads: Vec<FileRead>,
+    wait: &[TimelinePoint],
+    signal: TimelinePoint,
+) {
+    ok(
+        "submit_reads",
+        files.submit_reads(FileReadSubmission {
+            reads: RVec::from(reads),
+            wait: RVec::from(wait.to_vec()),
+            signal,
+        }),
+    );
+}
+
+/// The failure text of `p` (the point must fail).
+fn failed(dev: &HalDeviceBox, p: TimelinePoint) -> String {
+    dev.timeline_wait(p, WAIT_NS)
+        .into_result()
+        .expect_err("the point fails")
+        .to_string()
+}
+
+#[test]
+fn hal_file_reads_land_at_their_offsets_in_timeline_order() {
+    each_device_with_files(|id, dev, files| {
+        let (path, f, data) = pattern_file("reads", 65536);
+        let info = ok(id, open_file(files, &f, &path, FileOpenFlags::BUFFERED));
+        assert_eq!((info.len, info.direct_alignment), (65536, 0), "{id}");
+        // The host may close its descriptor once the device has the file.
+        drop(f);
+        let dst = ok(id, dev.alloc(16384));
+        let host = ok(id, dev.timeline_create());
+        let t = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst,
+                offset: 0,
+                len: 16384,
+                byte: 0xAA,
+            }],
+            &[],
+            point(t, 1),
+        );
+        // The reads wait for a host point; the copy after them waits for the reads.
+        submit_reads(
+            files,
+            vec![
+                read(info.file, 100, 50, dst, 0),
+                read(info.file, 60000, 1000, dst, 5000),
+                read(info.file, 0, 0, dst, 16384),
+            ],
+            &[point(host, 1)],
+            point(t, 2),
+        );
+        submit(
+            dev,
+            vec![Command::Copy {
+                src: dst,
+                src_offset: 0,
+                dst,
+                dst_offset: 10000,
+                len: 50,
+            }],
+            &[point(t, 2)],
+            point(t, 3),
+        );
+        reached(dev, point(t, 1));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(
+            ok(id, dev.timeline_value(t)),
+            1,
+            "{id}: reads ran before their wait"
+        );
+        assert_eq!(
+            ok(id, dev.read(dst, 0, 50)).into_vec(),
+            vec![0xAA; 50],
+            "{id}"
+        );
+        ok(id, dev.timeline_signal(point(host, 1)));
+        reached(dev, point(t, 3));
+        let got = read_all(dev, dst, 16384);
+        let mut want = vec![0xAAu8; 16384];
+        want[..50].copy_from_slice(&data[100..150]);
+        want[5000..6000].copy_from_slice(&data[60000..61000]);
+        want[10000..10050].copy_from_slice(&data[100..150]);
+        assert!(got == want, "{id}: file reads landed at the wrong offsets");
+        ok(id, files.file_close(info.file));
+        assert!(files.file_close(info.file).into_result().is_err(), "{id}");
+        let e = err(files.submit_reads(FileReadSubmission {
+            reads: RVec::from(vec![read(info.file, 0, 1, dst, 0)]),
+            wait: RVec::new(),
+            signal: point(t, 4),
+        }));
+        assert!(e.contains("unknown file"), "{id}: {e}");
+        let _ = std::fs::remove_file(&path);
+    });
+}
+
+#[test]
+fn hal_file_read_failures_fail_the_point_naming_the_range() {
+    each_device_with_files(|id, dev, files| {
+        let (path, f, _) = pattern_file("read-fail", 10000);
+        let info = ok(id, open_file(files, &f, &path, FileOpenFlags::BUFFERED));
+        let dst = ok(id, dev.alloc(4096));
+        // A short read: the range passes the end of the file.
+        let t = ok(id, dev.timeline_create());
+        submit_reads(
+            files,
+            vec![read(info.file, 9000, 2000, dst, 0)],
+            &[],
+            point(t, 1),
+        );
+        let e = failed(dev, point(t, 1));
+        assert!(
+            e.contains("offset 9000 length 2000") && e.contains("short read"),
+            "{id}: {e}"
+        );
+        // A destination outside the buffer.
+        let t = ok(id, dev.timeline_create());
+        submit_reads(
+            files,
+            vec![read(info.file, 0, 100, dst, 4000)],
+            &[],
+            point(t, 1),
+        );
+        let e = failed(dev, point(t, 1));
+        assert!(
+            e.contains("offset 0 length 100") && e.contains("outside"),
+            "{id}: {e}"
+        );
+        // A failed read fails the points that wait on it, with the same text.
+        let t2 = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst,
+                offset: 0,
+                len: 1,
+                byte: 1,
+            }],
+            &[point(t, 1)],
+            point(t2, 1),
+        );
+        assert_eq!(failed(dev, point(t2, 1)), e, "{id}");
+        // Checked when accepted: unknown buffers, too many reads, unknown timelines.
+        let t = ok(id, dev.timeline_create());
+        let e = err(files.submit_reads(FileReadSubmission {
+            reads: RVec::from(vec![read(info.file, 0, 1, BufferId(u64::MAX), 0)]),
+            wait: RVec::new(),
+            signal: point(t, 1),
+        }));
+        assert!(e.contains("unknown buffer"), "{id}: {e}");
+        let e = err(files.submit_reads(FileReadSubmission {
+            reads: RVec::from(vec![read(info.file, 0, 1, dst, 0); MAX_FILE_READS + 1]),
+            wait: RVec::new(),
+            signal: point(t, 1),
+        }));
+        assert!(e.contains(&MAX_FILE_READS.to_string()), "{id}: {e}");
+        let e = err(files.submit_reads(FileReadSubmission {
+            reads: RVec::new(),
+            wait: RVec::new(),
+            signal: point(TimelineId(u64::MAX), 1),
+        }));
+        assert!(e.contains("unknown timeline"), "{id}: {e}");
+        // The device still works after the failures.
+        submit_reads(
+            files,
+            vec![read(info.file, 0, 4096, dst, 0)],
+            &[],
+            point(t, 1),
+        );
+        reached(dev, point(t, 1));
+        let _ = std::fs::remove_file(&path);
+    });
+}
+
+#[test]
+fn hal_direct_file_reads_need_aligned_ranges() {
+    each_device_with_files(|id, dev, files| {
+        let (path, f, data) = pattern_file("direct", 65536);
+        let info = match open_file(files, &f, &path, FileOpenFlags::DIRECT).into_result() {
+            Ok(i) => i,
+            Err(e) if e.to_string().contains("refuses direct I/O") => {
+                eprintln!(
+                    "{id}: SKIPPED direct I/O: the file system of {} refuses O_DIRECT ({e})",
+                    path.display()
+                );
+                return;
+            }
+            Err(e) => panic!("{id}: {e}"),
+        };
+        let a = info.direct_alignment;
+        assert!(a >= 512 && a.is_power_of_two(), "{id}: alignment {a}");
+        let dst = ok(id, dev.alloc(4 * a));
+        let t = ok(id, dev.timeline_create());
+        submit_reads(
+            files,
+            vec![
+                read(info.file, a, 2 * a, dst, a),
+                read(info.file, 8 * a, a, dst, 3 * a),
+            ],
+            &[],
+            point(t, 1),
+        );
+        reached(dev, point(t, 1));
+        let got = read_all(dev, dst, 4 * a as usize);
+        let a = a as usize;
+        assert!(got[..a].iter().all(|&b| b == 0), "{id}");
+        assert!(got[a..3 * a] == data[a..3 * a], "{id}: aligned direct read");
+        assert!(
+            got[3 * a..] == data[8 * a..9 * a],
+            "{id}: aligned direct read"
+        );
+        let a = a as u64;
+        for (off, len, dst_off) in [(100, a, 0), (a, 100, 0), (0, a, 8)] {
+            let t = ok(id, dev.timeline_create());
+            submit_reads(
+                files,
+                vec![read(info.file, off, len, dst, dst_off)],
+                &[],
+                point(t, 1),
+            );
+            let e = failed(dev, point(t, 1));
+            let want =
+                format!("direct I/O needs {a}-byte aligned ranges: offset {off} length {len}");
+            assert!(e.contains(&want), "{id}: {e}");
+        }
+        eprintln!("{id}: direct I/O checked on {}", path.display());
+        let _ = std::fs::remove_file(&path);
     });
 }
 
