@@ -62,6 +62,7 @@ mod qdot;
 mod quant;
 mod rows;
 mod rt;
+mod verf;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
