@@ -62,7 +62,7 @@ mod qdot;
 mod quant;
 mod rows;
 mod rt;
-mod verf;
+mod vmath;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -268,19 +268,17 @@ pub(crate) extern "C" fn loom_unary_tile(
             )
         };
         // f32 `exp` and `erf` are the hot transcendental functions of real models (attention's softmax, GELU):
-        // they run in f32 (`rows::exp_f32`, <= 1 ulp; `verf::erf_tile`, vectorised, <= 2 ulp) instead of an f64
+        // they run in f32, vectorised (`vmath::tile`: exp <= 1 ulp, erf <= 2 ulp) instead of an f64
         // function rounded once, inside the 2 ulp the backend promises for transcendental functions.
         match (op, dtype) {
             (UnOp::Exp, DType::F32) => {
-                for (i, &x) in s.iter().enumerate() {
-                    // SAFETY: as above.
-                    unsafe { d.add(i).write(crate::rows::exp_f32::<false>(x)) };
-                }
+                // SAFETY: as above; `vmath::tile` allows src == dst.
+                unsafe { crate::vmath::tile(crate::vmath::Fun::Exp, src as *const f32, d, n) };
                 return;
             }
             (UnOp::Erf, DType::F32) => {
-                // SAFETY: as above; `erf_tile` allows src == dst.
-                unsafe { crate::verf::erf_tile(src as *const f32, d, n) };
+                // SAFETY: as above.
+                unsafe { crate::vmath::tile(crate::vmath::Fun::Erf, src as *const f32, d, n) };
                 return;
             }
             _ => {}
