@@ -200,7 +200,9 @@ fn main() {
     if on("cast") {
         let (t, d) = (128u64, 384u64);
         let st = one_kernel_stage(cast_kernel(t, d, 16));
-        let v: Vec<i64> = (0..t * d).map(|i| (i as i64 * 7919) % 100_003 - 50_000).collect();
+        let v: Vec<i64> = (0..t * d)
+            .map(|i| (i as i64 * 7919) % 100_003 - 50_000)
+            .collect();
         let ins = vec![i64_bytes(&v)];
         for threads in [1usize, 2] {
             let tm = run_stage_best(&st, &ins, threads, 50);

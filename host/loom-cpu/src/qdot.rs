@@ -442,7 +442,9 @@ mod x86 {
             unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
         };
         let mask = |lo: usize, hi: usize| -> __mmask16 {
-            (0..16).filter(|j| (lo..hi).contains(&(5 * j + k))).fold(0, |m, j| m | (1 << j))
+            (0..16)
+                .filter(|j| (lo..hi).contains(&(5 * j + k)))
+                .fold(0, |m, j| m | (1 << j))
         };
         let t = _mm512_permutex2var_epi32(r[0], idx(0, 32, 0), r[1]);
         let u = _mm512_permutex2var_epi32(r[2], idx(32, 64, 32), r[3]);

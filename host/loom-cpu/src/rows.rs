@@ -475,7 +475,12 @@ mod tests {
                 }
             }
         }
-        assert!(worst.0 <= 1, "exp16 max error {} ulp at {}", worst.0, worst.1);
+        assert!(
+            worst.0 <= 1,
+            "exp16 max error {} ulp at {}",
+            worst.0,
+            worst.1
+        );
         let mut sp = [0f32; 16];
         sp[..7].copy_from_slice(&[
             0.0,
@@ -499,7 +504,13 @@ mod tests {
             .collect();
         // -inf (exp gives 0), far below the max (0), and results in the subnormal range; one row in the
         // vector tail.
-        for (i, v) in [(3, f32::NEG_INFINITY), (40, -200.0), (41, -90.0), (42, -95.5), (35, -88.0)] {
+        for (i, v) in [
+            (3, f32::NEG_INFINITY),
+            (40, -200.0),
+            (41, -90.0),
+            (42, -95.5),
+            (35, -88.0),
+        ] {
             x[i] = v;
         }
         let g: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 / 50.0).collect();

@@ -482,12 +482,12 @@ fn native_casts_at_edge_values() {
         .iter()
         .map(|&x| x as f32)
         .chain([
-            2147483520.0,          // the largest f32 below 2^31
-            -2147483904.0,         // the next f32 below -2^31
-            4294967040.0,          // the largest f32 below 2^32
-            9.223_371_5e18,        // the largest f32 below 2^63
-            -9.223_373_6e18,       // the next f32 below -2^63
-            f32::from_bits(1),     // the smallest subnormal
+            2147483520.0,                     // the largest f32 below 2^31
+            -2147483904.0,                    // the next f32 below -2^31
+            4294967040.0,                     // the largest f32 below 2^32
+            2f32.powi(63) - 2f32.powi(39),    // the largest f32 below 2^63
+            -(2f32.powi(63) + 2f32.powi(40)), // the next f32 below -2^63
+            f32::from_bits(1),                // the smallest subnormal
             f32::MIN_POSITIVE,
         ])
         .collect();
