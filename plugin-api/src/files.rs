@@ -1,9 +1,13 @@
 //! ABI 1.3: queued file reads, the HAL capability behind `parameters.gather`.
 //!
-//! A device that has it reads byte ranges of files the host hands it straight into its buffers, on its own
-//! queue, ordered by timeline points exactly like a [`crate::Submission`]: a [`FileReadSubmission`] runs
-//! after every `wait` point is reached (and after the submissions accepted before it), then signals `signal`,
-//! or fails it with the first error.
+//! A device that has it reads byte ranges of files the host hands it straight into its buffers, on a
+//! **transfer queue** of its own, ordered by timeline points like a [`crate::Submission`]: a
+//! [`FileReadSubmission`] runs after every `wait` point is reached and after the read submissions accepted
+//! before it, then signals `signal`, or fails it with the first error. It is *not* ordered behind the device's
+//! other submissions except through points: work that waits for a read's point may be submitted before the
+//! read (`parameters.gather` does exactly that: the consumer of the rows is queued while the gather worker is
+//! still reading the descriptors), and an implementation that put reads on its one in-order queue would
+//! deadlock there.
 //!
 //! # Why a separate object
 //!
@@ -103,8 +107,9 @@ pub struct FileRead {
     pub dst_offset: u64,
 }
 
-/// File reads for a device's queue: run after every `wait` point is reached, in order, then signal `signal`
-/// (or fail it with the first error), in submission order with the device's other submissions.
+/// File reads for a device's transfer queue: run after every `wait` point is reached and after earlier read
+/// submissions, in order, then signal `signal` (or fail it with the first error). Ordered against the device's
+/// other submissions only by points (see the module doc).
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
 pub struct FileReadSubmission {

@@ -65,9 +65,9 @@
 //! [`LoomPlugin::hal_files`] opens a HAL device together with its [`HalFiles`]: the host hands the device an
 //! open file ([`HalFiles::file_open`], buffered or direct I/O) and queues reads of file byte ranges straight
 //! into device buffers ([`HalFiles::submit_reads`]: plain [`FileRead`] records, at most [`MAX_FILE_READS`] per
-//! submission, ordered by wait and signal points like a [`Submission`]; a short read, a destination outside
-//! the buffer or a misaligned direct read fails the signal point with a message naming the file offset and
-//! length). `parameters.gather` uses it when the device has it. It is a separate object, not methods appended
+//! submission, ordered by wait and signal points like a [`Submission`], on a transfer queue ordered against
+//! other work only by those points; a short read, a destination outside the buffer or a misaligned direct
+//! read fails the signal point with a message naming the file offset and length). `parameters.gather` uses it when the device has it. It is a separate object, not methods appended
 //! to [`HalDevice`], because abi_stable's layout check refuses a plugin whose device vtable is shorter than
 //! the host's, which would reject every HAL plugin built before 1.3; see the `files` module doc. Plugins
 //! without it put [`no_hal_files`] in the field; plugins built before 1.3 have no field, and the host then

@@ -782,6 +782,30 @@ fn hal_file_reads_land_at_their_offsets_in_timeline_order() {
         want[5000..6000].copy_from_slice(&data[60000..61000]);
         want[10000..10050].copy_from_slice(&data[100..150]);
         assert!(got == want, "{id}: file reads landed at the wrong offsets");
+        // Work that waits for a read may be submitted before the read (reads are on a transfer queue ordered
+        // by points only): the fill below must not block the read it waits for.
+        let t2 = ok(id, dev.timeline_create());
+        submit(
+            dev,
+            vec![Command::Fill {
+                dst,
+                offset: 0,
+                len: 10,
+                byte: 0x55,
+            }],
+            &[point(t2, 1)],
+            point(t2, 2),
+        );
+        submit_reads(
+            files,
+            vec![read(info.file, 0, 20, dst, 0)],
+            &[],
+            point(t2, 1),
+        );
+        reached(dev, point(t2, 2));
+        let got = read_all(dev, dst, 20);
+        assert_eq!(&got[..10], &[0x55; 10], "{id}");
+        assert_eq!(&got[10..], &data[10..20], "{id}");
         ok(id, files.file_close(info.file));
         assert!(files.file_close(info.file).into_result().is_err(), "{id}");
         let e = err(files.submit_reads(FileReadSubmission {

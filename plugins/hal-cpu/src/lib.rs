@@ -13,8 +13,10 @@
 //!   fails the submission's signal point.
 //! * Queued file reads (ABI 1.3, `loom_plugin_api::HalFiles`, from the root's `hal_files` or [`open_with_files`]):
 //!   `file_open` reopens the host's descriptor through `/proc/self/fd/<fd>` (with `O_DIRECT` for a direct file:
-//!   a file system that refuses it, such as tmpfs, is an error), and a read submission runs on the same queue
-//!   as other work, in acceptance order, each read a positional `read_exact_at` straight into the destination
+//!   a file system that refuses it, such as tmpfs, is an error), and a read submission runs on the
+//!   device's transfer queue, in acceptance order among reads (a second queue thread: reads are ordered against
+//!   dispatches, copies and fills only by timeline points, so compute work may wait for a read submitted after
+//!   it), each read a positional `read_exact_at` straight into the destination
 //!   buffer's bytes. A direct read needs its file offset, length and destination offset to be multiples of
 //!   4096 ([`DIRECT_ALIGNMENT`]: not asked of the file system, which needs a `statx`/`ioctl` call and `unsafe`;
 //!   4096 is a multiple of every common logical block size), else it fails its point with
@@ -182,9 +184,18 @@ struct State {
     timelines: HashMap<u64, Timeline>,
     next_id: u64,
     closed: bool,
-    /// Accepted jobs not yet retired (queued, running on the queue thread, or running inline).
-    in_flight: u64,
+    /// Per lane ([`COMPUTE`], [`TRANSFER`]): accepted jobs not yet retired (queued, running on the lane's
+    /// thread, or running inline).
+    in_flight: [u64; LANES],
 }
+
+/// The queue of `submit` (dispatches, copies, fills).
+const COMPUTE: usize = 0;
+/// The queue of `submit_reads`: file reads run in order among themselves and are ordered against other work
+/// only by timeline points, so a read may be submitted *after* compute work that waits for its point (which
+/// `parameters.gather` does: the consumer is queued before the worker has even read the descriptors).
+const TRANSFER: usize = 1;
+const LANES: usize = 2;
 
 impl State {
     fn id(&mut self) -> u64 {
@@ -209,15 +220,16 @@ struct Inner {
     state: Mutex<State>,
     /// Notified whenever a timeline advances or fails, and on close.
     changed: Condvar,
-    /// Held while a job runs, inline or on the queue thread: jobs run one at a time, in acceptance order.
-    exec: Mutex<()>,
+    /// Per lane: held while a job runs, inline or on the lane's thread: a lane's jobs run one at a time, in
+    /// acceptance order.
+    exec: [Mutex<()>; LANES],
 }
 
 impl Inner {
     /// Advances (`Ok`) or fails (`Err`) the timeline of `point`; the job that signals it is no longer in flight.
-    fn retire(&self, point: TimelinePoint, result: Result<(), String>) {
+    fn retire(&self, lane: usize, point: TimelinePoint, result: Result<(), String>) {
         let mut st = lock(&self.state);
-        st.in_flight = st.in_flight.saturating_sub(1);
+        st.in_flight[lane] = st.in_flight[lane].saturating_sub(1);
         if let Some(t) = st.timelines.get_mut(&point.timeline.0) {
             match result {
                 Ok(()) => t.value = t.value.max(point.value),
@@ -299,6 +311,7 @@ struct Job {
     commands: Vec<Cmd>,
     wait: Vec<TimelinePoint>,
     signal: TimelinePoint,
+    lane: usize,
 }
 
 /// The device state and its queue; closed when the last [`CpuDevice`] handle (the device's and its file
@@ -306,8 +319,9 @@ struct Job {
 #[derive(Debug)]
 struct Core {
     inner: Arc<Inner>,
-    queue: Mutex<Option<mpsc::Sender<Job>>>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Per lane: its thread's channel and the thread.
+    queues: [Mutex<Option<mpsc::Sender<Job>>>; LANES],
+    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// A handle to one device: `HalDevice` and `HalFiles` are both implemented on it.
@@ -332,18 +346,23 @@ impl Core {
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
-            exec: Mutex::new(()),
+            exec: [Mutex::new(()), Mutex::new(())],
         });
-        let (tx, rx) = mpsc::channel::<Job>();
-        let q = Arc::clone(&inner);
-        let worker = std::thread::Builder::new()
-            .name("hal-cpu-queue".into())
-            .spawn(move || queue_thread(&q, &rx))
-            .ok();
+        let mut workers = Vec::new();
+        let queues = ["hal-cpu-queue", "hal-cpu-reads"].map(|name| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let q = Arc::clone(&inner);
+            let worker = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || queue_thread(&q, &rx))
+                .ok()?;
+            workers.push(worker);
+            Some(tx)
+        });
         Core {
             inner,
-            queue: Mutex::new(worker.as_ref().map(|_| tx)),
-            worker: Mutex::new(worker),
+            queues: queues.map(Mutex::new),
+            workers: Mutex::new(workers),
         }
     }
 
@@ -351,10 +370,11 @@ impl Core {
         lock(&self.inner.state)
     }
 
-    /// Queues a resolved job (or runs it here: see `submit`). `st` has checked its timelines.
+    /// Queues a resolved job on `lane` (or runs it here: see below). `st` has checked its timelines.
     fn accept(
         &self,
         mut st: MutexGuard<'_, State>,
+        lane: usize,
         commands: Vec<Cmd>,
         wait: &[TimelinePoint],
         signal: TimelinePoint,
@@ -367,24 +387,25 @@ impl Core {
         // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions queue behind it
         // (`in_flight`) and the queue thread takes `exec` only after this job releases it, so jobs still run
         // one at a time in acceptance order; the caller sees the same points and failures either way.
-        let ready = st.in_flight == 0
+        let ready = st.in_flight[lane] == 0
             && wait.iter().all(|p| {
                 st.timelines
                     .get(&p.timeline.0)
                     .is_some_and(|t| t.value >= p.value || t.failure.is_some())
             });
-        st.in_flight += 1;
+        st.in_flight[lane] += 1;
         drop(st);
         let job = Job {
             commands,
             wait: wait.to_vec(),
             signal,
+            lane,
         };
         if ready {
             execute(&self.inner, job);
             return Ok(());
         }
-        let sent = lock(&self.queue)
+        let sent = lock(&self.queues[lane])
             .as_ref()
             .ok_or("submit: the device has no queue thread")
             .and_then(|q| {
@@ -393,7 +414,7 @@ impl Core {
             });
         if let Err(e) = sent {
             let mut st = self.state();
-            st.in_flight = st.in_flight.saturating_sub(1);
+            st.in_flight[lane] = st.in_flight[lane].saturating_sub(1);
             return Err(e.to_string());
         }
         Ok(())
@@ -404,8 +425,10 @@ impl Drop for Core {
     fn drop(&mut self) {
         lock(&self.inner.state).closed = true;
         self.inner.changed.notify_all();
-        drop(lock(&self.queue).take());
-        if let Some(w) = lock(&self.worker).take() {
+        for q in &self.queues {
+            drop(lock(q).take());
+        }
+        for w in lock(&self.workers).drain(..) {
             let _ = w.join();
         }
     }
@@ -419,11 +442,11 @@ fn queue_thread(inner: &Inner, rx: &mpsc::Receiver<Job>) {
 
 /// Runs one accepted job (after the one before it) and retires its signal point.
 fn execute(inner: &Inner, job: Job) {
-    let _order = lock(&inner.exec);
-    let signal = job.signal;
+    let (signal, lane) = (job.signal, job.lane);
+    let _order = lock(&inner.exec[lane]);
     let result = catch_unwind(AssertUnwindSafe(|| run_job(inner, job)))
         .unwrap_or_else(|p| Err(format!("hal-cpu panicked: {}", panic_message(&*p))));
-    inner.retire(signal, result);
+    inner.retire(lane, signal, result);
 }
 
 fn run_job(inner: &Inner, job: Job) -> Result<(), String> {
@@ -747,7 +770,7 @@ impl HalDevice for CpuDevice {
                     },
                 });
             }
-            self.accept(st, commands, &submission.wait, submission.signal)
+            self.accept(st, COMPUTE, commands, &submission.wait, submission.signal)
         })
     }
 
@@ -896,7 +919,7 @@ impl HalFiles for CpuDevice {
                     dst_offset: r.dst_offset,
                 });
             }
-            self.accept(st, commands, &submission.wait, submission.signal)
+            self.accept(st, TRANSFER, commands, &submission.wait, submission.signal)
         })
     }
 }
