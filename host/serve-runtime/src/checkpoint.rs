@@ -101,6 +101,13 @@ impl Source {
         Ok(())
     }
 
+    /// The open descriptor of shard `shard`, to hand to a device that queues file reads (it opens its own
+    /// handle on the same file, see `loom_plugin_api::HalFiles`).
+    pub fn raw_fd(&self, shard: usize) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        self.handles.get(shard).map(|f| f.as_raw_fd())
+    }
+
     /// Reads `len` bytes of `entry` starting `offset` bytes into its payload.
     pub fn read(&self, entry: &Entry, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         let end = offset

@@ -1,5 +1,13 @@
 //! Devices through the HAL: selection by name, buffers that free themselves, per-model memory budgets.
 //!
+//! # File reads
+//!
+//! A device opened through its plugin's `hal_files` (ABI 1.3; the built-in CPU HAL too) has queued file reads
+//! ([`Device::files`]): `parameters.gather` then hands it the checkpoint files and queues the reads on it. A
+//! device of an older plugin (or one whose plugin has no file reads) has none, which the start-up line of the
+//! device says once (`no queued file reads: parameters.gather reads checkpoints on the host`); gathers for it
+//! read on the host and write the bytes with `write`, and a package asking for direct I/O cannot use it.
+//!
 //! # Ownership
 //!
 //! A [`DeviceBuffer`] is an `Arc`-shared handle to one HAL buffer. Dropping the last handle calls `free`, which
@@ -10,8 +18,10 @@
 
 use crate::Error;
 use loom_plugin_api::abi_stable::std_types::RSlice;
+use loom_plugin_api::abi_stable::std_types::{ROption, RStr};
 use loom_plugin_api::{
-    BufferId, DeviceInfo, ExecutableId, HalDeviceBox, Submission, TimelineId, TimelinePoint,
+    BufferId, DeviceInfo, ExecutableId, FileId, FileInfo, FileOpenFlags, FileReadSubmission,
+    HalDeviceBox, HalDeviceWithFiles, HalFilesBox, Submission, TimelineId, TimelinePoint,
     WaitStatus,
 };
 use std::fmt;
@@ -48,6 +58,7 @@ pub struct Device {
     /// The plugin that provides it (`cpu-0001`, or `builtin cpu-0001`).
     pub plugin: String,
     hal: HalDeviceBox,
+    files: Option<HalFilesBox>,
     allocated: AtomicU64,
 }
 
@@ -66,13 +77,66 @@ fn dev_err(what: &str, e: impl fmt::Display) -> Error {
 
 impl Device {
     pub fn new(name: String, info: DeviceInfo, plugin: String, hal: HalDeviceBox) -> Device {
+        Device::with_files(name, info, plugin, hal, None)
+    }
+
+    /// A device with its queued file reads (`None`: the host reads files for it).
+    pub fn with_files(
+        name: String,
+        info: DeviceInfo,
+        plugin: String,
+        hal: HalDeviceBox,
+        files: Option<HalFilesBox>,
+    ) -> Device {
         Device {
             name,
             info,
             plugin,
             hal,
+            files,
             allocated: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the device queues file reads (ABI 1.3 `HalFiles`).
+    pub fn has_file_reads(&self) -> bool {
+        self.files.is_some()
+    }
+
+    fn files(&self) -> Result<&HalFilesBox, Error> {
+        self.files.as_ref().ok_or_else(|| {
+            Error::Device(format!(
+                "device {} (plugin {}) cannot queue file reads",
+                self.name, self.plugin
+            ))
+        })
+    }
+
+    /// Hands the device the host's open file `fd` (`path` for messages).
+    pub fn file_open(&self, fd: i32, path: &str, direct: bool) -> Result<FileInfo, Error> {
+        let flags = if direct {
+            FileOpenFlags::DIRECT
+        } else {
+            FileOpenFlags::BUFFERED
+        };
+        self.files()?
+            .file_open(fd, RStr::from_str(path), flags)
+            .into_result()
+            .map_err(|e| dev_err("file_open", e))
+    }
+
+    pub fn file_close(&self, file: FileId) -> Result<(), Error> {
+        self.files()?
+            .file_close(file)
+            .into_result()
+            .map_err(|e| dev_err("file_close", e))
+    }
+
+    pub fn submit_reads(&self, s: FileReadSubmission) -> Result<(), Error> {
+        self.files()?
+            .submit_reads(s)
+            .into_result()
+            .map_err(|e| dev_err("submit_reads", e))
     }
 
     /// Bytes currently allocated on this device by the server.
@@ -272,7 +336,18 @@ impl Devices {
                 continue;
             }
             match p.hal() {
-                Ok(driver) => out.open_driver(&driver, &p.id, &mut notes),
+                Ok(driver) => {
+                    let with_files = |i: u32| -> Result<HalDeviceWithFiles, String> {
+                        match p.hal_files(i) {
+                            Some(r) => r.map_err(|e| e.to_string()),
+                            None => Err(format!(
+                                "plugin built against ABI {}.{}, before 1.3",
+                                p.abi.0, p.abi.1
+                            )),
+                        }
+                    };
+                    out.open_driver(&driver, &p.id, &with_files, &mut notes)
+                }
                 Err(e) => notes.push(format!("{}: {e}", p.path.display())),
             }
         }
@@ -281,16 +356,20 @@ impl Devices {
             out.open_driver(
                 &driver,
                 &format!("builtin {}", hal_cpu::PLUGIN_ID),
+                &hal_cpu::open_with_files,
                 &mut notes,
             );
         }
         (out, notes)
     }
 
+    /// Opens every device of `driver`, each through `with_files` (its file reads) when that works, else
+    /// through the driver alone (the host then reads files for it; the device's line says why).
     fn open_driver(
         &mut self,
         driver: &loom_plugin_api::HalDriverBox,
         plugin: &str,
+        with_files: &dyn Fn(u32) -> Result<HalDeviceWithFiles, String>,
         notes: &mut Vec<String>,
     ) {
         for (i, info) in driver.devices().into_iter().enumerate() {
@@ -300,12 +379,41 @@ impl Devices {
                 .iter()
                 .filter(|d| d.info.backend.as_str() == backend)
                 .count();
-            match driver.open(i as u32).into_result() {
-                Ok(hal) => {
+            let opened = match with_files(i as u32) {
+                Ok(HalDeviceWithFiles {
+                    device,
+                    files: ROption::RSome(files),
+                }) => Ok((device, Some(files), String::new())),
+                Ok(HalDeviceWithFiles {
+                    device,
+                    files: ROption::RNone,
+                }) => Ok((device, None, "the device has none".to_string())),
+                Err(why) => driver
+                    .open(i as u32)
+                    .into_result()
+                    .map(|hal| (hal, None, why)),
+            };
+            match opened {
+                Ok((hal, files, why)) => {
                     let name = format!("{backend}:{index}");
-                    notes.push(format!("device {name}: {} (plugin {plugin})", info.name));
-                    self.devices
-                        .push(Arc::new(Device::new(name, info, plugin.to_string(), hal)));
+                    let reads = if files.is_some() {
+                        "queued file reads".to_string()
+                    } else {
+                        format!(
+                            "no queued file reads ({why}): parameters.gather reads checkpoints on the host"
+                        )
+                    };
+                    notes.push(format!(
+                        "device {name}: {} (plugin {plugin}; {reads})",
+                        info.name
+                    ));
+                    self.devices.push(Arc::new(Device::with_files(
+                        name,
+                        info,
+                        plugin.to_string(),
+                        hal,
+                        files,
+                    )));
                 }
                 Err(e) => notes.push(format!("plugin {plugin}: cannot open device {i}: {e}")),
             }

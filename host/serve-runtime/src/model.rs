@@ -444,7 +444,7 @@ pub fn prepare(
 
     let budget = Budget::new(name, doc.memory.device_bytes);
     let timeline = device.timeline()?;
-    let gather = crate::gather::GatherQueue::start(device.clone(), name)?;
+    let gather = crate::gather::GatherQueue::start(device.clone(), name, doc.io.direct)?;
     let mut model = Model {
         name: name.to_string(),
         doc,

@@ -49,6 +49,9 @@ pub struct ModelDoc {
     pub specialization_cache: usize,
     #[serde(default)]
     pub fuel: Fuel,
+    /// How checkpoint bytes are read (`"io": {"direct": true}`: direct I/O).
+    #[serde(default)]
+    pub io: Io,
     /// The source-owned options object, given to `prepare` as JSON text and through the `options` module.
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
@@ -151,6 +154,17 @@ fn default_state_bytes() -> u64 {
 }
 fn default_invoke_bytes() -> u64 {
     64 << 20
+}
+
+/// Checkpoint reads (`parameters.gather`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Io {
+    /// Direct I/O (`O_DIRECT`, bypassing the page cache) for the ranges `parameters.gather` reads: the device
+    /// must queue file reads, and every range's file offset, length and destination offset must be aligned
+    /// (4096 bytes on the CPU HAL); a misaligned range fails its gather (never a buffered fallback).
+    #[serde(default)]
+    pub direct: bool,
 }
 
 /// Fuel budgets per entry; the server caps each at [`MAX_FUEL`].
@@ -318,6 +332,7 @@ impl PackageFiles {
 
 /// Parses and validates `model.json` bytes.
 pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
+    check_io(file, bytes)?;
     let doc: ModelDoc = serde_json::from_slice(bytes).map_err(|e| Error::Package {
         file: file.to_string(),
         field: String::new(),
@@ -413,6 +428,40 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
         relative(file, &format!("assets.{k}"), v)?;
     }
     Ok(doc)
+}
+
+/// `io`'s shape, checked first so that a mistake names its field (serde's message would not).
+fn check_io(file: &str, bytes: &[u8]) -> Result<(), Error> {
+    let Ok(serde_json::Value::Object(doc)) = serde_json::from_slice::<serde_json::Value>(bytes)
+    else {
+        return Ok(()); // the typed parse reports it
+    };
+    let Some(io) = doc.get("io") else {
+        return Ok(());
+    };
+    let io = io
+        .as_object()
+        .ok_or_else(|| Error::package(file, "io", format!("expected an object, found {io}")))?;
+    for (k, v) in io {
+        match k.as_str() {
+            "direct" if v.is_boolean() => {}
+            "direct" => {
+                return Err(Error::package(
+                    file,
+                    "io.direct",
+                    format!("expected true or false, found {v}"),
+                ));
+            }
+            other => {
+                return Err(Error::package(
+                    file,
+                    &format!("io.{other}"),
+                    "unknown field (`io` has `direct`)",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Model names appear in URLs and metrics: `[A-Za-z0-9._-]{1,128}`.
