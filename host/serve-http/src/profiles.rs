@@ -24,7 +24,7 @@
 //! in one line, and the others keep loading (profiles are checked in the loader's order: file name order).
 
 use crate::error::ApiError;
-use crate::routes::{AppState, run_records};
+use crate::routes::{AppState, body_bytes, run_records};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -305,22 +305,6 @@ fn profile_error(id: &str, call: &str, e: ProfileError) -> ApiError {
         }
         _ => internal(format!("profile `{id}`: {call}: {message}")),
     }
-}
-
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|r| {
-        let status = r.status();
-        ApiError::new(
-            status,
-            "invalid_request_error",
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "request_too_large"
-            } else {
-                "invalid_body"
-            },
-            r.body_text(),
-        )
-    })
 }
 
 /// The model a profile request runs on: the named one, or the only model serving `role`; its role must be

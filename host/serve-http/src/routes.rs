@@ -148,8 +148,9 @@ async fn frame(State(st): St, req: Request, next: Next) -> Response {
     resp
 }
 
-fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Json, ApiError> {
-    let bytes = body.map_err(|r| {
+/// The request body, or the OpenAI-shaped error for a body that could not be read (413 over the limit).
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
         let status = r.status();
         ApiError::new(
             status,
@@ -161,7 +162,11 @@ fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Json, ApiError> {
             },
             r.body_text(),
         )
-    })?;
+    })
+}
+
+fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Json, ApiError> {
+    let bytes = body_bytes(body)?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
 }
