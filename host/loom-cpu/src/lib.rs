@@ -17,8 +17,8 @@
 //!   Rust helpers (`rt.rs`), `tile.dot` through the `gemm`
 //!   crate's microkernels.
 //! * A kernel that is exactly a tiled GEMM over full buffers (`pattern.rs`) runs as one `gemm` call over the
-//!   whole matrices (split over rows between threads) plus a JIT-compiled epilogue kernel for bias or
-//!   activation; `B` may be stored transposed (`[N, K]`, PyTorch's `Linear` layout, loaded as
+//!   whole matrices (split over rows, or columns when N > M, between threads) plus a JIT-compiled epilogue
+//!   kernel for bias or activation; `B` may be stored transposed (`[N, K]`, PyTorch's `Linear` layout, loaded as
 //!   `transpose(load(B[rn, rk]))`), which the `gemm` call reads through its strides.
 //! * A kernel that is exactly a tiled matrix-vector product `y = W x` with a Q8_0/Q4_0/Q4_1 weight `W: [N, K]`
 //!   (GGUF layout, `tile.dot` at M = 1 against the transposed weight tile; `pattern::match_matvec`) runs on the
