@@ -7,6 +7,10 @@
 //!   commands, then advances the signal point's timeline, or, on the first error, fails the timeline with the
 //!   error's text (a dispatch's `ExecError` text unchanged). A submission whose wait point failed does not run
 //!   and fails its own signal point with the same error, so failures propagate along fence chains.
+//! * A submission accepted while nothing is in flight and whose wait points are already reached runs on the
+//!   submitting thread instead (the hand-off to the queue thread and back cost two thread wake-ups, more than
+//!   a small stage runs for); an `exec` lock and the in-flight count keep jobs one at a time in acceptance
+//!   order either way, and the caller sees the same points and failures.
 //! * A submission holds its buffers (resolved from ids when it is accepted), so a buffer freed while a
 //!   submission that uses it is queued stays alive until that submission retires.
 //! * Every exported function runs under `catch_unwind` (`loom_plugin_api::guard`); a panic on the queue thread
