@@ -58,6 +58,11 @@ impl From<Error> for ApiError {
             Error::UnknownModel(_) => (S::NOT_FOUND, "invalid_request_error", "model_not_found"),
             Error::NotReady { .. } => (S::SERVICE_UNAVAILABLE, "server_error", "model_not_ready"),
             Error::Overloaded(_) => (S::TOO_MANY_REQUESTS, "server_error", "overloaded"),
+            Error::DeviceFull(_) => (
+                S::INSUFFICIENT_STORAGE,
+                "server_error",
+                "insufficient_device_memory",
+            ),
             Error::Unsupported(_) => (S::NOT_IMPLEMENTED, "invalid_request_error", "unsupported"),
             Error::Device(_) => (S::INTERNAL_SERVER_ERROR, "server_error", "device_error"),
             Error::Cancelled => (S::SERVICE_UNAVAILABLE, "server_error", "cancelled"),

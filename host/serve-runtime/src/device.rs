@@ -60,6 +60,12 @@ pub struct Device {
     hal: HalDeviceBox,
     files: Option<HalFilesBox>,
     allocated: AtomicU64,
+    /// What the models placed here may use in all: the device's reported memory, or for a CPU device that
+    /// reports none the host's physical memory; 0 when unknown (no device-level admission).
+    pub capacity: u64,
+    /// Each placed model's `memory.device_bytes` (reservation id, owner, bytes).
+    reservations: std::sync::Mutex<Vec<(u64, String, u64)>>,
+    next_reservation: AtomicU64,
 }
 
 impl fmt::Debug for Device {
@@ -88,6 +94,10 @@ impl Device {
         hal: HalDeviceBox,
         files: Option<HalFilesBox>,
     ) -> Device {
+        let capacity = match info.memory_bytes {
+            0 if info.backend.as_str() == "cpu" => host_memory_bytes(),
+            m => m,
+        };
         Device {
             name,
             info,
@@ -95,7 +105,45 @@ impl Device {
             hal,
             files,
             allocated: AtomicU64::new(0),
+            capacity,
+            reservations: std::sync::Mutex::new(Vec::new()),
+            next_reservation: AtomicU64::new(0),
         }
+    }
+
+    /// Reserves `bytes` (a model's `memory.device_bytes`) for `owner` until the returned guard drops: the
+    /// sum of every placed model's limit stays within [`Device::capacity`] (when known), so one model's
+    /// budget cannot be promised memory another model was promised. Refused with an error naming the field,
+    /// the device and the models holding it.
+    pub fn reserve(self: &Arc<Device>, owner: &str, bytes: u64) -> Result<Reservation, Error> {
+        let mut r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let held: u64 = r.iter().map(|x| x.2).sum();
+        if self.capacity > 0 && held.saturating_add(bytes) > self.capacity {
+            let holders: Vec<String> = r.iter().map(|(_, o, b)| format!("`{o}` {b}")).collect();
+            return Err(Error::DeviceFull(format!(
+                "model `{owner}`: memory.device_bytes asks {bytes} bytes of device {}, which has {held} of {} \
+                 bytes reserved by the models placed on it ({})",
+                self.name,
+                self.capacity,
+                if holders.is_empty() {
+                    "none".to_string()
+                } else {
+                    holders.join(", ")
+                }
+            )));
+        }
+        let id = self.next_reservation.fetch_add(1, Ordering::Relaxed);
+        r.push((id, owner.to_string(), bytes));
+        Ok(Reservation {
+            device: self.clone(),
+            id,
+        })
+    }
+
+    /// The bytes reserved by placed models.
+    pub fn reserved(&self) -> u64 {
+        let r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter().map(|x| x.2).sum()
     }
 
     /// Whether the device queues file reads (ABI 1.3 `HalFiles`).
@@ -229,21 +277,71 @@ impl Device {
     }
 }
 
+/// The host's physical memory (`MemTotal` of `/proc/meminfo`), 0 when it cannot be read.
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib.saturating_mul(1024))
+}
+
+/// A model's share of a device's capacity ([`Device::reserve`]); released when dropped (the model is gone).
+pub struct Reservation {
+    device: Arc<Device>,
+    id: u64,
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Reservation({} on {})", self.id, self.device.name)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut r = self
+            .device
+            .reservations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        r.retain(|x| x.0 != self.id);
+    }
+}
+
 /// A model's device-memory budget.
 #[derive(Debug)]
 pub struct Budget {
     pub owner: String,
     pub limit: u64,
     used: AtomicU64,
+    /// The budget's reservation of device capacity, when it has one.
+    _reservation: Option<Reservation>,
 }
 
 impl Budget {
+    /// A budget that is not counted against any device's capacity (tests, tools).
     pub fn new(owner: &str, limit: u64) -> Arc<Budget> {
         Arc::new(Budget {
             owner: owner.to_string(),
             limit,
             used: AtomicU64::new(0),
+            _reservation: None,
         })
+    }
+
+    /// A budget of `limit` bytes reserved on `device` for as long as the budget lives.
+    pub fn reserved(device: &Arc<Device>, owner: &str, limit: u64) -> Result<Arc<Budget>, Error> {
+        let reservation = device.reserve(owner, limit)?;
+        Ok(Arc::new(Budget {
+            owner: owner.to_string(),
+            limit,
+            used: AtomicU64::new(0),
+            _reservation: Some(reservation),
+        }))
     }
 
     pub fn used(&self) -> u64 {

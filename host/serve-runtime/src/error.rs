@@ -34,6 +34,9 @@ pub enum Error {
     /// Too much queued work or memory: try again later.
     #[error("{0}")]
     Overloaded(String),
+    /// A model's memory budget does not fit the device next to the budgets of the models already placed there.
+    #[error("{0}")]
+    DeviceFull(String),
     /// The model's contract does not serve this route.
     #[error("{0}")]
     Unsupported(String),

@@ -442,7 +442,7 @@ pub fn prepare(
         ));
     }
 
-    let budget = Budget::new(name, doc.memory.device_bytes);
+    let budget = Budget::reserved(&device, name, doc.memory.device_bytes)?;
     let timeline = device.timeline()?;
     let gather = crate::gather::GatherQueue::start(device.clone(), name, doc.io.direct)?;
     let mut model = Model {

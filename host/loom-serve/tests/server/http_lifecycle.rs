@@ -489,3 +489,67 @@ fn preparation_progress_streams_as_server_sent_events() {
     );
     s.healthy();
 }
+
+/// The host's physical memory from /proc/meminfo (the CPU device's capacity).
+fn mem_total() -> u64 {
+    let t = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = t
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+/// A copy of arith-embed named `name` whose `memory.device_bytes` is `bytes`.
+fn sized_package(s: &TestServer, name: &str, bytes: u64) -> String {
+    let dir = s.dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(s.dir.join("arith-embed")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("model.json")).unwrap()).unwrap();
+    doc["name"] = json!(name);
+    doc["memory"]["device_bytes"] = json!(bytes);
+    std::fs::write(dir.join("model.json"), doc.to_string()).unwrap();
+    dir.display().to_string()
+}
+
+#[test]
+fn model_budgets_are_admitted_against_the_device_capacity() {
+    let s = TestServer::start("capacity", &[]);
+    let share = mem_total() / 10 * 6;
+    let a = sized_package(&s, "big-a", share);
+    let b = sized_package(&s, "big-b", share);
+    let r = s.post_json("/v1/models", &json!({"base": a}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(embed_status(&s, "big-a"), 200);
+    // Two budgets of 60 % each do not fit one device: refused before placement, naming the field, the device
+    // and who holds it; everything else keeps serving.
+    let r = s.post_json("/v1/models", &json!({"base": b}));
+    assert_eq!(r.status, 507, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "insufficient_device_memory");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    for want in [
+        "memory.device_bytes",
+        "cpu:0",
+        "`big-a`",
+        &share.to_string(),
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg}");
+    }
+    assert_eq!(embed_status(&s, "big-a"), 200);
+    assert_eq!(embed_status(&s, "arith-embed"), 200);
+    // Unregistering the holder releases its reservation: the second now fits.
+    assert_eq!(s.request("DELETE", "/v1/models/big-a", b"").status, 200);
+    let r = s.post_json("/v1/models", &json!({"base": b}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(embed_status(&s, "big-b"), 200);
+    s.healthy();
+}
