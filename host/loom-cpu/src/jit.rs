@@ -173,20 +173,6 @@ fn csize(d: DType) -> u32 {
     if cty(d) == F32 { 4 } else { 8 }
 }
 
-/// The value range of an integer dtype in i64 storage (`int_range` of the reference).
-fn int_bounds(d: DType) -> (i64, i64) {
-    match d {
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
-        DType::U32 => (0, u32::MAX.into()),
-        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
-        DType::U16 => (0, u16::MAX.into()),
-        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::U8 => (0, u8::MAX.into()),
-        DType::I1 => (0, 1),
-        _ => (i64::MIN, i64::MAX),
-    }
-}
-
 fn is_half(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16)
 }
@@ -1369,7 +1355,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                 return self.b.ins().uextend(I64, c);
             }
             let r = self.b.ins().fcvt_to_sint_sat(I64, x);
-            let (lo, hi) = int_bounds(to);
+            let (lo, hi) = to.int_range();
             if (lo, hi) == (i64::MIN, i64::MAX) {
                 return r;
             }

@@ -147,19 +147,6 @@ fn int_to_float(dtype: DType, x: i64) -> f64 {
     }
 }
 
-fn int_range(dtype: DType) -> (i64, i64) {
-    match dtype {
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
-        DType::U32 => (0, u32::MAX.into()),
-        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
-        DType::U16 => (0, u16::MAX.into()),
-        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::U8 => (0, u8::MAX.into()),
-        DType::I1 => (0, 1),
-        _ => (i64::MIN, i64::MAX),
-    }
-}
-
 pub(crate) fn wrap(dtype: DType, x: i64) -> i64 {
     match dtype {
         DType::I32 => i64::from(x as i32),
@@ -353,7 +340,7 @@ fn cast_bits(from: DType, to: DType, bits: u64) -> u64 {
         } else if to == DType::I1 {
             u64::from(x != 0.0)
         } else {
-            let (lo, hi) = int_range(to);
+            let (lo, hi) = to.int_range();
             let r = if x.is_nan() {
                 0
             } else if x <= lo as f64 {
@@ -491,7 +478,7 @@ pub(crate) extern "C" fn loom_reduce(
             }
         }
     } else {
-        let (lo, hi) = int_range(dtype);
+        let (lo, hi) = dtype.int_range();
         // SAFETY: integer tiles are stored as i64; regions as above.
         let (s, d) = unsafe {
             (

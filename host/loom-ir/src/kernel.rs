@@ -31,6 +31,21 @@ pub enum DType {
 }
 
 impl DType {
+    /// Smallest and largest value of an integer dtype, as held in i64 storage (i64 and the float types: the
+    /// whole i64 range). Casts to an integer type saturate to it; the reference and every backend share it.
+    pub fn int_range(self) -> (i64, i64) {
+        match self {
+            DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+            DType::U32 => (0, u32::MAX.into()),
+            DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+            DType::U16 => (0, u16::MAX.into()),
+            DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+            DType::U8 => (0, u8::MAX.into()),
+            DType::I1 => (0, 1),
+            _ => (i64::MIN, i64::MAX),
+        }
+    }
+
     pub const ALL: &'static [DType] = &[
         DType::F32,
         DType::F16,

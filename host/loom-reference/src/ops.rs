@@ -6,8 +6,7 @@ use loom_ir::kernel::{BinOp, CmpOp, DType, ReduceOp, UnOp};
 
 use crate::float::{erf, int_to_float, round_to};
 use crate::tile::{
-    Data, Fault, R, Tile, bad, elements, int_bits, int_range, is_int, strided_offsets, strides,
-    wrap,
+    Data, Fault, R, Tile, bad, elements, int_bits, is_int, strided_offsets, strides, wrap,
 };
 
 /// The shape of an elementwise result: scalars broadcast over tiles; tiles must have equal shapes.
@@ -198,7 +197,7 @@ fn float_to_int(to: DType, x: f64) -> i64 {
     if to == DType::I1 {
         return i64::from(x != 0.0);
     }
-    let (lo, hi) = int_range(to);
+    let (lo, hi) = to.int_range();
     if x.is_nan() {
         0
     } else if x <= lo as f64 {
@@ -326,7 +325,7 @@ pub(crate) fn reduce(op: ReduceOp, a: &Tile, axis: u8) -> R<Tile> {
             Data::F(v)
         }
         Data::I(x) => {
-            let (lo, hi) = int_range(dtype);
+            let (lo, hi) = dtype.int_range();
             let mut v = Vec::with_capacity(outer * inner);
             for o in 0..outer {
                 for i in 0..inner {

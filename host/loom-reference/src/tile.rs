@@ -156,20 +156,6 @@ pub(crate) fn wrap(dtype: DType, x: i64) -> i64 {
     }
 }
 
-/// Smallest and largest value of integer `dtype`.
-pub(crate) fn int_range(dtype: DType) -> (i64, i64) {
-    match dtype {
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
-        DType::U32 => (0, u32::MAX.into()),
-        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
-        DType::U16 => (0, u16::MAX.into()),
-        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::U8 => (0, u8::MAX.into()),
-        DType::I1 => (0, 1),
-        _ => (i64::MIN, i64::MAX),
-    }
-}
-
 /// Bit width of integer `dtype`.
 pub(crate) fn int_bits(dtype: DType) -> u64 {
     match dtype {
