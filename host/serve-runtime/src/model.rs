@@ -503,6 +503,18 @@ pub(crate) fn resolve_source_path(
     Ok(root.join(rel))
 }
 
+/// The key of a binding's resident buffer: its domain and entry (a transposed placement is another buffer).
+fn resident_key(b: &Binding) -> (DomainKey, String) {
+    (
+        b.domain.clone(),
+        if b.transpose {
+            format!("{}\u{0}transpose", b.key)
+        } else {
+            b.key.clone()
+        },
+    )
+}
+
 /// Parses a `prepare.config` text value by the kind of the template parameter it binds.
 pub fn parse_config_text(kind: &TParamKind, text: &str) -> std::result::Result<TValue, String> {
     let t = text.trim();
@@ -662,12 +674,7 @@ impl Model {
         if progress.snapshot().phase == ProgressPhase::Compiling {
             progress.phase(ProgressPhase::Placing);
         }
-        progress.bytes_declared(
-            specialized
-                .iter()
-                .flat_map(|(_, _, _, b)| b.iter().map(|b| b.entry.len))
-                .sum(),
-        );
+        progress.bytes_declared(self.bytes_to_place(specialized.iter().flat_map(|(_, _, _, b)| b)));
         let mut out = Vec::with_capacity(specialized.len());
         for ((decl, stage, reflection, bindings), exe) in specialized.into_iter().zip(exes) {
             let mut params = Vec::with_capacity(bindings.len());
@@ -832,24 +839,29 @@ impl Model {
         Ok(out)
     }
 
+    /// The bytes placing `bindings` will move: each resident buffer once, none already resident.
+    fn bytes_to_place<'a>(&self, bindings: impl Iterator<Item = &'a Binding>) -> u64 {
+        let domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = std::collections::HashSet::new();
+        bindings
+            .filter(|b| {
+                let k = resident_key(b);
+                !domains.contains_key(&k) && seen.insert(k)
+            })
+            .map(|b| b.entry.len)
+            .sum()
+    }
+
     /// The resident buffer of one binding: shared with every stage of the same domain.
     fn activate(&self, b: &Binding) -> Result<DeviceBuffer> {
         let mut domains = self
             .domains
             .lock()
             .map_err(|_| Error::Internal("domains poisoned".into()))?;
-        let k = (
-            b.domain.clone(),
-            if b.transpose {
-                format!("{}\u{0}transpose", b.key)
-            } else {
-                b.key.clone()
-            },
-        );
+        let k = resident_key(b);
         let progress = self.progress();
         if let Some(buf) = domains.get(&k) {
-            // Shared with a stage placed before: nothing more to move.
-            progress.bytes_placed(b.entry.len);
+            // Shared with a stage placed before: nothing more to move (nor counted in the progress).
             return Ok(buf.clone());
         }
         let buf = self.device.alloc(b.entry.len, &self.budget)?;
@@ -928,12 +940,7 @@ impl Model {
         *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress.clone();
         progress.phase(ProgressPhase::Placing);
         let stages = self.all_stages();
-        progress.bytes_declared(
-            stages
-                .iter()
-                .flat_map(|s| s.bindings.iter().map(|b| b.entry.len))
-                .sum(),
-        );
+        progress.bytes_declared(self.bytes_to_place(stages.iter().flat_map(|s| &s.bindings)));
         for s in &stages {
             let mut fresh = Vec::with_capacity(s.bindings.len());
             for b in &s.bindings {

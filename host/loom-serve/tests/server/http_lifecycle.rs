@@ -452,6 +452,9 @@ fn preparation_progress_streams_as_server_sent_events() {
         "{last}"
     );
     assert_eq!(last["bytes_placed"], last["bytes_total"]);
+    // Each resident buffer counts once: the total is what the model holds on the device (no cohort ran yet).
+    let m = s.request("GET", "/v1/models/w2", b"").json();
+    assert_eq!(last["bytes_total"], m["device_bytes"], "{last} vs {m}");
     assert!(last["error"].is_null());
     // Counts never go backwards along the stream.
     for w in events.windows(2) {
