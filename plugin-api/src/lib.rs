@@ -605,6 +605,12 @@ pub trait HalDevice: Send + Sync {
     ) -> RResult<WaitStatus, RBoxError>;
 }
 
+/// The [`LoomPlugin::hal`] of a plugin that is not a HAL (the loader checks the kind first and never calls
+/// it; it is there because the field is not optional): always an error.
+pub extern "C" fn no_hal() -> RResult<HalDriverBox, RBoxError> {
+    RResult::RErr(error("this plugin is not a HAL plugin"))
+}
+
 /// An [`RBoxError`] whose text is `message`'s `Display`.
 pub fn error(message: impl fmt::Display) -> RBoxError {
     RBoxError::from_fmt(&message.to_string())

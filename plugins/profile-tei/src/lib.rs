@@ -38,10 +38,10 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, CodecBox, EncodeRequest, ErrorClass, HalDriverBox, HttpMethod,
-    LoomPlugin, LoomPlugin_Ref, ParseContext, ParsedRequest, PluginKind, Probe, Profile,
-    Profile_TO, ProfileBox, ProfileError, ProfileResponse, ProfileRoute, error, guard, guard_list,
-    guard_probe, guard_profile,
+    ABI_MAJOR, ABI_MINOR, CodecBox, EncodeRequest, ErrorClass, HttpMethod, LoomPlugin,
+    LoomPlugin_Ref, ParseContext, ParsedRequest, PluginKind, Probe, Profile, Profile_TO,
+    ProfileBox, ProfileError, ProfileResponse, ProfileRoute, error, guard, guard_list, guard_probe,
+    guard_profile,
 };
 use serde_json::Value as Json;
 
@@ -57,7 +57,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         id: RStr::from_str(PLUGIN_ID),
         kind: PluginKind::PROFILE,
         probe,
-        hal,
+        hal: loom_plugin_api::no_hal,
         codec,
         profile,
         hal_files: loom_plugin_api::no_hal_files,
@@ -67,12 +67,6 @@ pub fn root_module() -> LoomPlugin_Ref {
 
 extern "C" fn probe() -> Probe {
     guard_probe(|| Probe::available(1, "HTTP profile: text-embeddings-inference (POST /embed)"))
-}
-
-extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
-    RResult::RErr(error(format_args!(
-        "{PLUGIN_ID} is a profile plugin, not a HAL"
-    )))
 }
 
 extern "C" fn codec() -> RResult<CodecBox, RBoxError> {

@@ -21,8 +21,8 @@ use codec_audio::{AudioDecoder, DecoderConfig, Layout, Resampler};
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, AudioCodec, AudioCodec_TO, AudioCodecBox, AudioContainer,
     AudioDecodeSession, AudioDecodeSession_TO, AudioSourceInfo, Codec, Codec_TO, CodecBox,
-    DecodeConfig, HalDriverBox, ImageCodecBox, LoomPlugin, LoomPlugin_Ref, PcmChunk, PluginKind,
-    Probe, ResampleConfig, ResampleSession, ResampleSession_TO, error, guard, guard_probe, missing,
+    DecodeConfig, ImageCodecBox, LoomPlugin, LoomPlugin_Ref, PcmChunk, PluginKind, Probe,
+    ResampleConfig, ResampleSession, ResampleSession_TO, guard, guard_probe, missing,
 };
 
 /// This plugin's id.
@@ -40,7 +40,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         id: RStr::from_str(PLUGIN_ID),
         kind: PluginKind::CODEC,
         probe,
-        hal,
+        hal: loom_plugin_api::no_hal,
         codec,
         profile: loom_plugin_api::no_profile,
         hal_files: loom_plugin_api::no_hal_files,
@@ -55,12 +55,6 @@ extern "C" fn probe() -> Probe {
             "audio codec: wav, mp3, flac decoding; raw f32 resampling",
         )
     })
-}
-
-extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
-    RResult::RErr(error(format_args!(
-        "{PLUGIN_ID} is a codec plugin, not a HAL"
-    )))
 }
 
 extern "C" fn codec() -> RResult<CodecBox, RBoxError> {

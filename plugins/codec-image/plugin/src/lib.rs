@@ -9,9 +9,9 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RVec};
 use codec_image::{Format, Image, SourceFormat};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, AudioCodecBox, Codec, Codec_TO, CodecBox, HalDriverBox, ImageCodec,
-    ImageCodec_TO, ImageCodecBox, ImageData, ImageDecodeConfig, ImageEncodeConfig, ImageFormat,
-    LoomPlugin, LoomPlugin_Ref, PixelFormat, PluginKind, Probe, error, guard, guard_probe, missing,
+    ABI_MAJOR, ABI_MINOR, AudioCodecBox, Codec, Codec_TO, CodecBox, ImageCodec, ImageCodec_TO,
+    ImageCodecBox, ImageData, ImageDecodeConfig, ImageEncodeConfig, ImageFormat, LoomPlugin,
+    LoomPlugin_Ref, PixelFormat, PluginKind, Probe, guard, guard_probe, missing,
 };
 
 /// This plugin's id.
@@ -26,7 +26,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         id: RStr::from_str(PLUGIN_ID),
         kind: PluginKind::CODEC,
         probe,
-        hal,
+        hal: loom_plugin_api::no_hal,
         codec,
         profile: loom_plugin_api::no_profile,
         hal_files: loom_plugin_api::no_hal_files,
@@ -41,12 +41,6 @@ extern "C" fn probe() -> Probe {
             "image codec: png, jpeg, webp decoding to rgb8/rgba8; png, jpeg, webp encoding",
         )
     })
-}
-
-extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
-    RResult::RErr(error(format_args!(
-        "{PLUGIN_ID} is a codec plugin, not a HAL"
-    )))
 }
 
 extern "C" fn codec() -> RResult<CodecBox, RBoxError> {

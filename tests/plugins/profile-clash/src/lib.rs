@@ -7,9 +7,9 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RVec};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, EncodeRequest, HalDriverBox, HttpMethod, LoomPlugin, LoomPlugin_Ref,
-    ParseContext, ParsedRequest, PluginKind, Probe, Profile, Profile_TO, ProfileBox, ProfileError,
-    ProfileResponse, ProfileRoute, error, guard, guard_list, guard_probe, guard_profile,
+    ABI_MAJOR, ABI_MINOR, EncodeRequest, HttpMethod, LoomPlugin, LoomPlugin_Ref, ParseContext,
+    ParsedRequest, PluginKind, Probe, Profile, Profile_TO, ProfileBox, ProfileError,
+    ProfileResponse, ProfileRoute, guard, guard_list, guard_probe, guard_profile,
 };
 
 #[export_root_module]
@@ -20,7 +20,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         id: RStr::from_str("clash-0001"),
         kind: PluginKind::PROFILE,
         probe,
-        hal,
+        hal: loom_plugin_api::no_hal,
         codec: loom_plugin_api::no_codec,
         profile,
         hal_files: loom_plugin_api::no_hal_files,
@@ -30,10 +30,6 @@ pub fn root_module() -> LoomPlugin_Ref {
 
 extern "C" fn probe() -> Probe {
     guard_probe(|| Probe::available(1, "test profile with a clashing route"))
-}
-
-extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
-    RResult::RErr(error("not a HAL"))
 }
 
 extern "C" fn profile() -> RResult<ProfileBox, RBoxError> {
