@@ -600,6 +600,134 @@ fn hal_non_positive_loop_step_fails_with_the_kernel_error_text() {
     each_device_fails_like_the_reference(&s, &[i64_bytes(&[-2])]);
 }
 
+/// A stage copying a GGUF-quantised `[R, C]` buffer of `dtype` into f32 through masked `[BR, BC]` tile loads.
+fn dequant_stage(dtype: &str, cfg: &[(&str, i64)]) -> Stage {
+    let text = format!(
+        "module @qload {{
+  export kernel @deq<R: i64, C: i64, BR: i64, BC: i64> grid(cdiv(R, BR), cdiv(C, BC))
+      (%w: buffer<{dtype}, [R, C]> read, %y: buffer<f32, [R, C]> write)
+  {{
+    %rr = tile.range mul(program_id(0), BR), BR
+    %rc = tile.range mul(program_id(1), BC), BC
+    %v = tile.load %w[%rr, %rc], 0.0
+    tile.store %y[%rr, %rc], %v
+  }}
+  export stage @s<R: i64, C: i64, BR: i64, BC: i64>
+      (%w: buffer<{dtype}, [R, C]> input, %y: buffer<f32, [R, C]> output)
+  {{
+    dispatch @deq<R = R, C = C, BR = BR, BC = BC>(%w, %y)
+  }}
+}}
+"
+    );
+    let mut cat = Catalog::new();
+    if let Err(e) = cat.add_source("qload.loom", &text) {
+        panic!("qload.loom:\n{e}");
+    }
+    let cfg: Vec<(String, TValue)> = cfg
+        .iter()
+        .map(|(k, v)| (k.to_string(), TValue::I64(*v)))
+        .collect();
+    loom_kernel::specialize_stage(&cat, cat.find("qload").expect("module"), "s", &cfg)
+        .unwrap_or_else(|e| panic!("qload {dtype}: {}", e.join("")))
+}
+
+/// Random GGUF blocks of `dtype` (`blocks` of them): every byte random, except the f16 scales, which are finite
+/// values of either sign between 2^-6 and 2^1 (random bits could be NaN or infinite).
+fn random_blocks(dtype: loom_ir::kernel::DType, blocks: usize, seed: u64) -> Vec<u8> {
+    use loom_ir::kernel::DType;
+    let (_, size) = dtype.block().expect("a block type");
+    let mut x = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = Vec::new();
+    for _ in 0..blocks {
+        let mut b: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+        let f16_at: &[usize] = match dtype {
+            DType::Q8_0 | DType::Q4_0 => &[0],
+            DType::Q4_1 | DType::Q4K => &[0, 2],
+            DType::Q6K => &[208],
+            _ => &[],
+        };
+        for &o in f16_at {
+            let r = next();
+            // sign, exponent 9..=16 (2^-6 .. 2^1), random mantissa
+            let h = ((r & 1) << 15) as u16
+                | (((9 + (r >> 1) % 8) as u16) << 10)
+                | ((r >> 8) as u16 & 0x3ff);
+            b[o..o + 2].copy_from_slice(&h.to_le_bytes());
+        }
+        out.extend(b);
+    }
+    out
+}
+
+#[test]
+fn hal_quantised_loads_match_the_reference() {
+    use loom_ir::kernel::DType;
+    // Two blocks of 256 (eight of 32) per row, 3 rows: [2, 96] tiles straddle block boundaries, the last column
+    // tile and the last row tile are partly outside (masked).
+    let (r, c) = (3usize, 512usize);
+    for (name, dtype) in [
+        ("q8_0", DType::Q8_0),
+        ("q4_0", DType::Q4_0),
+        ("q4_1", DType::Q4_1),
+        ("q4_k", DType::Q4K),
+        ("q6_k", DType::Q6K),
+    ] {
+        let stage = dequant_stage(
+            name,
+            &[("R", r as i64), ("C", c as i64), ("BR", 2), ("BC", 96)],
+        );
+        let (per, _) = dtype.block().expect("block");
+        let w = random_blocks(dtype, r * c / per as usize, 0x9e37_79b9_7f4a_7c15 ^ per);
+        let mut want = loom_reference::alloc_outputs(&stage).expect("outputs");
+        loom_reference::run_stage(&stage, &[&w], &[], &mut want).expect("reference");
+        let want = floats(&want[0]);
+        let big = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(big > 0.0 && want.iter().all(|x| x.is_finite()), "{name}");
+        let bytes = encode_stage(&stage);
+        each_device(|id, dev| {
+            let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+            let input = upload(dev, &w);
+            // Poisoned: an element the kernel does not write stays NaN and fails the comparison.
+            let output = upload(dev, &vec![0xFF; r * c * 4]);
+            let t = ok(id, dev.timeline_create());
+            submit(
+                dev,
+                vec![Command::Dispatch {
+                    exe,
+                    inputs: RVec::from(vec![input]),
+                    params: RVec::new(),
+                    outputs: RVec::from(vec![output]),
+                    workspace: RVec::new(),
+                }],
+                &[],
+                point(t, 1),
+            );
+            reached(dev, point(t, 1));
+            let got = floats(&read_all(dev, output, r * c * 4));
+            // ggml's f32 operations in ggml's order; a device may contract `d1 * q - m1` into one fma, which
+            // moves the result by at most an ulp of the block's largest magnitude. A wrong nibble, scale or
+            // sign is off by at least one quantisation step (>= 2^-6 here).
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 2e-7 * big,
+                    "{id}: {name} element {i} (row {}, column {}): {g} vs reference {w}",
+                    i / c,
+                    i % c
+                );
+            }
+            ok(id, dev.free(input));
+            ok(id, dev.free(output));
+        });
+    }
+}
+
 #[test]
 fn hal_freed_buffer_lives_until_its_submission_retires() {
     each_device(|id, dev| {

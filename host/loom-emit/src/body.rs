@@ -1493,9 +1493,9 @@ impl<'k> Gen<'k> {
                 return Err(bad(format!("load fill must be a {d} scalar")));
             }
         }
-        if matches!(p.dtype, DType::Q4K | DType::Q6K) {
+        if self.t == Target::Cuda && matches!(p.dtype, DType::Q4K | DType::Q6K) {
             return Err(Error::Unsupported(format!(
-                "loads from {} buffers (only q8_0, q4_0 and q4_1 are dequantised in-shader so far)",
+                "loads from {} buffers (only q8_0, q4_0 and q4_1 are dequantised in CUDA so far)",
                 p.dtype
             )));
         }

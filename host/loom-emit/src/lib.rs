@@ -46,9 +46,10 @@
 //! little-endian words, so one declaration serves every dtype and any range of the arena: f32/i32/u32 are
 //! bitcast, i64 is two words, f16 is converted with integer ops (`unpack2x16float` needs naga's
 //! `SHADER_FLOAT16_IN_FLOAT32`, which the default capabilities and downlevel GL lack), bf16 by shifting into the high half,
-//! narrow integers by shift and mask, and q8_0/q4_0/q4_1 blocks are dequantised in-shader from their bytes
-//! with ggml's operations. Sub-word buffers that are written are `array<atomic<u32>>` and a store is an
-//! `atomicAnd` + `atomicOr` of the element's bits, so neighbouring invocations never lose each other's writes.
+//! narrow integers by shift and mask, and q8_0/q4_0/q4_1/q4_k/q6_k blocks are dequantised in-shader from their
+//! bytes with ggml's operations (q4_k's packed 6-bit scales and mins as in `get_scale_min_k4`). Sub-word
+//! buffers that are written are `array<atomic<u32>>` and a store is an `atomicAnd` + `atomicOr` of the
+//! element's bits, so neighbouring invocations never lose each other's writes.
 //! Every binding is `read_write` because a dispatch may bind two ranges of the one workspace arena, and wgpu
 //! tracks usage per buffer (a read-only and a writable binding of one buffer conflict). Binding
 //! `params.len()` is the status buffer (8 atomic words, zeroed by the host before a dispatch). Buffers bound
@@ -81,7 +82,8 @@
 //!   `max_compute_workgroups_per_dimension` (65535) per dimension.
 //! * **f64** is [`Error::Unsupported`] in WGSL (no `SHADER_FLOAT64` in the default capabilities); the RoPE motif
 //!   (f64 angles) therefore has no WGSL lowering yet. CUDA has f64.
-//! * **Q4_K / Q6_K** loads are [`Error::Unsupported`] on both targets for now.
+//! * **Q4_K / Q6_K** loads are dequantised in WGSL (executed on lavapipe against the reference by the HAL
+//!   conformance suite); in CUDA they are [`Error::Unsupported`] for now.
 //! * Dots with `M + N` over the scratch words (4092 with the downlevel 16 KiB of workgroup memory) are
 //!   [`Error::Unsupported`]; so are kernels
 //!   with more than `max_storage_buffers_per_shader_stage - 1` parameters.

@@ -250,6 +250,54 @@ fn reader(i: usize, d: DType, atomic: bool) -> Result<String, Error> {
             };
             format!("{pre}\n    {val}")
         }
+        DType::Q4K | DType::Q6K => {
+            // 144- and 210-byte blocks: every block starts at an even byte, so the f16 fields stay 2-byte aligned.
+            let _ = writeln!(
+                s,
+                "fn byte{i}(o: u32) -> u32 {{ return ({} >> ((o & 3u) * 8u)) & 0xffu; }}",
+                w("o >> 2u")
+            );
+            let _ = writeln!(
+                s,
+                "fn half{i}(o: u32) -> f32 {{ return h2f(({} >> ((o & 2u) * 8u)) & 0xffffu); }}",
+                w("o >> 2u")
+            );
+            if d == DType::Q4K {
+                // block_q4_K { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }: 4 chunks of 64 elements; chunk c
+                // reads qs[32c..32c+32], low nibbles for sub-block 2c, high nibbles for 2c+1; the 6-bit scale and
+                // min of sub-block j are ggml's get_scale_min_k4; x = (d * sc) * q - dmin * m.
+                format!(
+                    "let blk = u32(g) / 256u; let i = u32(g) % 256u; let bo = blk * 144u;
+    let d = half{i}(bo); let dmin = half{i}(bo + 2u);
+    let c = i / 64u; let w = i % 64u; let j = 2u * c + w / 32u;
+    let by = byte{i}(bo + 16u + 32u * c + w % 32u); let q = select(by >> 4u, by & 15u, w < 32u);
+    var sc: u32; var m: u32;
+    if (j < 4u) {{
+        sc = byte{i}(bo + 4u + j) & 63u; m = byte{i}(bo + 8u + j) & 63u;
+    }} else {{
+        let hi = byte{i}(bo + 8u + j);
+        sc = (hi & 15u) | ((byte{i}(bo + j) >> 6u) << 4u);
+        m = (hi >> 4u) | ((byte{i}(bo + 4u + j) >> 6u) << 4u);
+    }}
+    let d1 = d * f32(sc); let m1 = dmin * f32(m);
+    return d1 * f32(q) - m1;"
+                )
+            } else {
+                // block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: two halves of 128; element 32k + l of
+                // half h takes its low 4 bits from ql[64h + l + 32(k & 1)] (low nibble for k < 2) and its high 2
+                // bits from qh[32h + l] >> 2k; x = (d * scales[8h + l / 16 + 2k]) * (q - 32).
+                format!(
+                    "let blk = u32(g) / 256u; let i = u32(g) % 256u; let bo = blk * 210u;
+    let h = i / 128u; let r = i % 128u; let k = r / 32u; let l = r % 32u;
+    let lb = byte{i}(bo + 64u * h + l + 32u * (k & 1u)); let lo = select(lb >> 4u, lb & 15u, k < 2u);
+    let hi = (byte{i}(bo + 128u + 32u * h + l) >> (2u * k)) & 3u;
+    let q = i32(lo | (hi << 4u)) - 32;
+    let s = bitcast<i32>(byte{i}(bo + 192u + 8u * h + l / 16u + 2u * k) << 24u) >> 24u;
+    let d = half{i}(bo + 208u);
+    return d * f32(s) * f32(q);"
+                )
+            }
+        }
         other => {
             return Err(Error::Unsupported(format!(
                 "loads from {other} buffers in WGSL"
