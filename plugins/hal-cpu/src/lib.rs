@@ -22,7 +22,8 @@
 //!   dispatches, copies and fills only by timeline points, so compute work may wait for a read submitted after
 //!   it), each read a positional `read_exact_at` straight into the destination
 //!   buffer's bytes. A direct read needs its file offset, length and destination offset to be multiples of
-//!   4096 ([`DIRECT_ALIGNMENT`]: not asked of the file system, which needs a `statx`/`ioctl` call and `unsafe`;
+//!   4096 ([`DIRECT_ALIGNMENT`]; opening, these checks and the error texts are `hal_queue::files`, shared with
+//!   `hal-vulkan`: not asked of the file system, which needs a `statx`/`ioctl` call and `unsafe`;
 //!   4096 is a multiple of every common logical block size), else it fails its point with
 //!   `direct I/O needs 4096-byte aligned ranges: offset X length Y`, never falling back to a buffered read. The
 //!   buffers are plain `Vec<u8>`s, whose start is only as aligned as the allocator makes it, so a direct read
@@ -33,8 +34,6 @@
 //! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
@@ -45,6 +44,7 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::ROption;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
+use hal_queue::files::OpenFile;
 use loom_cpu::CpuStage;
 use loom_ir::kernel::ExecError;
 use loom_ir::kernel_codec;
@@ -63,10 +63,7 @@ pub const PLUGIN_ID: &str = "cpu-0001";
 pub const MAX_BUFFER_BYTES: u64 = 1 << 40;
 
 /// What a direct read's file offset, length and destination offset must be multiples of.
-pub const DIRECT_ALIGNMENT: u64 = loom_plugin_api::DEFAULT_DIRECT_ALIGNMENT;
-
-/// Largest bounce slice of a direct read into a destination whose address is not aligned.
-const BOUNCE_BYTES: usize = 1 << 20;
+pub const DIRECT_ALIGNMENT: u64 = hal_queue::files::DIRECT_ALIGNMENT;
 
 /// The exported root module.
 #[export_root_module]
@@ -170,14 +167,6 @@ struct Exe {
 struct Timeline {
     value: u64,
     failure: Option<String>,
-}
-
-/// A file opened by `file_open`.
-#[derive(Debug)]
-struct OpenFile {
-    file: File,
-    path: String,
-    direct: bool,
 }
 
 #[derive(Debug, Default)]
@@ -555,7 +544,8 @@ fn run_command(c: &Cmd) -> Result<(), String> {
     Ok(())
 }
 
-/// One queued file read (see the crate doc): errors name the file offset and length.
+/// One queued file read (see the crate doc; checks and error texts are `hal_queue::files`, shared with
+/// `hal-vulkan`): errors name the file offset and length.
 fn file_read(
     file: &OpenFile,
     file_offset: u64,
@@ -563,62 +553,13 @@ fn file_read(
     dst: &Buf,
     dst_offset: u64,
 ) -> Result<(), String> {
-    let at = || {
-        format!(
-            "file read at offset {file_offset} length {len} of {}",
-            file.path
-        )
-    };
-    let a = DIRECT_ALIGNMENT;
-    if file.direct
-        && !(file_offset.is_multiple_of(a) && len.is_multiple_of(a) && dst_offset.is_multiple_of(a))
-    {
-        return Err(format!(
-            "{}: direct I/O needs {a}-byte aligned ranges: offset {file_offset} length {len}{}",
-            at(),
-            if !dst_offset.is_multiple_of(a) {
-                format!(" (destination offset {dst_offset})")
-            } else {
-                String::new()
-            }
-        ));
-    }
     let mut d = lock(dst);
-    let r = range("destination", d.len(), dst_offset, len).map_err(|e| format!("{}: {e}", at()))?;
-    let out = &mut d[r];
-    let io = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            let size = file
-                .file
-                .metadata()
-                .map_or_else(|_| "?".to_string(), |m| m.len().to_string());
-            format!(
-                "{}: short read (the file has {size} bytes; the range ends at {})",
-                at(),
-                file_offset.saturating_add(len)
-            )
-        } else {
-            format!("{}: {e}", at())
-        }
-    };
-    if !file.direct || (out.as_ptr() as usize).is_multiple_of(a as usize) {
-        return file.file.read_exact_at(out, file_offset).map_err(io);
-    }
-    // A direct read into an unaligned address: through an aligned slice of a slightly larger Vec.
-    let chunk = out.len().min(BOUNCE_BYTES);
-    let mut bounce = vec![0u8; chunk + a as usize];
-    let skip = (a as usize - (bounce.as_ptr() as usize) % a as usize) % a as usize;
-    let aligned = &mut bounce[skip..skip + chunk];
-    let mut pos = file_offset;
-    for piece in out.chunks_mut(chunk) {
-        let n = piece.len();
-        file.file
-            .read_exact_at(&mut aligned[..n], pos)
-            .map_err(io)?;
-        piece.copy_from_slice(&aligned[..n]);
-        pos += n as u64;
-    }
-    Ok(())
+    let r = file.check(file_offset, len, d.len() as u64, dst_offset)?;
+    file.read_piece(
+        (file_offset, len),
+        file_offset,
+        &mut d[r.start as usize..r.end as usize],
+    )
 }
 
 /// The position of `b` in `distinct`, appending it when new.
@@ -841,50 +782,15 @@ impl HalFiles for CpuDevice {
         flags: FileOpenFlags,
     ) -> RResult<FileInfo, RBoxError> {
         guard("file_open", || {
-            let path = path.as_str();
-            if fd < 0 {
-                return Err(format!("file_open {path}: bad descriptor {fd}"));
-            }
-            if flags.0 & !FileOpenFlags::DIRECT.0 != 0 {
-                return Err(format!("file_open {path}: unknown flags {:#x}", flags.0));
-            }
-            let direct = flags.direct();
-            let mut o = std::fs::OpenOptions::new();
-            o.read(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            // The host's open file, not whatever its path names now.
-            let file = o.open(format!("/proc/self/fd/{fd}")).map_err(|e| {
-                if direct && e.raw_os_error() == Some(libc::EINVAL) {
-                    format!(
-                        "file_open {path}: the file system refuses direct I/O (O_DIRECT): {e} \
-                         (tmpfs does; there are no buffered fallbacks)"
-                    )
-                } else {
-                    format!("file_open {path}: {e}")
-                }
-            })?;
-            let meta = file
-                .metadata()
-                .map_err(|e| format!("file_open {path}: {e}"))?;
-            if !meta.is_file() {
-                return Err(format!("file_open {path}: not a regular file"));
-            }
+            let (file, len) = OpenFile::open(fd, path.as_str(), flags)?;
+            let direct_alignment = file.alignment();
             let mut st = self.state();
             let id = st.id();
-            st.files.insert(
-                id,
-                Arc::new(OpenFile {
-                    file,
-                    path: path.to_string(),
-                    direct,
-                }),
-            );
-            Ok(FileInfo {
+            st.files.insert(id, Arc::new(file));
+            Ok::<_, String>(FileInfo {
                 file: FileId(id),
-                len: meta.len(),
-                direct_alignment: if direct { DIRECT_ALIGNMENT } else { 0 },
+                len,
+                direct_alignment,
             })
         })
     }

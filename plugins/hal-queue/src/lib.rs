@@ -8,7 +8,9 @@
 //!   advances the signal point's timeline or fails it with the job's error text;
 //! * the job owns whatever it resolved when it was accepted (buffers, executables) and is dropped *before* its
 //!   point is signalled, so a buffer freed while queued lives exactly until its last accepted use retires;
-//! * a panic of the job runner is caught and fails the signal point.
+//! * a panic of the job runner is caught and fails the signal point;
+//! * a device may run a second queue on the same timelines ([`Queue::sibling`], e.g. for file reads);
+//! * [`files`]: the checks and error texts of queued file reads (`HalFiles`), the same on every plugin.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use loom_plugin_api::{TimelineId, TimelinePoint, WaitStatus, panic_message};
+
+pub mod files;
 
 /// Locks `m`, ignoring poisoning (a panic on another thread is already reported as an error).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -118,7 +122,25 @@ impl<J: Send + 'static> fmt::Debug for Queue<J> {
 impl<J: Send + 'static> Queue<J> {
     /// Starts the queue thread `name`; `run` executes one job (and drops it) on that thread.
     pub fn new(name: &str, run: impl FnMut(J) -> Result<(), String> + Send + 'static) -> Queue<J> {
-        let shared = Arc::new(Shared::default());
+        Queue::with_shared(Arc::new(Shared::default()), name, run)
+    }
+
+    /// A second queue of the same device (e.g. a transfer queue): its own thread running jobs of type `K` in
+    /// their submission order, ordered against this queue's jobs only by timeline points, on the **same
+    /// timelines** (created, signalled and waited on through either queue).
+    pub fn sibling<K: Send + 'static>(
+        &self,
+        name: &str,
+        run: impl FnMut(K) -> Result<(), String> + Send + 'static,
+    ) -> Queue<K> {
+        Queue::with_shared(Arc::clone(&self.shared), name, run)
+    }
+
+    fn with_shared(
+        shared: Arc<Shared>,
+        name: &str,
+        run: impl FnMut(J) -> Result<(), String> + Send + 'static,
+    ) -> Queue<J> {
         let (tx, rx) = mpsc::channel::<Job<J>>();
         let q = Arc::clone(&shared);
         let mut run = run;
@@ -285,5 +307,43 @@ mod tests {
         assert_eq!(*lock(&log), vec![1, 2], "job 3 must not run");
         assert!(q.submit(4, vec![], p(TimelineId(99), 1)).is_err());
         assert!(q.timeline_signal(p(host, 1)).is_err());
+    }
+
+    #[test]
+    fn a_sibling_queue_shares_the_timelines_and_is_ordered_only_by_points() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&log);
+        let compute: Queue<u32> = Queue::new("test-compute", move |j| {
+            lock(&l).push(j);
+            Ok(())
+        });
+        let l = Arc::clone(&log);
+        let transfer: Queue<&'static str> = compute.sibling("test-transfer", move |j| {
+            lock(&l).push(if j == "read" { 100 } else { 101 });
+            if j == "bad" {
+                Err("read failed".into())
+            } else {
+                Ok(())
+            }
+        });
+        let t = compute.timeline_create();
+        // Compute work waiting for a transfer submitted after it does not block the transfer.
+        compute.submit(1, vec![p(t, 1)], p(t, 2)).unwrap();
+        transfer.submit("read", vec![], p(t, 1)).unwrap();
+        assert_eq!(
+            compute.timeline_wait(p(t, 2), u64::MAX).unwrap(),
+            WaitStatus::Reached
+        );
+        assert_eq!(transfer.timeline_value(t).unwrap(), 2);
+        assert_eq!(*lock(&log), vec![100, 1]);
+        // A failed transfer fails the compute work that waits for it.
+        let u = transfer.timeline_create();
+        transfer.submit("bad", vec![], p(u, 1)).unwrap();
+        compute.submit(2, vec![p(u, 1)], p(u, 2)).unwrap();
+        assert_eq!(
+            compute.timeline_wait(p(u, 2), u64::MAX).unwrap_err(),
+            "read failed"
+        );
+        assert_eq!(lock(&log).len(), 3, "job 2 must not run");
     }
 }

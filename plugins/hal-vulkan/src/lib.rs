@@ -10,8 +10,8 @@
 //!   edges are read-modify-written, so any byte range works.
 //! * **`compile`** decodes the stage (`loom_ir::kernel_codec`), plans it with `loom_emit::wgsl_stage` (one module
 //!   per kernel, the workspace as one arena) and creates one compute pipeline per kernel with an explicit
-//!   layout (every binding `read_write` storage). What WGSL cannot express (f64, K-quants, too many
-//!   parameters for the limits, ...) is a clear compile error naming the kernel and the backend.
+//!   layout (every binding `read_write` storage). What WGSL cannot express (f64, too many parameters for the
+//!   limits, ...) is a clear compile error naming the kernel and the backend.
 //! * **`submit`** queues the commands on the device's queue thread (`hal-queue`: in order, waits first, a
 //!   failure fails the signal point and every dependent point with the same text). Copies and fills are
 //!   recorded into one command encoder; a dispatch records every kernel of the stage (one compute pass each),
@@ -21,8 +21,16 @@
 //! * wgpu validation and out-of-memory errors are caught with error scopes and become errors of the call (or of
 //!   the submission); nothing is left to wgpu's default handler, which panics.
 //! * Every exported function runs under `catch_unwind` (`loom_plugin_api::guard`).
+//! * **Queued file reads** (ABI 1.3, `loom_plugin_api::HalFiles`, from the root's `hal_files` or
+//!   [`open_with_files`]): opening and the checks are `hal_queue::files`, shared with `hal-cpu` (the host's
+//!   descriptor reopened through `/proc/self/fd`, `O_DIRECT` for a direct file and an error where the file
+//!   system refuses it; a direct read needs 4096-byte aligned file offset, length and destination offset and
+//!   never falls back to a buffered read). A read submission runs on the device's **transfer queue** (a
+//!   `hal_queue` sibling: its own thread, the same timelines, ordered against dispatches, copies and fills only
+//!   by points): positional `read_exact_at` into host memory 8 MiB at a time, `Queue::write_buffer` into the
+//!   destination, and the signal point advances once the device has the bytes.
 //!
-//! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`], [`driver_with`]).
+//! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`], [`driver_with`], [`open_with_files`]).
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -32,15 +40,18 @@ use std::time::Duration;
 use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{RBoxError, ROption, RResult, RSlice, RStr, RString, RVec};
+use hal_queue::files::OpenFile;
 use hal_queue::{Queue, lock};
 use loom_emit::{WgslBuffer, WgslLimits, WgslStage};
 use loom_ir::kernel::{BufRef, ExecError, Stage, check_buffer_count, check_buffer_size};
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, HalDevice,
-    HalDevice_TO, HalDeviceBox, HalDriver, HalDriver_TO, HalDriverBox, LoomPlugin, LoomPlugin_Ref,
-    PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
+    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, FileId,
+    FileInfo, FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox,
+    HalDeviceWithFiles, HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin,
+    LoomPlugin_Ref, MAX_FILE_READS, PluginKind, Probe, Submission, TimelineId, TimelinePoint,
+    WaitStatus, guard, guard_probe,
 };
 
 /// This plugin's id.
@@ -52,6 +63,8 @@ const STATUS_STRIDE: u64 = 256;
 const STATUS_BYTES: u64 = 32;
 /// How long a staging map may take before the device is considered lost.
 const MAP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bytes of a file read staged in host memory and written to the device at a time.
+const FILE_CHUNK: usize = 8 << 20;
 
 /// The exported root module.
 #[export_root_module]
@@ -65,7 +78,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         hal,
         codec: loom_plugin_api::no_codec,
         profile: loom_plugin_api::no_profile,
-        hal_files: loom_plugin_api::no_hal_files,
+        hal_files,
     }
     .leak_into_prefix()
 }
@@ -78,6 +91,39 @@ extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
     guard("hal-vulkan driver", || {
         Ok::<_, String>(driver_with(LimitsProfile::from_env()?))
     })
+}
+
+extern "C" fn hal_files(index: u32) -> RResult<HalDeviceWithFiles, RBoxError> {
+    guard("hal-vulkan open with files", || {
+        open_with_files(index, LimitsProfile::from_env()?)
+    })
+}
+
+/// Opens vulkan device `index` with `profile`'s limits together with its queued file reads (what the plugin's
+/// `hal_files` returns, with the profile of `LOOM_VULKAN_LIMITS`).
+pub fn open_with_files(index: u32, profile: LimitsProfile) -> Result<HalDeviceWithFiles, String> {
+    let instance = instance();
+    let ads = adapters(&instance);
+    let dev = open_adapter(&ads, index, profile)?;
+    Ok(HalDeviceWithFiles {
+        device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
+        files: ROption::RSome(HalFiles_TO::from_value(dev, TD_Opaque)),
+    })
+}
+
+fn open_adapter(
+    adapters: &[wgpu::Adapter],
+    index: u32,
+    profile: LimitsProfile,
+) -> Result<VkDevice, String> {
+    let adapter = adapters.get(index as usize).ok_or_else(|| {
+        if adapters.is_empty() {
+            format!("no vulkan device {index}: {NO_ADAPTER}")
+        } else {
+            format!("no vulkan device {index} (there are {})", adapters.len())
+        }
+    })?;
+    VkDevice::open(adapter, profile)
 }
 
 /// Which limits a device is opened with (and WGSL compiled against).
@@ -197,17 +243,7 @@ impl HalDriver for VkDriver {
 
     fn open(&self, index: u32) -> RResult<HalDeviceBox, RBoxError> {
         guard("open", || {
-            let adapter = self.adapters.get(index as usize).ok_or_else(|| {
-                if self.adapters.is_empty() {
-                    format!("no vulkan device {index}: {NO_ADAPTER}")
-                } else {
-                    format!(
-                        "no vulkan device {index} (there are {})",
-                        self.adapters.len()
-                    )
-                }
-            })?;
-            let dev = VkDevice::open(adapter, self.profile)?;
+            let dev = open_adapter(&self.adapters, index, self.profile)?;
             Ok::<_, String>(HalDevice_TO::from_value(dev, TD_Opaque))
         })
     }
@@ -833,6 +869,7 @@ fn check_status(gpu: &Gpu, exe: &Exe) -> Result<(), String> {
 struct State {
     buffers: HashMap<u64, Buf>,
     exes: HashMap<u64, Arc<Exe>>,
+    files: HashMap<u64, Arc<OpenFile>>,
     next_id: u64,
 }
 
@@ -849,12 +886,64 @@ impl State {
     }
 }
 
+/// One queued file read, resolved when accepted.
 #[derive(Debug)]
-struct VkDevice {
+struct FileRead {
+    file: Arc<OpenFile>,
+    file_offset: u64,
+    len: u64,
+    dst: Buf,
+    dst_offset: u64,
+}
+
+/// Runs one submission's file reads in order on the transfer queue: each is checked (direct alignment, the
+/// destination range), read with `read_exact_at` into host memory [`FILE_CHUNK`] bytes at a time and written
+/// to the buffer with `Queue::write_buffer`; `Gpu::write` waits until the device has the bytes, so the point
+/// is signalled only after the copies are done.
+fn run_reads(gpu: &Gpu, reads: Vec<FileRead>) -> Result<(), String> {
+    let mut host = Vec::new();
+    for r in &reads {
+        let range = r
+            .file
+            .check(r.file_offset, r.len, r.dst.len, r.dst_offset)?;
+        let mut done = 0u64;
+        while done < r.len {
+            let n = (r.len - done).min(FILE_CHUNK as u64) as usize;
+            host.resize(n, 0);
+            r.file
+                .read_piece((r.file_offset, r.len), r.file_offset + done, &mut host)?;
+            gpu.write(&r.dst, range.start + done, &host).map_err(|e| {
+                format!(
+                    "file read at offset {} length {} of {}: {e}",
+                    r.file_offset, r.len, r.file.path
+                )
+            })?;
+            done += n as u64;
+        }
+    }
+    drop(reads);
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Core {
     gpu: Arc<Gpu>,
     name: String,
     state: Mutex<State>,
     queue: Queue<Vec<Cmd>>,
+    /// File reads: ordered among themselves, against `queue` only by timeline points (the same timelines).
+    transfer: Queue<Vec<FileRead>>,
+}
+
+/// A device: the `HalDevice` and the `HalFiles` of one `hal_files` call share it.
+#[derive(Clone, Debug)]
+struct VkDevice(Arc<Core>);
+
+impl std::ops::Deref for VkDevice {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.0
+    }
 }
 
 impl VkDevice {
@@ -879,12 +968,15 @@ impl VkDevice {
         });
         let g = Arc::clone(&gpu);
         let queue = Queue::new("hal-vulkan-queue", move |cmds| run_commands(&g, cmds));
-        Ok(VkDevice {
+        let g = Arc::clone(&gpu);
+        let transfer = queue.sibling("hal-vulkan-transfer", move |reads| run_reads(&g, reads));
+        Ok(VkDevice(Arc::new(Core {
             gpu,
             name,
             state: Mutex::new(State::default()),
             queue,
-        })
+            transfer,
+        })))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -1045,6 +1137,68 @@ impl HalDevice for VkDevice {
     ) -> RResult<WaitStatus, RBoxError> {
         guard("timeline_wait", || {
             self.queue.timeline_wait(point, timeout_ns)
+        })
+    }
+}
+
+impl HalFiles for VkDevice {
+    fn file_open(
+        &self,
+        fd: i32,
+        path: RStr<'_>,
+        flags: FileOpenFlags,
+    ) -> RResult<FileInfo, RBoxError> {
+        guard("file_open", || {
+            let (file, len) = OpenFile::open(fd, path.as_str(), flags)?;
+            let direct_alignment = file.alignment();
+            let mut st = self.state();
+            let id = st.id();
+            st.files.insert(id, Arc::new(file));
+            Ok::<_, String>(FileInfo {
+                file: FileId(id),
+                len,
+                direct_alignment,
+            })
+        })
+    }
+
+    fn file_close(&self, file: FileId) -> RResult<(), RBoxError> {
+        guard("file_close", || match self.state().files.remove(&file.0) {
+            // Queued reads hold the file until they retire.
+            Some(_) => Ok(()),
+            None => Err(format!("file_close: unknown file {}", file.0)),
+        })
+    }
+
+    fn submit_reads(&self, submission: FileReadSubmission) -> RResult<(), RBoxError> {
+        guard("submit_reads", || {
+            if submission.reads.len() > MAX_FILE_READS {
+                return Err(format!(
+                    "submit_reads: {} reads, more than the {MAX_FILE_READS} of one submission",
+                    submission.reads.len()
+                ));
+            }
+            self.transfer
+                .check_points(submission.wait.iter().chain([&submission.signal]))?;
+            let st = self.state();
+            let mut reads = Vec::with_capacity(submission.reads.len());
+            for r in submission.reads.iter() {
+                let file = st
+                    .files
+                    .get(&r.file.0)
+                    .cloned()
+                    .ok_or_else(|| format!("submit_reads: unknown file {}", r.file.0))?;
+                reads.push(FileRead {
+                    file,
+                    file_offset: r.file_offset,
+                    len: r.len,
+                    dst: st.buffer(r.dst)?,
+                    dst_offset: r.dst_offset,
+                });
+            }
+            drop(st);
+            self.transfer
+                .submit(reads, submission.wait.to_vec(), submission.signal)
         })
     }
 }
