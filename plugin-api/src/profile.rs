@@ -31,7 +31,8 @@
 //! per-request data in `state`, not in itself. Every method body runs under [`guard_profile`], which turns a
 //! panic into an [`ErrorClass::INTERNAL`] error (a panic that reached the boundary would abort the server).
 //!
-//! Not in 1.2: streaming responses and events (a later minor appends methods for them), route parameters.
+//! Streamed responses (events) came in 1.4 as a separate object, [`ProfileEvents`](crate::ProfileEvents); see
+//! the `events` module. Not in the interface: route parameters.
 
 use abi_stable::std_types::{RBox, RBoxError, RResult, RSlice, RStr, RString, RVec};
 use abi_stable::{StableAbi, sabi_trait};

@@ -19,7 +19,8 @@
 //!    rejected as "unsupported plugin"), or [`PluginKind::PROFILE`], which needs the `profile` factory
 //!    appended in ABI 1.2; any other kind is rejected the same way. Older plugins (1.0 to 1.2) still load:
 //!    the root fields appended after their version read as absent, and [`LoadedPlugin::codec`] /
-//!    [`LoadedPlugin::profile`] say so ([`LoadedPlugin::hal_files`], appended in 1.3, likewise). (Whether a profile's routes can be mounted is the HTTP server's
+//!    [`LoadedPlugin::profile`] say so ([`LoadedPlugin::hal_files`], appended in 1.3, and
+//!    [`LoadedPlugin::profile_events`], appended in 1.4, likewise). (Whether a profile's routes can be mounted is the HTTP server's
 //!    check, not the loader's.)
 //! 5. The plugin's `probe`: "device absent" is a clean rejection ("probe failed: device absent"), as are a
 //!    failed probe and a panic the plugin caught while probing. A codec plugin answers `Available` with 1
@@ -37,7 +38,8 @@ use abi_stable::library::{LibraryError, lib_header_from_path};
 use abi_stable::std_types::{RBoxError, RResult};
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, CodecBox, HalDeviceWithFiles, HalDriverBox, LoomPlugin_Ref, PluginKind,
-    Probe, ProbeStatus, ProfileBox, abi_1_0, abi_1_1, abi_1_2, panic_message,
+    Probe, ProbeStatus, ProfileBox, ProfileEventsBox, abi_1_0, abi_1_1, abi_1_2, abi_1_3,
+    panic_message,
 };
 
 type Factory<T> = extern "C" fn() -> RResult<T, RBoxError>;
@@ -48,6 +50,8 @@ type HalFilesOpen = extern "C" fn(u32) -> RResult<HalDeviceWithFiles, RBoxError>
 enum Root {
     /// The current shape.
     Current(LoomPlugin_Ref),
+    /// ABI 1.3: no `profile_events` field.
+    V1_3(abi_1_3::LoomPlugin_Ref),
     /// ABI 1.2: no `hal_files` field.
     V1_2(abi_1_2::LoomPlugin_Ref),
     /// ABI 1.1: no `profile` field.
@@ -56,50 +60,39 @@ enum Root {
     V1_0(abi_1_0::LoomPlugin_Ref),
 }
 
+/// `$e` over the root module `$m` of whichever shape (for the fields every shape has).
+macro_rules! any_shape {
+    ($root:expr, $m:ident => $e:expr) => {
+        match $root {
+            Root::Current($m) => $e,
+            Root::V1_3($m) => $e,
+            Root::V1_2($m) => $e,
+            Root::V1_1($m) => $e,
+            Root::V1_0($m) => $e,
+        }
+    };
+}
+
 impl Root {
     fn abi(self) -> (u16, u16) {
-        match self {
-            Root::Current(m) => (m.abi_major(), m.abi_minor()),
-            Root::V1_2(m) => (m.abi_major(), m.abi_minor()),
-            Root::V1_1(m) => (m.abi_major(), m.abi_minor()),
-            Root::V1_0(m) => (m.abi_major(), m.abi_minor()),
-        }
+        any_shape!(self, m => (m.abi_major(), m.abi_minor()))
     }
     fn id(self) -> String {
-        match self {
-            Root::Current(m) => m.id().as_str().to_string(),
-            Root::V1_2(m) => m.id().as_str().to_string(),
-            Root::V1_1(m) => m.id().as_str().to_string(),
-            Root::V1_0(m) => m.id().as_str().to_string(),
-        }
+        any_shape!(self, m => m.id().as_str().to_string())
     }
     fn kind(self) -> PluginKind {
-        match self {
-            Root::Current(m) => m.kind(),
-            Root::V1_2(m) => m.kind(),
-            Root::V1_1(m) => m.kind(),
-            Root::V1_0(m) => m.kind(),
-        }
+        any_shape!(self, m => m.kind())
     }
     fn probe(self) -> extern "C" fn() -> Probe {
-        match self {
-            Root::Current(m) => m.probe(),
-            Root::V1_2(m) => m.probe(),
-            Root::V1_1(m) => m.probe(),
-            Root::V1_0(m) => m.probe(),
-        }
+        any_shape!(self, m => m.probe())
     }
     fn hal(self) -> Factory<HalDriverBox> {
-        match self {
-            Root::Current(m) => m.hal(),
-            Root::V1_2(m) => m.hal(),
-            Root::V1_1(m) => m.hal(),
-            Root::V1_0(m) => m.hal(),
-        }
+        any_shape!(self, m => m.hal())
     }
     fn codec(self) -> Option<Factory<CodecBox>> {
         match self {
             Root::Current(m) => m.codec(),
+            Root::V1_3(m) => m.codec(),
             Root::V1_2(m) => m.codec(),
             Root::V1_1(m) => m.codec(),
             Root::V1_0(_) => None,
@@ -108,6 +101,7 @@ impl Root {
     fn profile(self) -> Option<Factory<ProfileBox>> {
         match self {
             Root::Current(m) => m.profile(),
+            Root::V1_3(m) => m.profile(),
             Root::V1_2(m) => m.profile(),
             Root::V1_1(_) | Root::V1_0(_) => None,
         }
@@ -115,7 +109,14 @@ impl Root {
     fn hal_files(self) -> Option<HalFilesOpen> {
         match self {
             Root::Current(m) => m.hal_files(),
+            Root::V1_3(m) => m.hal_files(),
             Root::V1_2(_) | Root::V1_1(_) | Root::V1_0(_) => None,
+        }
+    }
+    fn profile_events(self) -> Option<Factory<ProfileEventsBox>> {
+        match self {
+            Root::Current(m) => m.profile_events(),
+            Root::V1_3(_) | Root::V1_2(_) | Root::V1_1(_) | Root::V1_0(_) => None,
         }
     }
 }
@@ -297,6 +298,25 @@ impl LoadedPlugin {
         self.module.profile().is_some()
     }
 
+    /// The profile's streamed responses (`LoomPlugin::profile_events`, ABI 1.4): `None` when the plugin is
+    /// not a profile, was built before 1.4 or answers [`loom_plugin_api::no_profile_events`] (its error text
+    /// is [`loom_plugin_api::NO_PROFILE_EVENTS`]): every route then answers with one body. Otherwise the
+    /// plugin's [`ProfileEventsBox`], or the other error its factory gave.
+    pub fn profile_events(&self) -> Option<Result<ProfileEventsBox, PluginError>> {
+        if self.kind != PluginKind::PROFILE {
+            return None;
+        }
+        let factory = self.module.profile_events()?;
+        match factory().into_result() {
+            Ok(events) => Some(Ok(events)),
+            Err(e) if e.to_string() == loom_plugin_api::NO_PROFILE_EVENTS => None,
+            Err(e) => Some(Err(PluginError::Plugin {
+                id: self.id.clone(),
+                message: e.to_string(),
+            })),
+        }
+    }
+
     /// Opens HAL device `index` with its queued file reads (`LoomPlugin::hal_files`, ABI 1.3): `None` when
     /// the plugin was built before 1.3 (open it with [`LoadedPlugin::hal`] then), otherwise the plugin's
     /// answer (an error from a 1.3 plugin without file reads: `no_hal_files`).
@@ -442,16 +462,25 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
     // root-module fields than the host's type, so older plugins are checked against their own shape).
     let module = match header.check_layout::<LoomPlugin_Ref>() {
         Ok(m) => Ok(Root::Current(m)),
-        Err(e) => match header.check_layout::<abi_1_2::LoomPlugin_Ref>() {
-            Ok(m) => Ok(Root::V1_2(m)),
-            Err(_) => match header.check_layout::<abi_1_1::LoomPlugin_Ref>() {
-                Ok(m) => Ok(Root::V1_1(m)),
-                Err(_) => match header.check_layout::<abi_1_0::LoomPlugin_Ref>() {
-                    Ok(m) => Ok(Root::V1_0(m)),
-                    Err(_) => Err(e),
-                },
-            },
-        },
+        Err(e) => header
+            .check_layout::<abi_1_3::LoomPlugin_Ref>()
+            .map(Root::V1_3)
+            .or_else(|_| {
+                header
+                    .check_layout::<abi_1_2::LoomPlugin_Ref>()
+                    .map(Root::V1_2)
+            })
+            .or_else(|_| {
+                header
+                    .check_layout::<abi_1_1::LoomPlugin_Ref>()
+                    .map(Root::V1_1)
+            })
+            .or_else(|_| {
+                header
+                    .check_layout::<abi_1_0::LoomPlugin_Ref>()
+                    .map(Root::V1_0)
+            })
+            .map_err(|_| e),
     };
     let module = module.map_err(|e| match e {
         LibraryError::AbiInstability(report) => {

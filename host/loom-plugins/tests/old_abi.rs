@@ -1,7 +1,8 @@
 //! A plugin built against ABI 1.1 (its root module has `codec` but no `profile` field) still loads under 1.2:
 //! abi_stable refuses it against the current root-module type, so the loader checks it against
-//! `abi_1_1::LoomPlugin`, reads `codec` through that shape and the appended `profile` as absent. (The ABI 1.0
-//! plugin is checked by `tests/integration/codec_conformance.rs`.)
+//! `abi_1_1::LoomPlugin`, reads `codec` through that shape and the appended `profile` as absent. Likewise a
+//! profile built against ABI 1.3 (no `profile_events` field) loads through `abi_1_3::LoomPlugin`. (The ABI
+//! 1.0 plugin is checked by `tests/integration/codec_conformance.rs`.)
 
 use loom_plugin_api::PluginKind;
 use std::path::PathBuf;
@@ -43,4 +44,31 @@ fn abi_1_1_plugins_still_load_without_a_profile_factory() {
         e,
         "plugin `abi11-0001` is a codec plugin, not an HTTP profile"
     );
+}
+
+#[test]
+fn abi_1_3_profiles_still_load_without_streamed_routes() {
+    let p = loom_plugins::load_file(&library("loom_test_plugin_abi13"))
+        .unwrap_or_else(|e| panic!("an ABI 1.3 plugin is rejected: {e}"));
+    assert_eq!(
+        (p.id.as_str(), p.kind, p.abi),
+        ("abi13-0001", PluginKind::PROFILE, (1, 3))
+    );
+    assert!(p.has_profile_factory());
+    assert!(p.profile_events().is_none());
+    // Its profile is called through the 1.3 shape and answers.
+    let profile = p.profile().unwrap_or_else(|e| panic!("{e}"));
+    let routes = profile.routes();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].path.as_str(), "/old");
+    let e = profile
+        .parse(
+            0,
+            "".into(),
+            (&[][..]).into(),
+            loom_plugin_api::ParseContext { max_inputs: 1 },
+        )
+        .into_result()
+        .expect_err("refuses");
+    assert_eq!(e.message.as_str(), "abi13 parses nothing");
 }

@@ -295,11 +295,19 @@ fn loom_plugins_report(dirs: &[PathBuf]) -> Vec<serve_runtime::PluginHandle> {
 fn mount_profiles(plugins: &[serve_runtime::PluginHandle]) -> serve_http::Profiles {
     let mut found = Vec::new();
     for p in plugins.iter().filter(|p| p.kind == PluginKind::PROFILE) {
+        let events = match p.profile_events().transpose() {
+            Ok(events) => events,
+            Err(e) => {
+                log::warn!("plugin rejected: {}: {e}", p.path.display());
+                continue;
+            }
+        };
         match p.profile() {
             Ok(profile) => found.push(serve_http::ProfilePlugin {
                 id: p.id.clone(),
                 path: p.path.clone(),
                 profile,
+                events,
             }),
             Err(e) => log::warn!("plugin rejected: {}: {e}", p.path.display()),
         }

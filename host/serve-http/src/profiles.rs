@@ -1,5 +1,6 @@
-//! HTTP profiles from plugins (`loom_plugin_api::Profile`, ABI 1.2): checking their routes against the
-//! built-in ones and each other, mounting them, and the one handler every profile route shares.
+//! HTTP profiles from plugins (`loom_plugin_api::Profile`, ABI 1.2, with streamed routes through
+//! `loom_plugin_api::ProfileEvents`, ABI 1.4): checking their routes against the built-in ones and each
+//! other, mounting them, and the one handler every profile route shares.
 //!
 //! A profile request runs like a built-in finite route, with the profile doing the HTTP/JSON part:
 //!
@@ -9,6 +10,15 @@
 //!   --run_records: every record submitted to the model's FiniteService, results in order-->
 //!   --Profile::encode (blocking pool)--> Content-Type + body, status 200
 //! ```
+//!
+//! A **streamed** route (listed by the profile's `ProfileEvents::streams`) runs the same way up to the
+//! submission of every record (so a bad record, an unknown model or overload are still ordinary error
+//! responses), then: the START event is encoded (an error is still a response), status 200 with the
+//! stream's content type goes out with the START bytes, and a task forwards one RESULT or ERROR event per
+//! record as it finishes (completion order; an ERROR carries the status, code and message the one-body
+//! routes would answer, and the other records go on), then END with the usage. Each event is encoded on
+//! the blocking pool, one at a time per request. A client that goes away, or an `encode_event` error
+//! (logged), ends the stream and cancels the records that have not run; a truncated stream has no END.
 //!
 //! A [`ProfileError`] becomes the OpenAI error shape with its class as the status (4xx as given, anything
 //! else 500 naming the profile). Profiles catch their own panics ([`loom_plugin_api::guard_profile`]: a
@@ -24,17 +34,20 @@
 //! in one line, and the others keep loading (profiles are checked in the loader's order: file name order).
 
 use crate::error::ApiError;
-use crate::routes::{AppState, body_bytes, run_records};
+use crate::routes::{AppState, Submitted, body_bytes, run_records, submit_records};
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use loom_plugin_api::abi_stable::std_types::{RSlice, RStr, RVec};
 use loom_plugin_api::{
-    EncodeRequest, ErrorClass, HttpMethod, ParseContext, ProfileBox, ProfileError, RecordResult,
+    EncodeRequest, ErrorClass, EventKind, HttpMethod, ParseContext, ProfileBox, ProfileError,
+    ProfileEvent, ProfileEventsBox, RecordResult,
 };
 use serve_runtime::finite::FiniteService;
 use serve_runtime::registry::Status;
@@ -67,6 +80,8 @@ pub struct ProfilePlugin {
     pub path: PathBuf,
     /// The profile.
     pub profile: ProfileBox,
+    /// Its streamed responses (ABI 1.4), if it has any.
+    pub events: Option<ProfileEventsBox>,
 }
 
 impl fmt::Debug for ProfilePlugin {
@@ -98,6 +113,12 @@ impl fmt::Display for RejectedProfile {
     }
 }
 
+/// How a streamed route answers.
+struct Stream {
+    events: Arc<ProfileEventsBox>,
+    content_type: HeaderValue,
+}
+
 /// One mounted route of a profile.
 struct MountedRoute {
     /// The profile's id.
@@ -108,6 +129,8 @@ struct MountedRoute {
     method: HttpMethod,
     path: String,
     role: String,
+    /// Set when the route answers with a stream of events.
+    stream: Option<Stream>,
 }
 
 /// The profiles that passed the route checks.
@@ -180,9 +203,17 @@ impl Profiles {
         let mut rejected = Vec::new();
         for p in plugins {
             let profile = Arc::new(p.profile);
-            match out.check(&profile) {
-                Ok(routes) => {
+            let events = p.events.map(Arc::new);
+            let checked = out
+                .check(&profile)
+                .and_then(|routes| Ok((streams(events.as_ref(), routes.len())?, routes)));
+            match checked {
+                Ok((mut streams, routes)) => {
                     for (index, (method, path, role)) in routes.into_iter().enumerate() {
+                        let stream = streams[index].take().map(|content_type| Stream {
+                            events: events.clone().expect("streams come from events"),
+                            content_type,
+                        });
                         out.routes.push(Arc::new(MountedRoute {
                             id: p.id.clone(),
                             profile: profile.clone(),
@@ -190,6 +221,7 @@ impl Profiles {
                             method,
                             path,
                             role,
+                            stream,
                         }));
                     }
                 }
@@ -247,11 +279,17 @@ impl Profiles {
         Ok(routes)
     }
 
-    /// One line per mounted route: `tei-0001: POST /embed (embeddings)`.
+    /// One line per mounted route: `tei-0001: POST /embed (embeddings)`, with `, streamed as TYPE` for a
+    /// streamed route.
     pub fn describe(&self) -> Vec<String> {
         self.routes
             .iter()
-            .map(|r| format!("{}: {} {} ({})", r.id, r.method, r.path, r.role))
+            .map(|r| {
+                let stream = r.stream.as_ref().map_or(String::new(), |s| {
+                    format!(", streamed as {}", s.content_type.to_str().unwrap_or("?"))
+                });
+                format!("{}: {} {} ({}{stream})", r.id, r.method, r.path, r.role)
+            })
             .collect()
     }
 
@@ -259,6 +297,40 @@ impl Profiles {
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty()
     }
+}
+
+/// Per route of a profile with `routes` routes, the content type of its stream (`None`: one body), or why
+/// the profile's `streams()` cannot be mounted.
+fn streams(
+    events: Option<&Arc<ProfileEventsBox>>,
+    routes: usize,
+) -> Result<Vec<Option<HeaderValue>>, String> {
+    let mut out = vec![None; routes];
+    let Some(events) = events else {
+        return Ok(out);
+    };
+    for s in events.streams().iter() {
+        let slot = out.get_mut(s.route as usize).ok_or_else(|| {
+            format!(
+                "streams route {}, but the profile declares {routes} routes",
+                s.route
+            )
+        })?;
+        if slot.is_some() {
+            return Err(format!("streams route {} twice", s.route));
+        }
+        let ct = s.content_type.as_str();
+        if ct.is_empty() {
+            return Err(format!("route {}'s stream has no content type", s.route));
+        }
+        *slot = Some(HeaderValue::from_str(ct).map_err(|_| {
+            format!(
+                "route {}'s stream content type {ct:?} is not a header value",
+                s.route
+            )
+        })?);
+    }
+    Ok(out)
 }
 
 /// The profile routes of `state`, for `routes::router` to merge before its layers.
@@ -391,6 +463,9 @@ async fn handle(
     }
     let model = svc.model.name.clone();
     let records: Vec<Vec<u8>> = parsed.records.into_iter().map(RVec::into_vec).collect();
+    if route.stream.is_some() {
+        return stream_response(route, svc, model, parsed.state, records).await;
+    }
     let (rows, units) = run_records(svc, records).await?;
     let request = EncodeRequest {
         model: model.into(),
@@ -423,12 +498,134 @@ async fn handle(
         .into_response())
 }
 
+/// One event of a streamed route, encoded on the blocking pool; the error is the line to log.
+async fn encode_event(route: &Arc<MountedRoute>, event: ProfileEvent) -> Result<Bytes, String> {
+    let r = route.clone();
+    let kind = event.kind;
+    let encoded = tokio::task::spawn_blocking(move || {
+        let stream = r.stream.as_ref().expect("a streamed route");
+        stream.events.encode_event(r.index, &event).into_result()
+    })
+    .await;
+    match encoded {
+        Ok(Ok(bytes)) => Ok(Bytes::from(bytes.into_vec())),
+        Ok(Err(e)) => Err(format!(
+            "profile `{}`: encode_event ({}): {e}",
+            route.id, kind.0
+        )),
+        Err(e) => Err(format!("profile `{}`: encode_event: {e}", route.id)),
+    }
+}
+
+/// A streamed route's response (see the module doc): every record is already parsed, the model found.
+async fn stream_response(
+    route: Arc<MountedRoute>,
+    svc: Arc<FiniteService>,
+    model: String,
+    state: RVec<u8>,
+    records: Vec<Vec<u8>>,
+) -> Result<Response, ApiError> {
+    let total = records.len() as u64;
+    let Submitted {
+        results,
+        units,
+        mut guard,
+    } = submit_records(&svc, records).await?;
+    drop(svc);
+    let base = ProfileEvent {
+        model: model.into(),
+        state,
+        total,
+        ..ProfileEvent::default()
+    };
+    let start = ProfileEvent {
+        kind: EventKind::START,
+        ..base.clone()
+    };
+    let start = encode_event(&route, start).await.map_err(internal)?;
+    let content_type = route
+        .stream
+        .as_ref()
+        .expect("a streamed route")
+        .content_type
+        .clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let _ = tx.try_send(Ok(start));
+    tokio::spawn(async move {
+        let mut pending: FuturesUnordered<_> = results
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| async move { (i, rx.await) })
+            .collect();
+        let mut done = 0u64;
+        while let Some((index, r)) = pending.next().await {
+            done += 1;
+            let mut event = ProfileEvent {
+                index: index as u64,
+                done,
+                ..base.clone()
+            };
+            match r.unwrap_or(Err(serve_runtime::Error::Cancelled)) {
+                Ok(rows) => {
+                    event.kind = EventKind::RESULT;
+                    event.result = RecordResult {
+                        rows: rows.into_iter().map(RVec::from).collect(),
+                    };
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    event.kind = EventKind::ERROR;
+                    event.error_status = e.status.as_u16();
+                    event.error_code = e.code.into();
+                    event.error_message = e.message.into();
+                }
+            }
+            let bytes = match encode_event(&route, event).await {
+                Ok(b) => b,
+                Err(line) => {
+                    log::warn!("{line}: the stream ends here");
+                    return;
+                }
+            };
+            if tx.send(Ok(bytes)).await.is_err() {
+                return; // the client went away: `guard` cancels what has not run
+            }
+        }
+        guard.disarm();
+        let end = ProfileEvent {
+            kind: EventKind::END,
+            done,
+            units,
+            ..base
+        };
+        match encode_event(&route, end).await {
+            Ok(b) => {
+                let _ = tx.send(Ok(b)).await;
+            }
+            Err(line) => log::warn!("{line}: the stream ends without its END event"),
+        }
+    });
+    let body =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use loom_plugin_api::abi_stable::sabi_trait::TD_Opaque;
     use loom_plugin_api::abi_stable::std_types::RResult;
-    use loom_plugin_api::{ParsedRequest, Profile, Profile_TO, ProfileResponse, ProfileRoute};
+    use loom_plugin_api::{
+        ParsedRequest, Profile, Profile_TO, ProfileEvents, ProfileEvents_TO, ProfileResponse,
+        ProfileRoute, StreamRoute,
+    };
 
     struct Fake(Vec<ProfileRoute>);
 
@@ -459,6 +656,7 @@ mod tests {
             id: id.into(),
             path: format!("lib{id}.so").into(),
             profile: Profile_TO::from_value(Fake(routes), TD_Opaque),
+            events: None,
         }
     }
 
@@ -523,6 +721,61 @@ mod tests {
             let (p, r) = Profiles::mount(vec![plugin("ok-0001", &[(POST, ok, "embeddings")])]);
             assert!(r.is_empty() && !p.is_empty(), "{ok}: {r:?}");
         }
+    }
+
+    struct FakeEvents(Vec<StreamRoute>);
+
+    impl ProfileEvents for FakeEvents {
+        fn streams(&self) -> RVec<StreamRoute> {
+            self.0.clone().into()
+        }
+        fn encode_event(&self, _: u32, _: &ProfileEvent) -> RResult<RVec<u8>, ProfileError> {
+            RResult::RErr(ProfileError::internal("fake"))
+        }
+    }
+
+    fn streaming(streams: Vec<StreamRoute>) -> (Profiles, Vec<String>) {
+        let mut p = plugin(
+            "s-0001",
+            &[(POST, "/a", "embeddings"), (POST, "/b", "embeddings")],
+        );
+        p.events = Some(ProfileEvents_TO::from_value(FakeEvents(streams), TD_Opaque));
+        let (p, r) = Profiles::mount(vec![p]);
+        (p, r.iter().map(|r| r.to_string()).collect())
+    }
+
+    #[test]
+    fn streamed_routes_are_checked_when_mounted() {
+        let (p, r) = streaming(vec![StreamRoute::new(1, "application/x-ndjson")]);
+        assert!(r.is_empty(), "{r:?}");
+        assert_eq!(
+            p.describe(),
+            [
+                "s-0001: POST /a (embeddings)",
+                "s-0001: POST /b (embeddings, streamed as application/x-ndjson)"
+            ]
+        );
+        let one = |streams| {
+            let (p, r) = streaming(streams);
+            assert!(p.is_empty());
+            assert_eq!(r.len(), 1);
+            r[0].clone()
+        };
+        assert!(
+            one(vec![StreamRoute::new(2, "text/event-stream")])
+                .ends_with("streams route 2, but the profile declares 2 routes")
+        );
+        assert!(
+            one(vec![
+                StreamRoute::new(0, "text/event-stream"),
+                StreamRoute::new(0, "text/event-stream")
+            ])
+            .ends_with("streams route 0 twice")
+        );
+        assert!(
+            one(vec![StreamRoute::new(0, "")]).ends_with("route 0's stream has no content type")
+        );
+        assert!(one(vec![StreamRoute::new(0, "a\nb")]).contains("is not a header value"));
     }
 
     #[test]

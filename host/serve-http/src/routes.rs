@@ -444,7 +444,14 @@ async fn activate(State(st): St, Path(name): Path<String>) -> Result<Response, A
 }
 
 /// Cancels the tickets of a request whose handler future is dropped (the client went away).
-struct CancelOnDrop(Vec<Ticket>, bool);
+pub(crate) struct CancelOnDrop(Vec<Ticket>, bool);
+
+impl CancelOnDrop {
+    /// Every record finished: dropping cancels nothing.
+    pub(crate) fn disarm(&mut self) {
+        self.1 = true;
+    }
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -456,24 +463,29 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Submits each record as one finite request and waits for every result (in order). Shared by the
-/// built-in finite routes and the profile routes (`profiles.rs`).
-pub(crate) async fn run_records(
-    svc: Arc<FiniteService>,
+/// The records of one request, all admitted: one receiver per record (in record order) and the usage units;
+/// dropping `guard` before [`CancelOnDrop::disarm`] cancels the records that have not run.
+pub(crate) struct Submitted {
+    pub(crate) results: Vec<tokio::sync::oneshot::Receiver<serve_runtime::Result<Rows>>>,
+    pub(crate) units: i64,
+    pub(crate) guard: CancelOnDrop,
+}
+
+/// Submits each record as one finite request (all or none: a record the model refuses cancels the ones
+/// submitted before it). Shared by the built-in finite routes and the profile routes (`profiles.rs`).
+pub(crate) async fn submit_records(
+    svc: &Arc<FiniteService>,
     records: Vec<Vec<u8>>,
-) -> Result<(Vec<Rows>, i64), ApiError> {
+) -> Result<Submitted, ApiError> {
     let n = records.len();
-    let (svc2, handles) = (svc.clone(), {
-        let mut rxs = Vec::with_capacity(n);
-        let mut txs = Vec::with_capacity(n);
-        for _ in 0..n {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            txs.push(tx);
-            rxs.push(rx);
-        }
-        (txs, rxs)
-    });
-    let (txs, rxs) = handles;
+    let mut rxs = Vec::with_capacity(n);
+    let mut txs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let svc2 = svc.clone();
     // prepare_request runs VM code: off the async workers unless it is known to be quick.
     let admit = move || {
         let alone = records.len() == 1;
@@ -507,16 +519,31 @@ pub(crate) async fn run_records(
             .await
             .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??
     };
-    let units: i64 = tickets.iter().map(|t| t.units).sum();
-    let mut guard = CancelOnDrop(tickets, false);
-    let mut out = Vec::with_capacity(n);
-    for rx in rxs {
+    Ok(Submitted {
+        results: rxs,
+        units: tickets.iter().map(|t| t.units).sum(),
+        guard: CancelOnDrop(tickets, false),
+    })
+}
+
+/// Submits each record as one finite request and waits for every result (in order).
+pub(crate) async fn run_records(
+    svc: Arc<FiniteService>,
+    records: Vec<Vec<u8>>,
+) -> Result<(Vec<Rows>, i64), ApiError> {
+    let Submitted {
+        results,
+        units,
+        mut guard,
+    } = submit_records(&svc, records).await?;
+    let mut out = Vec::with_capacity(results.len());
+    for rx in results {
         let r = rx
             .await
             .map_err(|_| ApiError::from(serve_runtime::Error::Cancelled))?;
         out.push(r.map_err(ApiError::from)?);
     }
-    guard.1 = true;
+    guard.disarm();
     drop(svc);
     Ok((out, units))
 }

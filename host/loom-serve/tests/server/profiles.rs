@@ -1,8 +1,10 @@
 //! HTTP profile plugins in the real server: the TEI profile (`plugins/profile-tei`, `POST /embed`) returns the
 //! same vectors as `/v1/embeddings`; its bad bodies are 4xx in the OpenAI error shape; a profile whose route
 //! collides with a built-in route (`tests/plugins/profile-clash`) is one log line; panics inside a profile
-//! (`tests/plugins/profile-panics`, caught by `guard_profile`) are 500s with the panic message; the server
-//! stays healthy throughout.
+//! (`tests/plugins/profile-panics`, caught by `guard_profile`) are 500s with the panic message; a profile
+//! with streamed routes (`tests/plugins/profile-stream`, ABI 1.4 events) streams one event per input with
+//! the vectors of `/v1/embeddings`, and a stream whose encoder panics ends without its END event; the
+//! server stays healthy throughout.
 
 use crate::support::TestServer;
 use serde_json::{Value, json};
@@ -23,6 +25,7 @@ fn plugins_dir() -> PathBuf {
         "libprofile_tei.so",
         "libloom_test_profile_clash.so",
         "libloom_test_profile_panics.so",
+        "libloom_test_profile_stream.so",
     ] {
         std::fs::copy(deps.join(lib), dir.join(lib))
             .unwrap_or_else(|e| panic!("{lib} from {}: {e}", deps.display()));
@@ -194,5 +197,100 @@ fn tei_profile_serves_embed_like_the_openai_route() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(vectors(&r.json()), vec![want[0].clone()]);
     s.healthy();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The NDJSON lines of a streamed response.
+fn ndjson(r: &crate::support::Response) -> Vec<Value> {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+    r.text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn streamed_profile_routes_send_one_event_per_input() {
+    let dir = plugins_dir();
+    let dir_arg = dir.display().to_string();
+    let s = TestServer::start("profile-streams", &["--plugins", &dir_arg]);
+    let log = s.log();
+    assert!(
+        log.contains("profile route pstream-0001: POST /test/stream-embed (embeddings, streamed as application/x-ndjson)"),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.ends_with("profile route pstream-0001: POST /test/one-body (embeddings)")),
+        "{log}"
+    );
+
+    // Every input once, with the vectors /v1/embeddings gives, `done` counting up, then END with the usage.
+    let inputs: Vec<String> = (0..12)
+        .map(|i| format!("sentence number {i} to embed"))
+        .collect();
+    let want = openai(&s, json!(inputs));
+    let usage = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": "arith-embed", "input": inputs}),
+        )
+        .json()["usage"]["prompt_tokens"]
+        .as_i64()
+        .unwrap();
+    let body = json!({"model": "arith-embed", "inputs": inputs});
+    let events = ndjson(&s.post_json("/test/stream-embed", &body));
+    assert_eq!(events.len(), inputs.len() + 2, "{events:?}");
+    assert_eq!(events[0], json!({"event": "start", "total": 12}));
+    let mut seen = vec![false; inputs.len()];
+    for (k, e) in events[1..=inputs.len()].iter().enumerate() {
+        assert_eq!(e["event"], "result", "{e}");
+        assert_eq!(e["done"], k as u64 + 1, "{e}");
+        let i = e["index"].as_u64().unwrap() as usize;
+        assert!(!std::mem::replace(&mut seen[i], true), "index {i} twice");
+        // The plugin writes each f32 widened to f64 (`json!`); the server writes the shortest f32 digits.
+        let got: Vec<f32> = vectors(&json!([e["embedding"]]))
+            .remove(0)
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
+        let want: Vec<f32> = want[i].iter().map(|&x| x as f32).collect();
+        assert_eq!(got, want, "{i}");
+    }
+    assert_eq!(
+        events.last().unwrap(),
+        &json!({"event": "end", "done": 12, "units": usage})
+    );
+
+    // Failures before the stream starts are ordinary error responses.
+    let r = s.post_json(
+        "/test/stream-embed",
+        &json!({"model": "nope", "inputs": ["x"]}),
+    );
+    assert!(error(&r, 404).contains("nope"));
+    let r = s.request("POST", "/test/stream-embed", b"{");
+    assert!(error(&r, 400).contains("not JSON"));
+
+    // A route the profile does not stream answers with one body.
+    let r = s.post_json("/test/one-body", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"count": 12}));
+
+    // The encoder panics on the first result: START, then the stream ends without END; the server serves on.
+    let r = s.post_json("/test/stream-panic", &body);
+    let events = ndjson(&r);
+    assert_eq!(events, vec![json!({"event": "start", "total": 12})]);
+    s.healthy();
+    assert!(
+        s.log().contains(
+            "encode_event: the plugin panicked: this test profile panics in encode_event on purpose"
+        ),
+        "{}",
+        s.log()
+    );
+    assert_eq!(openai(&s, json!(["x"])), openai(&s, json!(["x"])));
+    let events = ndjson(&s.post_json("/test/stream-embed", &body));
+    assert_eq!(events.len(), 14);
     let _ = std::fs::remove_dir_all(&dir);
 }

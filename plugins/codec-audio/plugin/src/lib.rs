@@ -44,6 +44,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         codec,
         profile: loom_plugin_api::no_profile,
         hal_files: loom_plugin_api::no_hal_files,
+        profile_events: loom_plugin_api::no_profile_events,
     }
     .leak_into_prefix()
 }
