@@ -279,13 +279,7 @@ fn open(driver: &HalDriverBox) -> HalDeviceBox {
 }
 
 /// What WGSL cannot express, asserted rather than skipped.
-fn expected_compile_error(stage: &str, downlevel: bool, s: &Stage) -> Option<&'static str> {
-    if stage.starts_with("motifs.rope.") {
-        // FIXME(emit): RoPE computes its angles in f64, which WGSL has no type for (no SHADER_FLOAT64 in the
-        // default capabilities). Lower the angle math to f32 with a range-reduced sin/cos, or compute the
-        // tables on the host, to run RoPE on Vulkan.
-        return Some("f64");
-    }
+fn expected_compile_error(downlevel: bool, s: &Stage) -> Option<&'static str> {
     let most = s.kernels.iter().map(|k| k.params.len()).max().unwrap_or(0) as u32;
     let limit = if downlevel { 4 } else { 8 };
     if most + 1 > limit {
@@ -325,7 +319,7 @@ fn compare_motifs(vk: &HalDeviceBox, downlevel: bool) {
             })
             .collect();
         let got = run(vk, &stage, &inputs, &params);
-        match (expected_compile_error(name, downlevel, &stage), got) {
+        match (expected_compile_error(downlevel, &stage), got) {
             (Some(needle), Err(e)) => {
                 assert!(
                     e.contains(needle) && e.contains("not supported by the vulkan backend"),

@@ -581,10 +581,11 @@ fn rope_rotate_half() {
             ("D", int(d)),
             ("BASE", int(base)),
         ];
-        // The angle and sin/cos are f64 in both (bit-identical IEEE f64 ops and the same f64 exp/log),
-        // then IEEE f32 products: bit-exact JIT vs reference.
-        // vs numpy: cos/sin of the exact angle rounded to f32, then two f32 products and a sum per element of
-        // |x| < 1: relative 1e-6, absolute 3e-7 (a few f32 ulps).
+        // The frequency table is f64 exp/log (the same in both), the angle exact wrapping i32 arithmetic and
+        // sin/cos IEEE f32 polynomials: bit-exact JIT vs reference.
+        // vs numpy: the angle modulo a turn is exact up to the 48-bit table (|pos| 2^-49 turns), sin/cos are
+        // within about 2 f32 ulps, then two f32 products and a sum per element of |x| < 1: relative 1e-6,
+        // absolute 3e-7 (a few f32 ulps).
         cases.push(
             case("motifs.rope.rope", &cfg, EXACT, tol(1e-6, 3e-7)).with("pos", i32_bytes(&pos)),
         );

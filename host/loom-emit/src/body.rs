@@ -74,6 +74,132 @@ pub(crate) struct Gen<'k> {
     stored: Vec<bool>,
     /// Source location (line, col) of the op being emitted: reported with division-by-zero errors.
     loc: (u32, u32),
+    /// WGSL: values computed through f64 that are the same in every program instance (see [`substitutes`]):
+    /// `Some` = written as literals, `None` = not emitted at all (only other substituted values use them).
+    subst: HashMap<u32, Option<loom_reference::Folded>>,
+}
+
+/// The values WGSL gets as constants instead of computing them: those `loom_reference::fold` can evaluate
+/// (the same in every program instance) that are f64 or computed from an f64 value, because WGSL has no
+/// f64. Such a value that some other operation uses is written as literals (`Some`); one used only by other
+/// substituted values is not emitted (`None`). An f64 value an instance-dependent operation uses is not
+/// substituted (and so refused as f64). Values that need no f64 are emitted as usual, so kernels without
+/// f64 print exactly as before.
+fn substitutes(k: &Kernel) -> HashMap<u32, Option<loom_reference::Folded>> {
+    let folded = loom_reference::fold(k);
+    let mut derived: HashMap<u32, loom_reference::Folded> = HashMap::new();
+    for op in &k.body.ops {
+        let [r] = op.results[..] else { continue };
+        let Some(f) = folded.get(&r.0) else { continue };
+        let mut through_f64 = f.dtype == DType::F64;
+        operands(&op.kind, &mut |o| {
+            if let KOperand::Value(v) = o {
+                through_f64 |= derived.contains_key(&v.0);
+            }
+        });
+        if through_f64 {
+            derived.insert(r.0, f.clone());
+        }
+    }
+    if derived.is_empty() {
+        return HashMap::new();
+    }
+    // Which derived values operations outside the derived set use (anywhere in the kernel).
+    let mut used = std::collections::HashSet::new();
+    fn walk(
+        r: &KRegion,
+        derived: &HashMap<u32, loom_reference::Folded>,
+        used: &mut std::collections::HashSet<u32>,
+    ) {
+        for op in &r.ops {
+            if let [res] = op.results[..]
+                && derived.contains_key(&res.0)
+            {
+                continue;
+            }
+            operands(&op.kind, &mut |o| {
+                if let KOperand::Value(v) = o {
+                    used.insert(v.0);
+                }
+            });
+            match &op.kind {
+                KOpKind::For { body, .. } => walk(body, derived, used),
+                KOpKind::If {
+                    then_region,
+                    else_region,
+                    ..
+                } => {
+                    walk(then_region, derived, used);
+                    walk(else_region, derived, used);
+                }
+                _ => {}
+            }
+        }
+    }
+    walk(&k.body, &derived, &mut used);
+    derived
+        .into_iter()
+        .filter_map(|(v, f)| match (used.contains(&v), f.dtype) {
+            (false, _) => Some((v, None)),
+            (true, DType::F64) => None,
+            (true, _) => Some((v, Some(f))),
+        })
+        .collect()
+}
+
+/// Calls `f` on every operand of an operation (not those of nested regions' operations).
+fn operands(kind: &KOpKind, f: &mut impl FnMut(&KOperand)) {
+    use KOpKind as K;
+    match kind {
+        K::ProgramId { .. } => {}
+        K::Binary { a, b, .. } | K::Cmp { a, b, .. } => {
+            f(a);
+            f(b);
+        }
+        K::Select { cond, a, b } => {
+            f(cond);
+            f(a);
+            f(b);
+        }
+        K::Unary { a, .. }
+        | K::Cast { a, .. }
+        | K::Broadcast { a, .. }
+        | K::ExpandDims { a, .. }
+        | K::Reshape { a, .. }
+        | K::Transpose { a }
+        | K::Reduce { a, .. } => f(a),
+        K::Range { start, .. } => f(start),
+        K::Full { value, .. } => f(value),
+        K::Dot { a, b, acc } => {
+            f(a);
+            f(b);
+            f(acc);
+        }
+        K::Load { indices, fill, .. } => {
+            indices.iter().for_each(&mut *f);
+            if let Some(x) = fill {
+                f(x);
+            }
+        }
+        K::Store { indices, value, .. } => {
+            indices.iter().for_each(&mut *f);
+            f(value);
+        }
+        K::For {
+            lo,
+            hi,
+            step,
+            inits,
+            ..
+        } => {
+            f(lo);
+            f(hi);
+            f(step);
+            inits.iter().for_each(&mut *f);
+        }
+        K::If { cond, .. } => f(cond),
+        K::Yield(v) => v.iter().for_each(f),
+    }
 }
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -102,6 +228,11 @@ impl<'k> Gen<'k> {
             loaded: vec![false; k.params.len()],
             stored: vec![false; k.params.len()],
             loc: (0, 0),
+            subst: if t == Target::Wgsl {
+                substitutes(k)
+            } else {
+                HashMap::new()
+            },
         }
     }
 
@@ -514,6 +645,46 @@ impl<'k> Gen<'k> {
         Ok(())
     }
 
+    /// Defines `r` from its folded elements (see [`substitutes`]): one literal when they are all equal,
+    /// otherwise a function-scope array of literals indexed by element.
+    fn constant(&mut self, r: KValue, c: &loom_reference::Folded) -> Result<(), Error> {
+        let lits = match &c.elements {
+            loom_reference::Elements::Float(x) => x
+                .iter()
+                .map(|&x| self.lit(KImm::F64(x), c.dtype))
+                .collect::<Result<Vec<_>, _>>()?,
+            loom_reference::Elements::Int(x) => x
+                .iter()
+                .map(|&x| self.int_lit(x, c.dtype))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        let shape = match self.vty(r)? {
+            KType::Scalar(_) => None,
+            KType::Tile { shape, .. } => Some(shape.clone()),
+        };
+        if lits.iter().all(|l| *l == lits[0]) {
+            let l = lits[0].clone();
+            return self.define_elementwise(r, &shape, |_| Ok(l.clone()));
+        }
+        let rt = self.ty(c.dtype)?;
+        let table = format!("c{}", r.0);
+        let s = if self.wgsl() {
+            format!(
+                "    var {table} = array<{rt}, {}>({});\n",
+                lits.len(),
+                lits.join(", ")
+            )
+        } else {
+            format!(
+                "    const {rt} {table}[{}] = {{{}}};\n",
+                lits.len(),
+                lits.join(", ")
+            )
+        };
+        self.decls.push_str(&s);
+        self.define_elementwise(r, &shape, |_| Ok(format!("{table}[e]")))
+    }
+
     /// `dst := src` for loop-carried and `if` results: whole-array copy for tiles, a fill from a scalar.
     fn assign(&mut self, dst: KValue, src: &KOperand) -> Result<(), Error> {
         self.declare(dst)?;
@@ -625,6 +796,14 @@ impl<'k> Gen<'k> {
                 ))),
             }
         };
+        if let [r] = op.results[..]
+            && let Some(c) = self.subst.get(&r.0)
+        {
+            return match c.clone() {
+                Some(c) => self.constant(r, &c),
+                None => Ok(()),
+            };
+        }
         match &op.kind {
             K::Yield(_) => Err(bad("`yield` before the end of its region")),
             K::ProgramId { axis } => {

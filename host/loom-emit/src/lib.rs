@@ -80,8 +80,13 @@
 //!   i64 immediates must fit i32, float -> i64 casts saturate at the i32 range, shifts of i64 values take the
 //!   amount mod 32, and i64 buffer elements outside i32 are error 4. Grids are limited to
 //!   `max_compute_workgroups_per_dimension` (65535) per dimension.
-//! * **f64** is [`Error::Unsupported`] in WGSL (no `SHADER_FLOAT64` in the default capabilities); the RoPE motif
-//!   (f64 angles) therefore has no WGSL lowering yet. CUDA has f64.
+//! * **f64** has no WGSL type (no `SHADER_FLOAT64` in the default capabilities). Values that are the same in
+//!   every program instance (computed from immediates and template values only: `loom_reference::fold`,
+//!   with the reference's exact semantics) and are f64 or computed from f64 are **folded**: the f64 values
+//!   are not emitted and the non-f64 values derived from them are written as literals (a function-scope
+//!   array when the elements differ). That is how the RoPE motif's frequency table (`exp`/`log` in f64 of
+//!   template values, rounded to i32 limbs) reaches WGSL. Any other f64 value is [`Error::Unsupported`].
+//!   CUDA has f64 and computes such values itself.
 //! * **Q4_K / Q6_K** loads are dequantised in WGSL (executed on lavapipe against the reference by the HAL
 //!   conformance suite); in CUDA they are [`Error::Unsupported`] for now.
 //! * Dots with `M + N` over the scratch words (4092 with the downlevel 16 KiB of workgroup memory) are
@@ -99,8 +104,8 @@
 //! (`tests/integration/hal_conformance.rs`: a motif stage against `loom-reference`, checked loads out of range,
 //! division by zero and non-positive loop steps with the reference's exact error text) and every motif stage against
 //! the CPU backend on random inputs (`tests/integration/hal_motifs.rs`: `|vulkan - cpu| / (1 + |cpu|) <= 3e-5`,
-//! 2.5e-6 measured), once with the default limits and once with `Limits::downlevel_defaults()`. RoPE (f64) is refused with [`Error::Unsupported`],
-//! and so, under the downlevel limit of 4 storage buffers, are kernels with more than 3 parameters. The CUDA text
+//! 2.5e-6 measured), once with the default limits and once with `Limits::downlevel_defaults()`. Refused with [`Error::Unsupported`], under the
+//! downlevel limit of 4 storage buffers, are kernels with more than 3 parameters. The CUDA text
 //! gets the same suite from `hal-cuda` where a GPU is lent (`scripts/gpu-conformance.sh`); it has not run yet.
 
 mod body;

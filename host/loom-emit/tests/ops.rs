@@ -339,6 +339,36 @@ fn f64_is_unsupported_in_wgsl_but_emitted_for_cuda() {
     cuda_kernel(&k).unwrap();
 }
 
+/// f64 computed from template values only (RoPE's frequency table) is folded by `loom_reference::fold` and
+/// written as literals in WGSL; the f64 values themselves are not emitted. CUDA computes them natively.
+#[test]
+fn f64_constants_are_folded_to_literals_in_wgsl() {
+    let mut kb = KB::new("f64_table", [2, 1, 1]);
+    let x = kb.param("x", DType::I32, &[2, 16], Access::Read);
+    let y = kb.param("y", DType::I32, &[2, 16], Access::Write);
+    let n = kb.pid(0);
+    let r = kb.range(i(0), 16);
+    let e = kb.cast(r.clone(), DType::F64);
+    let e = kb.mul(e, imm_f(-0.1, DType::F64));
+    let e = kb.un(UnOp::Exp, e);
+    let e = kb.mul(e, imm_f(1000.0, DType::F64));
+    let table = kb.cast(e, DType::I32);
+    let t = kb.load(x, vec![n.clone(), r.clone()], Some(imm_i(0, DType::I32)));
+    let t = kb.bin(BinOp::Add, t, table);
+    kb.store(y, vec![n, r], t);
+    let k = kb.finish();
+    let m = wgsl_kernel(&k, &WgslLimits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // trunc(1000 exp(-0.1 i)) for i = 0, 1, 2: 1000, 904, 818.
+    assert!(
+        m.source.contains("array<i32, 16>(1000i, 904i, 818i"),
+        "{}",
+        m.source
+    );
+    let main = m.source.split("@compute").nth(1).expect("an entry point");
+    assert!(!main.contains("exp("), "{}", m.source);
+    cuda_kernel(&k).unwrap();
+}
+
 #[test]
 fn extents_beyond_the_i32_emulation_are_rejected() {
     let mut kb = KB::new("huge", [1, 1, 1]);

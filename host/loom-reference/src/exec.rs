@@ -528,7 +528,7 @@ fn expect_results(op: &KOp, n: usize) -> R<()> {
 
 /// An immediate as a scalar tile of its tagged dtype. Float immediates are rounded to the dtype; integer
 /// immediates must fit their integer dtype (or are converted to a float dtype); `i1` takes a bool (or 0/1).
-fn immediate(imm: KImm, dtype: DType) -> R<Tile> {
+pub(crate) fn immediate(imm: KImm, dtype: DType) -> R<Tile> {
     ops::check_value_dtype(dtype)?;
     let t = match imm {
         KImm::F64(x) if dtype.is_float() => Tile::float(dtype, vec![], vec![round_to(dtype, x)]),

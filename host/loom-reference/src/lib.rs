@@ -8,6 +8,8 @@
 //! * [`run_kernel`]: one kernel over its whole grid, one little-endian byte buffer per kernel parameter.
 //! * [`run_stage`]: a stage's dispatches in order, over its inputs, outputs, parameter bindings and
 //!   workspace ([`alloc_outputs`] makes poisoned output buffers of the right sizes).
+//! * [`fold`]: the values of a kernel that are the same in every program instance, computed with these
+//!   semantics (device emitters substitute them for arithmetic their target lacks).
 //! * [`dequantize`]: a GGUF block-quantised buffer as f32 values; [`float`]: the f16/bf16 conversions and
 //!   `erf` the reference uses (also handy for building test inputs).
 //!
@@ -93,10 +95,12 @@
 mod elem;
 mod exec;
 pub mod float;
+mod fold;
 mod ops;
 mod tile;
 
 pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
+pub use fold::{Elements, Folded, MAX_FOLDED_ELEMENTS, fold};
 use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
 
 use exec::Slot;
