@@ -21,7 +21,7 @@ pub struct CudaModule {
     pub block_dim: u32,
     /// `gridDim`: the kernel's grid.
     pub grid: [u32; 3],
-    /// Static shared memory the function declares.
+    /// Static shared memory the function declares (the scratch, when the kernel uses it; else 0).
     pub shared_bytes: u32,
 }
 
@@ -130,7 +130,11 @@ pub fn cuda_kernel(kernel: &Kernel) -> Result<CudaModule, Error> {
         "\nextern \"C\" __global__ void __launch_bounds__({wg}) {func}({}) {{",
         params.join(", ")
     );
-    let _ = writeln!(s, "    __shared__ unsigned long long scratch[{SCRATCH}];");
+    // Only kernels that stage through scratch declare it (NVRTC warns about an unreferenced array, #177).
+    let uses_scratch = body.code.contains("scratch[");
+    if uses_scratch {
+        let _ = writeln!(s, "    __shared__ unsigned long long scratch[{SCRATCH}];");
+    }
     s.push_str("    const unsigned lid = threadIdx.x;\n");
     s.push_str(&body.decls);
     s.push_str(&body.code);
@@ -141,7 +145,7 @@ pub fn cuda_kernel(kernel: &Kernel) -> Result<CudaModule, Error> {
         source: s,
         block_dim: wg,
         grid,
-        shared_bytes: SCRATCH * 8,
+        shared_bytes: if uses_scratch { SCRATCH * 8 } else { 0 },
     })
 }
 

@@ -63,7 +63,6 @@ __device__ __forceinline__ float rd0(const float* __restrict__ b, long long g) {
 __device__ __forceinline__ void wr1(float* __restrict__ b, long long g, float x) { b[g] = x; }
 
 extern "C" __global__ void __launch_bounds__(64) loom_golden_axpb_191a6d5d(const float* __restrict__ b0, float* __restrict__ b1, unsigned* __restrict__ status) {
-    __shared__ unsigned long long scratch[4096];
     const unsigned lid = threadIdx.x;
     long long v0 = 0;
     long long v1 = 0;
