@@ -99,8 +99,8 @@ mod fold;
 mod ops;
 mod tile;
 
-pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
 pub use fold::{Elements, Folded, MAX_FOLDED_ELEMENTS, fold};
+pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
 use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
 
 use exec::Slot;
