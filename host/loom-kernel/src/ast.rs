@@ -147,6 +147,15 @@ pub enum Op {
         else_block: Option<Block>,
         span: Span,
     },
+    /// `static.match X { case A, B { ... } case C { ... } default { ... } }`: the first case one of whose
+    /// compile-time values equals `X` is taken (in kernels and stages); no match and no `default` is an error.
+    Match {
+        scrutinee: Expr,
+        results: Vec<TypeExpr>,
+        cases: Vec<(Vec<Expr>, Block)>,
+        default: Option<Block>,
+        span: Span,
+    },
     For {
         var: Name,
         lo: Expr,
@@ -178,6 +187,7 @@ impl Op {
             Op::Simple { span, .. }
             | Op::Call { span, .. }
             | Op::If { span, .. }
+            | Op::Match { span, .. }
             | Op::For { span, .. }
             | Op::Alloc { span, .. }
             | Op::Dispatch { span, .. } => *span,

@@ -758,6 +758,49 @@ impl Parser<'_> {
                     span: start.to(c.prev_span()),
                 })
             }
+            "static.match" => {
+                let scrutinee = self.expr(c)?;
+                let results = self.results(c)?;
+                let (g, gs) = c.group('{', "the cases '{ case VALUE { ... } default { ... } }'")?;
+                let mut ic = inner(g, gs);
+                let mut cases = Vec::new();
+                let mut default = None;
+                while !ic.at_end() {
+                    let at = ic.span();
+                    if ic.eat_word("case") {
+                        let mut values = vec![self.expr(&mut ic)?];
+                        while ic.eat_punct(',') {
+                            values.push(self.expr(&mut ic)?);
+                        }
+                        let (b, bs) = ic.group('{', "the case's block '{ ... }'")?;
+                        cases.push((values, self.block(b, bs)?));
+                    } else if ic.eat_word("default") {
+                        if default.is_some() {
+                            return Err(Diagnostic::error(
+                                at,
+                                "a second `default` in `static.match`",
+                            ));
+                        }
+                        let (b, bs) = ic.group('{', "the default block '{ ... }'")?;
+                        default = Some(self.block(b, bs)?);
+                    } else {
+                        return Err(ic.expected("`case VALUE { ... }` or `default { ... }`"));
+                    }
+                }
+                if cases.is_empty() {
+                    return Err(Diagnostic::error(
+                        start.to(c.prev_span()),
+                        "`static.match` needs at least one `case`",
+                    ));
+                }
+                Ok(Op::Match {
+                    scrutinee,
+                    results,
+                    cases,
+                    default,
+                    span: start.to(c.prev_span()),
+                })
+            }
             "for" => {
                 let var = c.value("the loop variable '%i'")?;
                 c.expect_punct('=', "after the loop variable")?;

@@ -869,6 +869,16 @@ impl<'s, 'c> KCx<'s, 'c> {
                 else_block,
                 span,
             } => self.if_op(cond, results, then_block, else_block.as_ref(), *span, names),
+            Op::Match {
+                scrutinee,
+                results,
+                cases,
+                default,
+                span,
+            } => {
+                let blk = self.static_case(scrutinee, cases, default.as_ref(), *span)?;
+                self.if_op(&Expr::Bool(true, *span), results, blk, None, *span, names)
+            }
             Op::For {
                 var,
                 lo,
@@ -892,6 +902,56 @@ impl<'s, 'c> KCx<'s, 'c> {
             Op::Alloc { span, .. } | Op::Dispatch { span, .. } => Err(self.err(
                 *span,
                 "`alloc` and `dispatch` are stage statements, not kernel operations",
+            )),
+        }
+    }
+
+    /// The block `static.match` takes: the first case with a value equal to the scrutinee (both compile-time
+    /// constants of one kind), else `default`; neither is an error naming the value and every case.
+    fn static_case<'b>(
+        &mut self,
+        scrutinee: &Expr,
+        cases: &'b [(Vec<Expr>, Block)],
+        default: Option<&'b Block>,
+        span: Span,
+    ) -> R<&'b Block> {
+        let x = self.const_of(scrutinee)?;
+        let mut seen: Vec<CV> = Vec::new();
+        let mut chosen = None;
+        for (values, blk) in cases {
+            for e in values {
+                let v = self.const_of(e)?;
+                if std::mem::discriminant(&v) != std::mem::discriminant(&x) {
+                    return Err(self.err(
+                        e.span(),
+                        format!(
+                            "`static.match` on {}: this case is {}",
+                            x.describe(),
+                            v.describe()
+                        ),
+                    ));
+                }
+                if seen.contains(&v) {
+                    return Err(self.err(
+                        e.span(),
+                        format!("{} is matched by an earlier case", v.describe()),
+                    ));
+                }
+                if chosen.is_none() && v == x {
+                    chosen = Some(blk);
+                }
+                seen.push(v);
+            }
+        }
+        match chosen.or(default) {
+            Some(b) => Ok(b),
+            None => Err(self.err(
+                span,
+                format!(
+                    "`static.match`: {} matches no case (cases: {}) and there is no `default`",
+                    x.describe(),
+                    seen.iter().map(CV::describe).collect::<Vec<_>>().join(", ")
+                ),
             )),
         }
     }
@@ -2283,6 +2343,20 @@ fn stage_stmt(
                 }
                 _ => Err(cx.err(cond.span(), "a stage `if` needs a compile-time condition (stages have no data-dependent control flow)")),
             }
+        }
+        Op::Match {
+            scrutinee,
+            results: tys,
+            cases,
+            default,
+            span,
+        } => {
+            if !results.is_empty() || !tys.is_empty() {
+                return Err(cx.err(*span, "a stage `static.match` has no results"));
+            }
+            let blk = cx.static_case(scrutinee, cases, default.as_ref(), *span)?;
+            stage_block(cx, blk, st, errors);
+            Ok(())
         }
         Op::Dispatch {
             kernel: kn,
