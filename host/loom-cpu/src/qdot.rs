@@ -24,10 +24,12 @@
 //! * AVX-512 VNNI (`avx512f`, `avx512bw`, `avx512vnni`): two blocks per `vpdpbusd` (u8 x i8 -> i32). Signed
 //!   weights use `|w|` as the unsigned operand and `x` negated where `w < 0` as the signed one (`qx` is never
 //!   -128, so the negation is exact); Q4_1's nibbles are already unsigned. Q8_0 and Q4_0 fetch the scales of
-//!   16 blocks with one gather and one `vcvtph2ps` (`signed_groups`). Q4_1 rows of at least 16 blocks
-//!   take 16 blocks at a time, one block per 32-bit lane (`dot_q4_1_groups`: the 20-byte blocks are
-//!   deinterleaved with permutes, the activation is regrouped once per call, and the scales and the offset
-//!   term become vector operations); the remaining blocks go two at a time.
+//!   16 blocks with one gather and one `vcvtph2ps` (`signed_groups`). Q4_1 takes 16 blocks at a time, one
+//!   block per 32-bit lane (`q4_1_group`: the 20-byte blocks are deinterleaved with permutes, the
+//!   activation is regrouped once per call, and the scales and the offset term become vector operations),
+//!   the remaining blocks three at a time in their own byte order (`q4_1_chunk`: one masked load, the
+//!   activation laid out to match once per call), and eight rows per call (`q4_1_rows`: each activation
+//!   vector loaded once for the eight rows, their horizontal sums taken together).
 //! * AVX2 + FMA (+ F16C for the scales, as the AVX-512 variant): one block per `vpmaddubsw` + `vpmaddwd` with the same sign trick (`vpsignb`); the i16 pair
 //!   sums stay below 2 * 128 * 127 < 2^15, so `vpmaddubsw` never saturates.
 //! * Scalar: the definition above, one block at a time.
@@ -49,7 +51,31 @@ pub(crate) struct QActs {
     /// dwords, vector `g` lane `j` holding bytes `4g..4g + 4` of block `16 G + j` (the tail blocks past the
     /// last whole group are not included).
     pub(crate) xt: Vec<i32>,
+    /// The blocks past the last whole group, three at a time in the weights' own byte order, for the
+    /// AVX-512 Q4_1 kernel (`q4_1_chunk`): see [`RawChunk`].
+    pub(crate) chunks: Vec<RawChunk>,
 }
+
+/// Up to three Q4_1 blocks (15 dwords of weights, read as one masked vector) seen from the dword lanes of
+/// that vector: block `j` of the chunk is dwords `5 j` (its `d, m` header) and `5 j + 1 + g` (nibble bytes
+/// `4 g .. 4 g + 4`, weights `4 g ..` low and `16 + 4 g ..` high).
+#[derive(Debug, Clone)]
+pub(crate) struct RawChunk {
+    /// Activation bytes meeting each lane's low nibbles (`qx[4 g .. 4 g + 4]`) and high nibbles
+    /// (`qx[16 + 4 g ..]`); 0 in header lanes and past the chunk.
+    pub(crate) xl: [i32; 16],
+    pub(crate) xh: [i32; 16],
+    /// `dx` of the lane's block in nibble lanes, 0 elsewhere.
+    pub(crate) dx: [f32; 16],
+    /// `dx * sum qx` of the block in header lanes, 0 elsewhere.
+    pub(crate) ds: [f32; 16],
+    /// The header lanes (`5 j`) and all the chunk's lanes (`0 .. 5 * blocks`).
+    pub(crate) heads: u16,
+    pub(crate) lanes: u16,
+}
+
+/// Blocks per [`RawChunk`].
+pub(crate) const CHUNK: usize = 3;
 
 /// Blocks per group of the AVX-512 Q4_1 kernel (one block per 32-bit lane).
 pub(crate) const GROUP: usize = 16;
@@ -89,7 +115,42 @@ pub(crate) fn quantize_acts(x: &[f32]) -> QActs {
             }
         }
     }
-    QActs { qs, d, ds, xt }
+    let mut chunks = Vec::new();
+    let mut b0 = groups * GROUP;
+    while b0 < nb {
+        let cnt = (nb - b0).min(CHUNK);
+        let mut c = RawChunk {
+            xl: [0; 16],
+            xh: [0; 16],
+            dx: [0.0; 16],
+            ds: [0.0; 16],
+            heads: 0,
+            lanes: ((1u32 << (5 * cnt)) - 1) as u16,
+        };
+        for j in 0..cnt {
+            let b = b0 + j;
+            c.heads |= 1 << (5 * j);
+            c.ds[5 * j] = ds[b];
+            for g in 0..4 {
+                let l = 5 * j + 1 + g;
+                let o = b * QK + 4 * g;
+                let word =
+                    |q: &[i8]| i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+                c.xl[l] = word(&qs[o..o + 4]);
+                c.xh[l] = word(&qs[o + 16..o + 20]);
+                c.dx[l] = d[b];
+            }
+        }
+        chunks.push(c);
+        b0 += cnt;
+    }
+    QActs {
+        qs,
+        d,
+        ds,
+        xt,
+        chunks,
+    }
 }
 
 /// f16 bits to f32: a bit shuffle for normal numbers, the exact general conversion otherwise.
@@ -235,7 +296,7 @@ fn dot_scalar_from(dtype: DType, w: &[u8], a: &QActs, b0: usize) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{GROUP, QActs, QK, block_bytes};
+    use super::{CHUNK, GROUP, QActs, QK, RawChunk, block_bytes};
     use loom_ir::kernel::DType;
     use std::arch::x86_64::*;
 
@@ -323,11 +384,7 @@ mod x86 {
                     let (acc, b) = signed_groups(DType::Q4_0, w, a);
                     pairs(DType::Q4_0, w, a, b, acc)
                 }
-                _ if a.d.len() >= GROUP => {
-                    let (acc, b) = dot_q4_1_groups(w, a);
-                    pairs(DType::Q4_1, w, a, b, acc)
-                }
-                _ => pairs(DType::Q4_1, w, a, 0, _mm512_setzero_ps()),
+                _ => q4_1_rows::<1>(w, a)[0],
             }
         }
     }
@@ -453,36 +510,26 @@ mod x86 {
         _mm512_mask_mov_epi32(o, mask(64, 80), v)
     }
 
-    /// Q4_1 over the row's whole groups of 16 blocks, one block per 32-bit lane: the 16 blocks' words are
+    /// One group of 16 Q4_1 blocks at `base` (320 bytes), one block per 32-bit lane: the 16 blocks' words are
     /// deinterleaved (five loads, permutes), nibble word `g` of every block meets activation word `g`
-    /// (`a.xt`, regrouped once per call) in one `vpdpbusd`, so the 16 exact block sums land in one vector
-    /// and the scales `d`, `m` of all 16 blocks convert with one `vcvtph2ps` each; per group,
-    /// `acc += (d * dx) * isum` and `off += m * (dx * sx)` as whole vectors. Returns the summed lanes and
-    /// the first block not covered.
+    /// (`xt`, the group's 8 vectors of `a.xt`, regrouped once per call) in one `vpdpbusd`, so the 16 exact
+    /// block sums land in one vector and the scales `d`, `m` of all 16 blocks convert with one `vcvtph2ps`
+    /// each; `acc += (d * dx) * isum` and `off += m * (dx * sx)` as whole vectors.
     ///
     /// # Safety
-    /// As [`dot_avx512vnni`], with `dtype` Q4_1.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q4_1_groups(w: &[u8], a: &QActs) -> (__m512, usize) {
-        const BS: usize = 20;
-        let groups = a.d.len() / GROUP;
-        assert!(w.len() >= groups * GROUP * BS && a.xt.len() >= groups * 8 * GROUP);
-        let m4 = _mm512_set1_epi8(15);
-        let (mut acc, mut off) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for gr in 0..groups {
-            // SAFETY: group `gr` is 320 bytes inside `w` (asserted above); its 8 activation vectors and 16
-            // `d`, `ds` values are inside `a.xt`, `a.d`, `a.ds`.
-            let (r, xt, dx, ds) = unsafe {
-                let base = w.as_ptr().add(gr * GROUP * BS);
-                let r = [0, 1, 2, 3, 4].map(|i| _mm512_loadu_si512(base.add(64 * i) as *const _));
-                let xp = a.xt.as_ptr().add(gr * 8 * GROUP);
-                let xt = [0, 1, 2, 3, 4, 5, 6, 7]
-                    .map(|g| _mm512_loadu_si512(xp.add(g * GROUP) as *const _));
-                let dx = _mm512_loadu_ps(a.d.as_ptr().add(gr * GROUP));
-                let ds = _mm512_loadu_ps(a.ds.as_ptr().add(gr * GROUP));
-                (r, xt, dx, ds)
-            };
+    /// `base` points to 320 readable bytes; only called from functions with [`q4_1_rows`]' target features.
+    #[inline(always)]
+    unsafe fn q4_1_group(
+        base: *const u8,
+        xt: &[__m512i; 8],
+        (dx, ds): (__m512, __m512),
+        acc: &mut __m512,
+        off: &mut __m512,
+    ) {
+        // SAFETY: the caller's contract (the intrinsics' features and the 320 bytes at `base`).
+        unsafe {
+            let m4 = _mm512_set1_epi8(15);
+            let r = [0, 1, 2, 3, 4].map(|i| _mm512_loadu_si512(base.add(64 * i) as *const _));
             let h = deinterleave5(&r, 0);
             let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             for g in 0..4 {
@@ -496,12 +543,132 @@ mod x86 {
             let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
             let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h)));
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), isum, acc);
-            off = _mm512_fmadd_ps(m, ds, off);
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), isum, *acc);
+            *off = _mm512_fmadd_ps(m, ds, *off);
         }
-        (_mm512_add_ps(acc, off), groups * GROUP)
+    }
+
+    /// Up to three Q4_1 blocks at `p` (a [`RawChunk`] of `a.chunks`, read by one masked 15-dword load)
+    /// with the weights left in their own byte order: the nibbles meet the activation bytes laid out to
+    /// match (`xl`, `xh`; 0 under the headers) in two `vpdpbusd`, each header's `d` converts in place
+    /// (`vcvtph2ps` of every lane's low half) and is broadcast to its block's lanes by one permute, so
+    /// `acc += (d * dx) * isum` per lane (four partial sums per block) and `off += m * (dx * sx)` in the
+    /// header lanes only (masked). This replaced the pair loop, with its scalar f16 conversions, as Q4_1's
+    /// tail: a K = 576 row (one group and two blocks) spent about as long on the two blocks as on the group.
+    ///
+    /// # Safety
+    /// `p` points to the chunk's blocks (`ch.lanes` dwords readable); only called from functions with
+    /// [`q4_1_rows`]' target features.
+    #[inline(always)]
+    unsafe fn q4_1_chunk(
+        p: *const u8,
+        ch: &RawChunk,
+        (xl, xh, dx, ds): (__m512i, __m512i, __m512, __m512),
+        acc: &mut __m512,
+        off: &mut __m512,
+    ) {
+        // SAFETY: the caller's contract; the masked load reads only the lanes `ch.lanes`.
+        unsafe {
+            let m4 = _mm512_set1_epi8(15);
+            let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 10, 10, 10, 10, 10, 15);
+            let v = _mm512_maskz_loadu_epi32(ch.lanes, p as *const i32);
+            let lo = _mm512_and_si512(v, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            let z = _mm512_setzero_si512();
+            let isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, xl), hi, xh);
+            let d = _mm512_permutexvar_ps(idx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), *acc);
+            let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
+            *off = _mm512_mask3_fmadd_ps(m, ds, *off, ch.heads);
+        }
+    }
+
+    /// The sums of the 4 vectors' lanes, in lane order of the result.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn reduce4(v: [__m512; 4]) -> __m128 {
+        let t = v.map(|x| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(x),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))),
+            )
+        });
+        let u = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
+        _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps::<1>(u))
+    }
+
+    /// `R` consecutive Q4_1 rows (`w` holds exactly `R` rows of `a.d.len()` blocks): the whole groups of 16
+    /// blocks ([`q4_1_group`]), then the remaining blocks three at a time ([`q4_1_chunk`]), each activation
+    /// vector loaded once for the `R` rows, and the `R` horizontal sums taken together ([`reduce4`] for
+    /// `R = 4`).
+    ///
+    /// # Safety
+    /// avx512f, avx512bw, avx512vnni, avx2, fma and f16c must be available; `a` was quantised for rows of
+    /// `a.d.len()` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_rows<const R: usize>(w: &[u8], a: &QActs) -> [f32; R] {
+        const BS: usize = 20;
+        let nb = a.d.len();
+        let row = nb * BS;
+        let groups = nb / GROUP;
+        assert!(w.len() == R * row && a.xt.len() >= groups * 8 * GROUP);
+        assert!(a.d.len() >= groups * GROUP && a.ds.len() >= groups * GROUP);
+        let wp = w.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut off = [_mm512_setzero_ps(); R];
+        for gr in 0..groups {
+            // SAFETY: the group's 8 activation vectors and 16 `d`, `ds` values are inside `a.xt`, `a.d`,
+            // `a.ds` (asserted above); group `gr` of row `r` is 320 bytes inside `w` (`w` holds `R` rows
+            // of `nb >= 16 (gr + 1)` blocks); the features are this function's.
+            unsafe {
+                let xp = a.xt.as_ptr().add(gr * 8 * GROUP);
+                let xt = [0, 1, 2, 3, 4, 5, 6, 7]
+                    .map(|g| _mm512_loadu_si512(xp.add(g * GROUP) as *const _));
+                let dx = _mm512_loadu_ps(a.d.as_ptr().add(gr * GROUP));
+                let ds = _mm512_loadu_ps(a.ds.as_ptr().add(gr * GROUP));
+                for r in 0..R {
+                    let base = wp.add(r * row + gr * GROUP * BS);
+                    q4_1_group(base, &xt, (dx, ds), &mut acc[r], &mut off[r]);
+                }
+            }
+        }
+        let b0 = groups * GROUP;
+        for (c, ch) in a.chunks.iter().enumerate() {
+            // SAFETY: chunk `c` covers blocks `b0 + 3 c ..` of each row, at most `nb` (quantize_acts made
+            // the chunks for `nb` blocks): its masked lanes read only those blocks' 20-byte records. The
+            // arrays hold 16 lanes.
+            unsafe {
+                let regs = (
+                    _mm512_loadu_si512(ch.xl.as_ptr() as *const _),
+                    _mm512_loadu_si512(ch.xh.as_ptr() as *const _),
+                    _mm512_loadu_ps(ch.dx.as_ptr()),
+                    _mm512_loadu_ps(ch.ds.as_ptr()),
+                );
+                for r in 0..R {
+                    let p = wp.add(r * row + (b0 + CHUNK * c) * BS);
+                    q4_1_chunk(p, ch, regs, &mut acc[r], &mut off[r]);
+                }
+            }
+        }
+        let sums: [__m512; R] = std::array::from_fn(|r| _mm512_add_ps(acc[r], off[r]));
+        let mut out = [0f32; R];
+        if R.is_multiple_of(4) {
+            for (o, v) in out.chunks_exact_mut(4).zip(sums.chunks_exact(4)) {
+                // SAFETY: `o` holds 4 f32.
+                unsafe { _mm_storeu_ps(o.as_mut_ptr(), reduce4([v[0], v[1], v[2], v[3]])) };
+            }
+        } else {
+            for (o, v) in out.iter_mut().zip(sums) {
+                *o = _mm512_reduce_add_ps(v);
+            }
+        }
+        out
     }
 }
+
+/// Q4_1 rows per call of the AVX-512 kernel in [`matvec`]: on the Zen 4 VM, 1536 x 576 took 24.1-24.5 us
+/// at 8 (16: 24.6-25.5, 4: 25.3-39 bimodal, 1: 28.6-29.8; standalone, best of 2000, six runs each).
+const Q4_1_ROWS: usize = 8;
 
 /// `y = W x` over `threads` workers (contiguous row blocks): `w` is `n` rows of `k / 32` blocks of `dtype`,
 /// `x` holds `k` little-endian f32 and `y` receives `n` little-endian f32.
@@ -526,7 +693,23 @@ pub(crate) fn matvec(
     // and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 256 K for a thread spawn per call.
     let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
     let rows = |y: &mut [u8], r0: usize| {
-        for (i, out) in y.chunks_exact_mut(4).enumerate() {
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512Vnni && dtype == DType::Q4_1 {
+            // Eight rows at a time (activation loads and horizontal sums shared), the rest one by one.
+            for (i, out) in y.chunks_exact_mut(4 * Q4_1_ROWS).enumerate() {
+                let r = r0 + Q4_1_ROWS * i;
+                // SAFETY: `Isa::Avx512Vnni` is only produced after detecting its features (avx2 and fma
+                // come with avx512f); `w[r * row..]` is `Q4_1_ROWS` whole rows, `a` quantised for `k`.
+                let v =
+                    unsafe { x86::q4_1_rows::<Q4_1_ROWS>(&w[r * row..(r + Q4_1_ROWS) * row], &a) };
+                for (o, v) in out.chunks_exact_mut(4).zip(v) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+                done += Q4_1_ROWS;
+            }
+        }
+        for (i, out) in y.chunks_exact_mut(4).enumerate().skip(done) {
             let r = r0 + i;
             out.copy_from_slice(&dot_row(isa, dtype, &w[r * row..(r + 1) * row], &a).to_le_bytes());
         }
@@ -606,7 +789,7 @@ mod tests {
     fn variants_match_scalar_and_reference_within_the_bound() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-            for nb in [1usize, 2, 3, 16, 17, 18, 33, 48] {
+            for nb in [1usize, 2, 3, 4, 7, 16, 17, 18, 20, 31, 33, 48] {
                 for _ in 0..20 {
                     let w = random_row(&mut rng, dtype, nb);
                     let x: Vec<f32> = (0..nb * QK).map(|_| 4.0 * rng.unit() - 2.0).collect();
@@ -625,6 +808,42 @@ mod tests {
                             (got - scalar).abs() <= 1e-6 * mag,
                             "{dtype} nb {nb} {isa:?}: {got} vs scalar {scalar}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `matvec` over row counts around the AVX-512 Q4_1 row batch (`Q4_1_ROWS` at a time, the rest one
+    /// by one), against the scalar variant row by row.
+    #[test]
+    fn matvec_row_batches_match_scalar() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for dtype in [DType::Q4_1, DType::Q8_0] {
+            for nb in [3usize, 18, 33] {
+                for n in [1usize, Q4_1_ROWS, 2 * Q4_1_ROWS + 3] {
+                    let w: Vec<u8> = (0..n)
+                        .flat_map(|_| random_row(&mut rng, dtype, nb))
+                        .collect();
+                    let x: Vec<f32> = (0..nb * QK).map(|_| 4.0 * rng.unit() - 2.0).collect();
+                    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let a = quantize_acts(&x);
+                    let mag: f32 = (0..nb).map(|b| a.d[b] * 127.0 * 32.0 * 16.0).sum();
+                    for isa in Isa::available() {
+                        for threads in [1, 2] {
+                            let mut y = vec![0u8; 4 * n];
+                            matvec(isa, dtype, n, nb * QK, &w, &xb, &mut y, threads);
+                            for (r, out) in y.chunks_exact(4).enumerate() {
+                                let got = f32::from_le_bytes([out[0], out[1], out[2], out[3]]);
+                                let row =
+                                    &w[r * nb * block_bytes(dtype)..][..nb * block_bytes(dtype)];
+                                let want = dot_row(Isa::Scalar, dtype, row, &a);
+                                assert!(
+                                    (got - want).abs() <= 1e-6 * mag,
+                                    "{dtype} {n}x{nb} blocks {isa:?} row {r}: {got} vs {want}"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -761,6 +761,10 @@ fn quantised_matvec_jit_and_pattern_agree_with_the_reference() {
             (70u64, 96u64, 16u32, 32u32),
             (64, 128, 32, 64),
             (96, 320, 32, 96),
+            // Whole groups of 16 blocks plus a tail (one and two groups), and row counts off the
+            // AVX-512 Q4_1 kernel's batch of 8.
+            (37, 576, 16, 64),
+            (21, 1056, 16, 96),
         ] {
             let st = one_kernel_stage(matvec_kernel(dtype, n, k, bn, bk));
             let w = random_blocks(&mut rng, dtype, (n * k / 32) as usize);
