@@ -2,22 +2,29 @@
 //! kernel of a stage emitted as CUDA C by `loom-emit` and compiled by NVRTC.
 //!
 //! * **Dynamic loading.** cudarc is built with `dynamic-loading`: the crate builds and loads with no CUDA
-//!   installed. cudarc *panics* on the first call when `libcuda`/`libnvrtc` is missing, so the probe (and
-//!   [`driver`]) first ask `cudarc::driver::sys::is_culib_present()` and `cudarc::nvrtc::sys::is_culib_present()`
-//!   (which only try to open the libraries) and report [`ProbeStatus::Absent`](loom_plugin_api::ProbeStatus)
-//!   with the reason; a panic that still happens is caught by `guard`/`guard_probe`.
+//!   installed. cudarc *panics* on the first call when `libcuda` is missing, so the probe (and [`driver`])
+//!   first ask `cudarc::driver::sys::is_culib_present()` (which only tries to open the library), then open
+//!   NVRTC ([`Nvrtc::get`]), and report [`ProbeStatus::Absent`](loom_plugin_api::ProbeStatus) with the reason;
+//!   a panic that still happens is caught by `guard`/`guard_probe`.
+//! * **NVRTC** is opened by [`nvrtc`] (libloading), not through cudarc's `nvrtc` module, so that it can come
+//!   from an explicit path (`$LOOM_NVRTC`: the library or its folder) and a missing one is an error, not a
+//!   panic. It needs no GPU: [`kernel_ptx`] / [`stage_ptx`] turn a kernel's CUDA C into PTX for a virtual
+//!   architecture (`compute_80`, ...) on any machine, and an emitter refusal or NVRTC's log is a [`PtxError`].
 //! * **Buffers** are `cuMemAlloc` allocations (`CudaSlice<u8>`, zeroed); `write`/`read` are copies on the
 //!   device's stream followed by a stream synchronisation, so they finish before returning.
-//! * **`compile`** decodes the stage, emits each kernel with `loom_emit::cuda_kernel`, compiles it with NVRTC for
-//!   the device's `sm_XY`, and loads the function. Workspace buffers and one 8-word status block per dispatch are
-//!   allocated per executable.
+//! * **`compile`** decodes the stage and compiles each kernel with [`stage_ptx`] (`loom_emit::cuda_kernel`, then
+//!   NVRTC) for the device's `compute_XY`, and loads the PTX (the driver JIT-compiles it for the device).
+//!   Workspace buffers and one 8-word status block per dispatch are allocated per executable.
 //! * **`submit`** runs on the device's queue thread (`hal-queue`: in order, waits first, failures propagate
 //!   along fence chains exactly like `hal-cpu`). A dispatch launches each kernel of the stage on the stream,
 //!   synchronises, and reads the status words: a checked-load error becomes `ExecError::IndexOutOfRange` with
 //!   the text `hal-cpu` and `loom-reference` give. Commands after a failed dispatch do not run.
 //!
 //! **Never executed here**: the machines this was written on have no NVIDIA GPU. What CI checks is that the
-//! crate builds, that the probe answers Absent cleanly, and that the loader reports it in one line.
+//! crate builds, that the probe answers Absent cleanly, that the loader reports it in one line, and
+//! (`tests/nvrtc.rs`, with NVRTC and ptxas 12.8 from `scripts/fetch-cuda-tools.sh`) that every kernel of every
+//! motif stage and of the HAL conformance suite compiles through [`kernel_ptx`] for `compute_80` and
+//! `compute_90` without warnings and assembles with `ptxas -arch=sm_80` / `sm_90`.
 //! `scripts/gpu-conformance.sh` runs the HAL conformance suite with this plugin on a machine with a GPU.
 
 use std::collections::HashMap;
@@ -30,14 +37,20 @@ use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
 use hal_queue::{Queue, lock};
-use loom_ir::kernel::{BufRef, ExecError, Stage, check_buffer_count, check_buffer_size};
+use loom_emit::CudaModule;
+use loom_ir::kernel::{BufRef, ExecError, Kernel, Stage, check_buffer_count, check_buffer_size};
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, HalDevice,
     HalDevice_TO, HalDeviceBox, HalDriver, HalDriver_TO, HalDriverBox, LoomPlugin, LoomPlugin_Ref,
     PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
 };
+
+pub mod nvrtc;
+
+pub use nvrtc::Nvrtc;
 
 /// This plugin's id.
 pub const PLUGIN_ID: &str = "cuda-0001";
@@ -82,16 +95,74 @@ pub fn missing_libraries() -> Option<String> {
                 .into(),
         );
     }
-    // SAFETY: as above, for NVRTC's library names.
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
-    if !nvrtc {
-        return Some(
-            "the NVIDIA driver is present but NVRTC (libnvrtc.so) is not: install the CUDA toolkit's NVRTC \
-             (cuda-nvrtc) to compile kernels"
-                .into(),
-        );
+    if let Err(e) = Nvrtc::get() {
+        return Some(format!(
+            "the NVIDIA driver is present but NVRTC is not: install the CUDA toolkit's NVRTC (cuda-nvrtc) \
+             to compile kernels ({e})"
+        ));
     }
     None
+}
+
+/// Why a kernel has no PTX: the CUDA emitter refused it, or NVRTC rejected the emitted C.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PtxError {
+    /// `loom_emit::cuda_kernel` refused the kernel ([`loom_emit::Error::Unsupported`] for what CUDA C cannot
+    /// express yet, [`loom_emit::Error::Malformed`] for inconsistent IR).
+    Emit {
+        kernel: String,
+        error: loom_emit::Error,
+    },
+    /// NVRTC rejected the emitted CUDA C: a bug of `loom-emit` (the log says where).
+    Nvrtc {
+        kernel: String,
+        error: nvrtc::CompileError,
+    },
+}
+
+impl std::fmt::Display for PtxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PtxError::Emit { kernel, error } => write!(f, "kernel `{kernel}`: {error}"),
+            PtxError::Nvrtc { kernel, error } => write!(f, "kernel `{kernel}`: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for PtxError {}
+
+/// One kernel's CUDA C (`loom_emit::cuda_kernel`) compiled by NVRTC to PTX for the virtual architecture
+/// `arch` (`compute_80`, `compute_90`, ...). Needs no GPU and no driver, only NVRTC: the device's `compile`
+/// uses it for the device's architecture, and `tests/nvrtc.rs` for every motif kernel.
+pub fn kernel_ptx(
+    nvrtc: &Nvrtc,
+    kernel: &Kernel,
+    arch: &str,
+) -> Result<(CudaModule, nvrtc::Ptx), PtxError> {
+    let m = loom_emit::cuda_kernel(kernel).map_err(|error| PtxError::Emit {
+        kernel: kernel.name.clone(),
+        error,
+    })?;
+    let ptx = nvrtc
+        .compile_ptx(&m.source, &format!("{}.cu", m.function), arch)
+        .map_err(|error| PtxError::Nvrtc {
+            kernel: kernel.name.clone(),
+            error,
+        })?;
+    Ok((m, ptx))
+}
+
+/// Every kernel of a stage through [`kernel_ptx`], in the stage's kernel order.
+pub fn stage_ptx(
+    nvrtc: &Nvrtc,
+    stage: &Stage,
+    arch: &str,
+) -> Result<Vec<(CudaModule, nvrtc::Ptx)>, PtxError> {
+    stage
+        .kernels
+        .iter()
+        .map(|k| kernel_ptx(nvrtc, k, arch))
+        .collect()
 }
 
 fn probe_cuda() -> Probe {
@@ -171,7 +242,7 @@ struct CuBuf {
 type Buf = Arc<CuBuf>;
 
 #[derive(Debug)]
-struct Kernel {
+struct Loaded {
     func: CudaFunction,
     cfg: LaunchConfig,
 }
@@ -179,7 +250,7 @@ struct Kernel {
 #[derive(Debug)]
 struct Exe {
     stage: Stage,
-    kernels: Vec<Kernel>,
+    kernels: Vec<Loaded>,
     workspace: Vec<Mutex<CudaSlice<u8>>>,
     /// 8 status words per dispatch.
     status: Mutex<CudaSlice<u32>>,
@@ -201,25 +272,26 @@ fn range(what: &str, len: u64, offset: u64, n: u64) -> Result<std::ops::Range<us
     }
 }
 
-/// NVRTC's `--gpu-architecture` for a compute capability (a static string, as cudarc wants).
+/// NVRTC's `--gpu-architecture` for a compute capability: the virtual architecture (`compute_XY`), whose PTX
+/// the driver JIT-compiles for the device when the module is loaded.
 fn arch_name(major: i32, minor: i32) -> &'static str {
     match (major, minor) {
-        (5, 0) => "sm_50",
-        (5, 2) => "sm_52",
-        (6, 0) => "sm_60",
-        (6, 1) => "sm_61",
-        (7, 0) => "sm_70",
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 7) => "sm_87",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        // Older than listed: the oldest; newer: PTX for sm_90 is JIT-compiled forward by the driver.
-        (m, _) if m < 5 => "sm_50",
-        _ => "sm_90",
+        (5, 0) => "compute_50",
+        (5, 2) => "compute_52",
+        (6, 0) => "compute_60",
+        (6, 1) => "compute_61",
+        (7, 0) => "compute_70",
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        // Older than listed: the oldest; newer: PTX for compute_90 is JIT-compiled forward by the driver.
+        (m, _) if m < 5 => "compute_50",
+        _ => "compute_90",
     }
 }
 
@@ -259,26 +331,18 @@ fn compile_stage(gpu: &Gpu, stage: Stage) -> Result<Exe, String> {
         }
         .to_string()
     };
-    let mut kernels = Vec::with_capacity(stage.kernels.len());
-    for k in &stage.kernels {
-        let m = loom_emit::cuda_kernel(k).map_err(|e| unsupported(e.to_string()))?;
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-            &m.source,
-            cudarc::nvrtc::CompileOptions {
-                arch: Some(gpu.arch),
-                name: Some(format!("{}.cu", m.function)),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| unsupported(format!("NVRTC of kernel `{}`: {e:?}", m.name)))?;
+    let nvrtc = Nvrtc::get().map_err(unsupported)?;
+    let compiled = stage_ptx(nvrtc, &stage, gpu.arch).map_err(|e| unsupported(e.to_string()))?;
+    let mut kernels = Vec::with_capacity(compiled.len());
+    for (m, ptx) in compiled {
         let module = gpu
             .ctx
-            .load_module(ptx)
+            .load_module(Ptx::from_src(ptx.text))
             .map_err(|e| unsupported(format!("loading kernel `{}`: {e}", m.name)))?;
         let func = module
             .load_function(&m.function)
             .map_err(|e| unsupported(format!("kernel `{}`: {e}", m.name)))?;
-        kernels.push(Kernel {
+        kernels.push(Loaded {
             func,
             cfg: LaunchConfig {
                 grid_dim: (m.grid[0], m.grid[1], m.grid[2]),
@@ -828,8 +892,8 @@ mod tests {
 
     #[test]
     fn arch_names() {
-        assert_eq!(arch_name(9, 0), "sm_90");
-        assert_eq!(arch_name(8, 6), "sm_86");
-        assert_eq!(arch_name(3, 5), "sm_50");
+        assert_eq!(arch_name(9, 0), "compute_90");
+        assert_eq!(arch_name(8, 6), "compute_86");
+        assert_eq!(arch_name(3, 5), "compute_50");
     }
 }
