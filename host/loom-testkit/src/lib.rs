@@ -1,8 +1,11 @@
 //! `loom-testkit`: support code for tests of the kernel crates (never a dependency of production code).
 //!
-//! A small builder for hand-written kernels and stages, plus byte and random-number helpers. The builder infers
+//! A small builder for hand-written kernels and stages, a [`corpus`] of kernels built with it (every op, dtype
+//! and access kind), plus byte and random-number helpers. The builder infers
 //! result types the way the documented semantics define them (so tests read like the text syntax); it is
 //! deliberately naive and checks nothing — checking is the job of the code under test.
+
+pub mod corpus;
 
 use loom_ir::Loc;
 use loom_ir::kernel::{
