@@ -109,7 +109,8 @@
 //! downlevel limit of 4 storage buffers, are kernels with more than 3 parameters.
 //!
 //! The CUDA C is checked by the real compiler without a GPU: `hal-cuda`'s `tests/nvrtc.rs` compiles every kernel
-//! of every motif stage (defaults and ragged shapes, every epilogue) and of the HAL conformance suite with NVRTC
+//! of every motif stage (defaults and ragged shapes, every epilogue), of the HAL conformance suite and of
+//! `loom_testkit::corpus` (the hand-built kernels of `tests/ops.rs`: every op and dtype) with NVRTC
 //! 12.8 for `compute_80` and `compute_90` (no warnings allowed but #550, a register array set and never read,
 //! where gathers recompute a `tile.range`) and assembles the PTX with `ptxas -arch=sm_80` / `sm_90`; what this
 //! crate refuses in CUDA (Q4_K/Q6_K loads) is an expected list there. `scripts/test.sh` fetches the tools

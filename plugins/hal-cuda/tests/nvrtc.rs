@@ -3,7 +3,8 @@
 //! function the device's `compile` uses) for `compute_80` and `compute_90`, and the PTX is assembled by
 //! `ptxas -arch=sm_80` / `sm_90`. Every exported stage of `packages/motifs/` is specialized at its defaults and
 //! at the ragged shapes and epilogues the other motif tests use; then the conformance suite's stages (every
-//! GGUF dequantisation, the division-by-zero and loop-step kernels).
+//! GGUF dequantisation, the division-by-zero and loop-step kernels) and `loom_testkit::corpus` (every op, dtype
+//! and access kind, also `loom-emit`'s `tests/ops.rs`).
 //!
 //! Tools: NVRTC from `$LOOM_NVRTC` (the library or its folder), else `.models/cuda/lib/` (what
 //! `scripts/fetch-cuda-tools.sh` unpacks), else the system's; ptxas from `$LOOM_PTXAS`, else
@@ -31,6 +32,8 @@ const EXPECTED_UNSUPPORTED: &[(&str, &str)] = &[
     // FIXME(emit): Q4_K / Q6_K loads are dequantised in WGSL only.
     ("conformance.qload.q4_k", "qload.deq"),
     ("conformance.qload.q6_k", "qload.deq"),
+    ("corpus.q_q4_k", "q_q4_k"),
+    ("corpus.q_q6_k", "q_q6_k"),
 ];
 
 fn repo() -> PathBuf {
@@ -287,6 +290,11 @@ fn all_kernels() -> Vec<(String, Kernel)> {
         );
     }
     v.extend(error_kernels());
+    v.extend(
+        loom_testkit::corpus::all()
+            .into_iter()
+            .map(|(name, k)| (format!("corpus.{name}"), k)),
+    );
     v
 }
 
