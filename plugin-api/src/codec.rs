@@ -18,6 +18,13 @@
 //! 2. [`AudioDecodeSession::finish`]: the explicit end of input; returns the source track's [`AudioSourceInfo`];
 //! 3. [`AudioDecodeSession::next_chunk`] until it returns `None`.
 //!
+//! **Streaming** (ABI 1.4, no new method): `next_chunk` may also be called between pushes, before `finish`.
+//! It then returns the chunks the bytes pushed so far can be decoded into, and a chunk of **0 frames** when
+//! it needs more input (push more, or `finish`); the samples of the whole session are the same as without
+//! such calls. A 0-frame chunk only ever comes before `finish`. Plugins built for 1.1-1.3 answer
+//! `next_chunk` before `finish` with an error, so a host that streams checks the plugin's ABI minor (or
+//! treats that error as "finish first").
+//!
 //! Chunks are **interleaved** F32 PCM (frame-major: `L0 R0 L1 R1 ...`) with their channel count and rate; each
 //! holds between 1 and `max_chunk_frames` frames. Resampling is filtered (windowed sinc) with an exact
 //! rational clock: a finished stream has `round(decoded_frames * out_rate / src_rate)` frames (halves up), so
@@ -192,7 +199,9 @@ pub trait AudioDecodeSession: Send {
     fn finish(&mut self) -> RResult<AudioSourceInfo, RBoxError>;
 
     /// The next chunk (1 to `max_chunk_frames` frames), or `None` at the end (the resampler's flush is
-    /// included before it). An error once the session's output would exceed its sample budget.
+    /// included before it). An error once the session's output would exceed its sample budget. Before
+    /// `finish` (streaming, ABI 1.4): what the bytes so far allow, and a 0-frame chunk when more input is
+    /// needed (see the module doc).
     #[sabi(last_prefix_field)]
     fn next_chunk(&mut self) -> RResult<ROption<PcmChunk>, RBoxError>;
 }

@@ -129,7 +129,9 @@
 //!
 //! Versions: 1.0 (root module, HAL); 1.1 appended [`LoomPlugin::codec`] and the codec interfaces; 1.2 appended
 //! [`LoomPlugin::profile`] and the profile interface; 1.3 appended [`LoomPlugin::hal_files`] and the
-//! file-read interface; 1.4 (this version) appended [`LoomPlugin::profile_events`] and the event interface. The host accepts a plugin with the
+//! file-read interface; 1.4 (this version) appended [`LoomPlugin::profile_events`] and the event interface, and let
+//! [`AudioDecodeSession::next_chunk`] stream before `finish` (a semantic addition: a 0-frame
+//! chunk asks for more input). The host accepts a plugin with the
 //! same major and an older or equal minor. abi_stable's own library
 //! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
 

@@ -418,9 +418,20 @@ fn audio_budgets_and_junk_are_clear_errors() {
     );
     let e = err("finish", s.finish());
     assert_eq!(e, "decode: expected a flac stream, the data is wav");
-    // Misuse.
-    let mut s = ok("open", audio().open_decoder(config()));
-    assert!(err("next_chunk", s.next_chunk()).contains("before finish"));
+    // The wrong container, found while streaming (at the first `next_chunk` with enough bytes).
+    let mut s = ok(
+        "open",
+        audio().open_decoder(DecodeConfig {
+            container: AudioContainer::FLAC,
+            ..config()
+        }),
+    );
+    ok(
+        "push",
+        s.push(RSlice::from_slice(&fixture("sine16k_mono.wav")[..100])),
+    );
+    let e = err("next_chunk", s.next_chunk());
+    assert_eq!(e, "decode: expected a flac stream, the data is wav");
     let e = err(
         "open_resampler",
         audio().open_resampler(ResampleConfig {
@@ -440,6 +451,79 @@ fn audio_budgets_and_junk_are_clear_errors() {
     );
     let e = err("process", r.process(RSlice::from_slice(&[0.0, 0.0, 0.0])));
     assert!(e.contains("not a whole number of 2-channel frames"), "{e}");
+}
+
+/// A mono 16 kHz 16-bit WAV of `seconds` seconds of a sawtooth, written here.
+fn long_wav(seconds: usize) -> Vec<u8> {
+    let data: Vec<u8> = (0..16_000 * seconds)
+        .flat_map(|i| ((((i * 7) % 65_536) as i32 - 32_768) as i16).to_le_bytes())
+        .collect();
+    let mut w = Vec::new();
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    for x in [
+        16u32.to_le_bytes(),
+        [1, 0, 1, 0],
+        16_000u32.to_le_bytes(),
+        32_000u32.to_le_bytes(),
+        [2, 0, 16, 0],
+    ] {
+        w.extend_from_slice(&x);
+    }
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    w.extend_from_slice(&data);
+    w
+}
+
+/// Streaming (ABI 1.4): `next_chunk` between pushes returns decoded chunks before `finish` and a 0-frame
+/// chunk when it needs more input; the samples equal the library's whole-file decode, resampled or not.
+#[test]
+fn streamed_decoding_starts_before_finish_and_equals_the_whole_input() {
+    let wav = long_wav(24);
+    for out_rate in [0, 8_000] {
+        let cfg = DecodeConfig {
+            out_rate,
+            ..config()
+        };
+        let mut s = ok("open_decoder", audio().open_decoder(cfg));
+        let mut samples = Vec::new();
+        let (mut before, mut waits) = (0, 0);
+        for p in wav.chunks(4096) {
+            ok("push", s.push(RSlice::from_slice(p)));
+            loop {
+                let c = ok("next_chunk", s.next_chunk())
+                    .into_option()
+                    .expect("not the end");
+                if c.samples.is_empty() {
+                    waits += 1;
+                    break;
+                }
+                before += c.samples.len();
+                samples.extend_from_slice(&c.samples);
+            }
+        }
+        let info = ok("finish", s.finish());
+        assert_eq!((info.rate, info.channels), (16_000, 1));
+        while let ROption::RSome(c) = ok("next_chunk", s.next_chunk()) {
+            assert!(!c.samples.is_empty(), "a 0-frame chunk after finish");
+            samples.extend_from_slice(&c.samples);
+        }
+        let want = direct(&wav, (out_rate != 0).then_some(out_rate), None);
+        assert!(
+            waits > 0 && before * 2 > want.len(),
+            "{before} of {} samples before finish",
+            want.len()
+        );
+        assert_eq!(samples.len(), want.len());
+        assert!(
+            samples
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    }
 }
 
 fn pattern(width: u32, height: u32, format: PixelFormat) -> ImageData {

@@ -12,7 +12,7 @@
 mod decoder;
 mod resampler;
 
-pub use decoder::{AudioDecoder, DecoderConfig, SourceInfo};
+pub use decoder::{AudioDecoder, DecoderConfig, Next, SourceInfo};
 pub use resampler::{Resampler, expected_output_frames};
 
 /// Memory layout of a [`PcmBlock`].

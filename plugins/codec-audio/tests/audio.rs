@@ -376,3 +376,159 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+/// Streaming: bytes pushed in small pieces with `poll` after each push decode before the input ends
+/// (with a lookahead above the largest packet, far below the file: symphonia's WAV packets are 1152
+/// frames, 4608 bytes of 16-bit stereo; FLAC frames here are a few KB; MP3 frames a few hundred bytes),
+/// and the whole output, resampled or not, is bit for bit what
+/// decoding the whole file gives, with the same source facts.
+#[test]
+fn streaming_poll_decodes_before_finish_and_equals_the_whole_file() {
+    use codec_audio::Next;
+    for name in [
+        "sine16k_mono.wav",
+        "sine22k_stereo.wav",
+        "sine16k_mono.flac",
+        "sine22k_stereo.flac",
+        "sine16k_mono.mp3",
+        "sine22k_stereo.mp3",
+        "sine44k_mono.mp3",
+    ] {
+        let lookahead = if name.ends_with(".mp3") { 600 } else { 6000 };
+        for out_rate in [None, Some(16_000)] {
+            let cfg = DecoderConfig {
+                out_rate,
+                stream_lookahead_bytes: lookahead,
+                ..DecoderConfig::default()
+            };
+            let bytes = fixture(name);
+            let (want_info, want) = AudioDecoder::decode_all(&bytes, cfg.clone()).unwrap();
+            let mut s = AudioDecoder::new(cfg);
+            let mut got: Vec<f32> = Vec::new();
+            let mut before_finish = 0;
+            for piece in bytes.chunks(300) {
+                s.push(piece).unwrap();
+                loop {
+                    match s.poll().unwrap_or_else(|e| panic!("{name}: {e}")) {
+                        Next::Block(b) => {
+                            before_finish += b.samples.len();
+                            got.extend_from_slice(&b.samples);
+                        }
+                        Next::NeedInput => break,
+                        Next::End => panic!("{name}: the end before finish"),
+                    }
+                }
+            }
+            let info = s.finish().unwrap();
+            loop {
+                match s.poll().unwrap() {
+                    Next::Block(b) => got.extend_from_slice(&b.samples),
+                    Next::End => break,
+                    Next::NeedInput => panic!("{name}: more input wanted after finish"),
+                }
+            }
+            // sine16k_mono.flac is two FLAC frames of about 6 KB (8000 samples at a 4096 block size), and
+            // the FLAC demuxer finds a frame's end by reading up to the next frame's header: with a
+            // lookahead above the frame size nothing can be decoded before its end.
+            assert!(
+                name == "sine16k_mono.flac" || before_finish * 4 > want.samples.len(),
+                "{name} {out_rate:?}: only {before_finish} of {} samples before finish",
+                want.samples.len()
+            );
+            assert_eq!(
+                (info.rate, info.channels),
+                (want_info.rate, want_info.channels),
+                "{name}"
+            );
+            assert_eq!(
+                got.len(),
+                want.samples.len(),
+                "{name} {out_rate:?}: samples"
+            );
+            assert!(
+                got.iter()
+                    .zip(&want.samples)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name} {out_rate:?}: streamed output differs from the whole-file decode"
+            );
+            assert!(s.push(&[0]).is_err(), "{name}: push after finish");
+        }
+    }
+}
+
+/// A lookahead smaller than a packet: the packet would run past the received bytes, which is an error
+/// naming the lookahead, never a stream silently cut short.
+#[test]
+fn streaming_packet_past_the_received_bytes_is_an_error() {
+    use codec_audio::Next;
+    let bytes = fixture("sine22k_stereo.wav");
+    let mut s = AudioDecoder::new(DecoderConfig {
+        stream_lookahead_bytes: 1,
+        ..DecoderConfig::default()
+    });
+    let mut err = None;
+    'outer: for piece in bytes.chunks(2000) {
+        s.push(piece).unwrap();
+        loop {
+            match s.poll() {
+                Ok(Next::Block(_)) => {}
+                Ok(Next::NeedInput) => break,
+                Ok(Next::End) => break 'outer,
+                Err(e) => {
+                    err = Some(e.to_string());
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let e = err.expect("a packet past the received bytes");
+    assert!(e.contains("1-byte lookahead"), "{e}");
+}
+
+/// A long stream with the default lookahead: the bytes held stay bounded (the demuxer's consumed bytes
+/// are released) and the output equals the whole-file decode. The WAV is written here: 8 s of a 16-bit
+/// 16 kHz ramp, 256 000 bytes of samples.
+#[test]
+fn streaming_releases_consumed_bytes() {
+    use codec_audio::Next;
+    let frames = 16_000 * 8;
+    let data: Vec<u8> = (0..frames)
+        .flat_map(|i| (((i * 7) % 65_536) as i32 - 32_768).to_le_bytes()[..2].to_vec())
+        .collect();
+    let mut wav = Vec::new();
+    wav.extend_from_slice(b"RIFF");
+    wav.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+    wav.extend_from_slice(b"WAVEfmt ");
+    wav.extend_from_slice(&16u32.to_le_bytes());
+    wav.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    wav.extend_from_slice(&1u16.to_le_bytes()); // mono
+    wav.extend_from_slice(&16_000u32.to_le_bytes());
+    wav.extend_from_slice(&32_000u32.to_le_bytes());
+    wav.extend_from_slice(&2u16.to_le_bytes());
+    wav.extend_from_slice(&16u16.to_le_bytes());
+    wav.extend_from_slice(b"data");
+    wav.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    wav.extend_from_slice(&data);
+    let cfg = DecoderConfig {
+        stream_lookahead_bytes: 16 << 10,
+        ..DecoderConfig::default()
+    };
+    let (_, want) = AudioDecoder::decode_all(&wav, cfg.clone()).unwrap();
+    assert_eq!(want.frames(), frames);
+    let mut s = AudioDecoder::new(cfg);
+    let (mut got, mut most) = (Vec::new(), 0);
+    for piece in wav.chunks(1000) {
+        s.push(piece).unwrap();
+        while let Next::Block(b) = s.poll().unwrap() {
+            got.extend_from_slice(&b.samples);
+        }
+        most = most.max(s.buffered_bytes());
+    }
+    s.finish().unwrap();
+    while let Next::Block(b) = s.poll().unwrap() {
+        got.extend_from_slice(&b.samples);
+    }
+    assert_eq!(got, want.samples);
+    // Released 64 KiB at a time, with the 16 KiB lookahead and a 1000-byte push on top.
+    assert!(most <= (64 << 10) + (16 << 10) + 8192, "held {most} bytes");
+}

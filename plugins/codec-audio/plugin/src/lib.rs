@@ -4,11 +4,16 @@
 //!
 //! * Decode sessions: `codec_audio::AudioDecoder` with interleaved output; its blocks (one packet each, possibly
 //!   empty inside the resampling filter) are re-cut into chunks of 1 to `max_chunk_frames` frames. Channel
-//!   conversions: same count, any count to 1 (mean), 1 to any count (duplication). Like the library, the
-//!   container is opened at `finish` (symphonia's demuxers need the whole, seekable source), so pushed bytes
-//!   are buffered up to `max_input_bytes`; decoding then runs one packet per `next_chunk` call as needed.
-//! * The expected container is checked from the first bytes at `finish` (`RIFF....WAVE`, `fLaC`, an MPEG
-//!   frame sync or an ID3 tag); a mismatch is an error naming both.
+//!   conversions: same count, any count to 1 (mean), 1 to any count (duplication). Decoding runs one packet
+//!   per `next_chunk` call as needed. **Streaming** (ABI 1.4): `next_chunk` before `finish` decodes what
+//!   the bytes pushed so far allow (`AudioDecoder::poll`: the stream opens once its headers have arrived,
+//!   and a packet is read only with 256 KiB of received bytes ahead of the demuxer) and returns a chunk of
+//!   **0 frames** when it needs more input; the output is the same as decoding the whole input after
+//!   `finish`. Without such calls the whole input is buffered (up to `max_input_bytes`) and opened at
+//!   `finish`.
+//! * The expected container is checked from the first bytes at `finish`, or at the first streaming
+//!   `next_chunk` once 12 bytes have arrived (`RIFF....WAVE`, `fLaC`, an MPEG frame sync or an ID3 tag); a
+//!   mismatch is an error naming both.
 //! * Resampling sessions: `codec_audio::Resampler`.
 //!
 //! Every entry point runs under `loom_plugin_api::guard` / `guard_probe`.
@@ -17,7 +22,7 @@ use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBox, RBoxError, ROption, RResult, RSlice, RStr, RVec};
-use codec_audio::{AudioDecoder, DecoderConfig, Layout, Resampler};
+use codec_audio::{AudioDecoder, DecoderConfig, Layout, Next, Resampler};
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, AudioCodec, AudioCodec_TO, AudioCodecBox, AudioContainer,
     AudioDecodeSession, AudioDecodeSession_TO, AudioSourceInfo, Codec, Codec_TO, CodecBox,
@@ -148,6 +153,8 @@ struct DecodeSession {
     rate: u32,
     channels: u16,
     finished: bool,
+    /// The container check ran.
+    sniffed: bool,
     ended: bool,
 }
 
@@ -168,6 +175,7 @@ impl DecodeSession {
             layout: Layout::Interleaved,
             max_output_samples: c.max_output_samples,
             max_input_bytes: usize::try_from(c.max_input_bytes).unwrap_or(usize::MAX),
+            ..DecoderConfig::default()
         };
         let max_chunk = if c.max_chunk_frames == 0 {
             DEFAULT_CHUNK_FRAMES
@@ -185,6 +193,7 @@ impl DecodeSession {
             rate: 0,
             channels: 0,
             finished: false,
+            sniffed: false,
             ended: false,
         })
     }
@@ -196,26 +205,36 @@ impl DecodeSession {
         Ok(())
     }
 
+    /// Checks the first bytes against the expected container (once); a mismatch ends the session.
+    fn check_container(&mut self) -> Result<(), String> {
+        if self.sniffed {
+            return Ok(());
+        }
+        self.sniffed = true;
+        self.found = sniff(&self.head);
+        if self.expected != AudioContainer::AUTO
+            && self.found != self.expected
+            && !self.head.starts_with(b"ID3")
+        {
+            self.finished = true;
+            self.ended = true;
+            return Err(match self.found {
+                AudioContainer::AUTO => format!(
+                    "decode: expected a {} stream, the data does not start like one",
+                    self.expected
+                ),
+                found => format!(
+                    "decode: expected a {} stream, the data is {found}",
+                    self.expected
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn finish(&mut self) -> Result<AudioSourceInfo, String> {
         if !self.finished {
-            self.found = sniff(&self.head);
-            if self.expected != AudioContainer::AUTO
-                && self.found != self.expected
-                && !self.head.starts_with(b"ID3")
-            {
-                self.finished = true;
-                self.ended = true;
-                return Err(match self.found {
-                    AudioContainer::AUTO => format!(
-                        "decode: expected a {} stream, the data does not start like one",
-                        self.expected
-                    ),
-                    found => format!(
-                        "decode: expected a {} stream, the data is {found}",
-                        self.expected
-                    ),
-                });
-            }
+            self.check_container()?;
         }
         let info = self.inner.finish().map_err(|e| e.to_string())?;
         self.finished = true;
@@ -234,8 +253,18 @@ impl DecodeSession {
     }
 
     fn next_chunk(&mut self) -> Result<Option<PcmChunk>, String> {
-        if !self.finished {
-            return Err("session state: next_chunk before finish".into());
+        let need_input = |s: &Self| {
+            Ok(Some(PcmChunk {
+                rate: s.rate,
+                channels: s.channels,
+                samples: RVec::new(),
+            }))
+        };
+        if !self.finished && !self.ended {
+            if self.head.len() < HEAD {
+                return need_input(self);
+            }
+            self.check_container()?;
         }
         loop {
             let ch = usize::from(self.channels.max(1));
@@ -252,14 +281,15 @@ impl DecodeSession {
             if self.ended {
                 return Ok(None);
             }
-            match self.inner.next_block() {
-                Ok(Some(b)) => {
+            match self.inner.poll() {
+                Ok(Next::Block(b)) => {
                     self.rate = b.rate;
                     self.channels = b.channels;
                     self.block = b.samples;
                     self.taken = 0;
                 }
-                Ok(None) => self.ended = true,
+                Ok(Next::NeedInput) => return need_input(self),
+                Ok(Next::End) => self.ended = true,
                 Err(e) => {
                     self.ended = true;
                     return Err(e.to_string());
