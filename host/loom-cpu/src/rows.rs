@@ -282,30 +282,42 @@ mod x86 {
         }
     }
 
-    /// Softmax over the rows of `x` (row length `cols`) into `y`.
+    /// Softmax over the rows of `x` (row length `cols`) into `y`, software-pipelined: the division pass
+    /// of row `r - 1` runs inside the exp pass of row `r` (one `vdivps` per 16 exps), so the divider works
+    /// next to the FMA units instead of alone after them (4096 x 1024: ~10 % faster standalone).
     #[target_feature(enable = "avx512f")]
     pub(super) fn softmax_rows(cols: usize, x: &[f32], y: &mut [f32]) {
         // Prefetch distance: two rows ahead, at least 8 KiB (one line per 16-element step of the exp pass,
         // so the lines of the rows ahead are each requested once, while this row is computed in L1; one row
         // ahead measured ~10 % slower on 4096 x 1024).
         let ahead = (2 * cols).max(2048);
+        let mut prev: Option<(*mut f32, __m512)> = None;
         for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
-            softmax_row(xr, yr, ahead);
+            let yp = yr.as_mut_ptr();
+            let m = row_max(xr);
+            // SAFETY: `yr` and the previous row of `y` (`pp`) hold `cols` f32 each and do not overlap.
+            let s = unsafe {
+                match prev {
+                    Some((pp, ps)) => exp_row::<true>(xr, yp, m, ahead, pp, ps),
+                    None => exp_row::<false>(xr, yp, m, ahead, yp, m),
+                }
+            };
+            prev = Some((yp, s));
+        }
+        if let Some((pp, ps)) = prev {
+            // SAFETY: the last row of `y`, `cols` f32.
+            unsafe { div_row(pp, cols, ps) };
         }
     }
 
-    /// One softmax row: NaN-ignoring max (four accumulators), then `e = exp(x - max)` stored to `y` with
-    /// the f64 row sum taken in the same pass (32 f64 lanes), then `y / sum` (exact `vdivps`). The exp pass
-    /// prefetches `x` and `y` `ahead` elements on (the next rows), so that their memory traffic overlaps
-    /// this row's arithmetic; a prefetch never faults, so addresses past the buffers are harmless.
+    /// The NaN-ignoring max of a row (four accumulators), broadcast.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn softmax_row(x: &[f32], y: &mut [f32], ahead: usize) {
-        let n = x.len().min(y.len());
-        let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    fn row_max(x: &[f32]) -> __m512 {
+        let (n, xp) = (x.len(), x.as_ptr());
         let full = n / 16 * 16;
-        // SAFETY (every load and store below): offsets `i < full` cover 16 in-bounds elements of `x`/`y`
-        // (both have at least `n` elements); the tail's masked accesses touch only lanes `full..n`.
+        // SAFETY (every load): offsets `i < full` cover 16 elements of `x`; the tail's masked load touches
+        // only lanes `full..n`.
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut acc = [ninf; 4];
         let mut i = 0;
@@ -327,8 +339,31 @@ mod x86 {
             acc[0] = _mm512_max_ps(v, acc[0]);
         }
         let m = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
-        let m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        _mm512_set1_ps(_mm512_reduce_max_ps(m))
+    }
 
+    /// `e = exp(x - m)` stored to `yp` with the f64 row sum taken in the same pass (32 f64 lanes); returns
+    /// the sum rounded to f32, broadcast. With `DIV`, each step also divides 16 elements of the previous
+    /// row `pp` by its sum `ps` in place (exact `vdivps`). The pass prefetches `x` and `y` `ahead` elements
+    /// on (the next rows), so that their memory traffic overlaps this row's arithmetic; a prefetch never
+    /// faults, so addresses past the buffers are harmless.
+    ///
+    /// # Safety
+    /// `yp` (and with `DIV`, `pp`) point to `x.len()` writable f32; the rows do not overlap.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp_row<const DIV: bool>(
+        x: &[f32],
+        yp: *mut f32,
+        m: __m512,
+        ahead: usize,
+        pp: *mut f32,
+        ps: __m512,
+    ) -> __m512 {
+        let (n, xp) = (x.len(), x.as_ptr());
+        let full = n / 16 * 16;
+        // SAFETY (every load and store below): offsets `i < full` cover 16 in-bounds elements of `x`, `yp`
+        // and `pp`; the tail's masked accesses touch only lanes `full..n`.
         let mut sum = [_mm512_setzero_pd(); 2];
         let mut i = 0;
         while i < full {
@@ -338,6 +373,11 @@ mod x86 {
             let e = exp16::<false>(_mm512_sub_ps(v, m));
             unsafe { _mm512_storeu_ps(yp.add(i), e) };
             add_f64(&mut sum, e);
+            if DIV {
+                unsafe {
+                    _mm512_storeu_ps(pp.add(i), _mm512_div_ps(_mm512_loadu_ps(pp.add(i)), ps))
+                };
+            }
             i += 16;
         }
         if full < n {
@@ -346,24 +386,25 @@ mod x86 {
             let e = _mm512_maskz_mov_ps(k, exp16::<false>(_mm512_sub_ps(v, m)));
             unsafe { _mm512_mask_storeu_ps(yp.add(full), k, e) };
             add_f64(&mut sum, e);
+            if DIV {
+                unsafe {
+                    let q = _mm512_div_ps(_mm512_maskz_loadu_ps(k, pp.add(full)), ps);
+                    _mm512_mask_storeu_ps(pp.add(full), k, q);
+                }
+            }
         }
-        let s = _mm512_set1_ps(_mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1])) as f32);
+        _mm512_set1_ps(_mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1])) as f32)
+    }
 
-        let mut i = 0;
-        while i < full {
-            unsafe {
-                let e = _mm512_loadu_ps(yp.add(i));
-                _mm512_storeu_ps(yp.add(i), _mm512_div_ps(e, s));
-            }
-            i += 16;
-        }
-        if full < n {
-            let k = tail(n - full);
-            unsafe {
-                let e = _mm512_maskz_loadu_ps(k, yp.add(full));
-                _mm512_mask_storeu_ps(yp.add(full), k, _mm512_div_ps(e, s));
-            }
-        }
+    /// `p[..n] /= s` (exact `vdivps`).
+    ///
+    /// # Safety
+    /// `p` points to `n` writable f32.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn div_row(p: *mut f32, n: usize, s: __m512) {
+        // SAFETY: the caller's contract; `load`/`store_row` touch lanes `< n` only.
+        unsafe { store_row(p, n, false, |i, k| _mm512_div_ps(load(p.add(i), k), s)) };
     }
 }
 
