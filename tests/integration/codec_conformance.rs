@@ -404,34 +404,25 @@ fn audio_budgets_and_junk_are_clear_errors() {
     let e = err("finish", s.finish());
     assert!(e.starts_with("decode: "), "{e}");
     assert!(!e.contains("panicked"), "{e}");
-    // The wrong container.
-    let mut s = ok(
-        "open",
-        audio().open_decoder(DecodeConfig {
-            container: AudioContainer::FLAC,
-            ..config()
-        }),
-    );
-    ok(
-        "push",
-        s.push(RSlice::from_slice(&fixture("sine16k_mono.wav"))),
-    );
-    let e = err("finish", s.finish());
-    assert_eq!(e, "decode: expected a flac stream, the data is wav");
-    // The wrong container, found while streaming (at the first `next_chunk` with enough bytes).
-    let mut s = ok(
-        "open",
-        audio().open_decoder(DecodeConfig {
-            container: AudioContainer::FLAC,
-            ..config()
-        }),
-    );
-    ok(
-        "push",
-        s.push(RSlice::from_slice(&fixture("sine16k_mono.wav")[..100])),
-    );
-    let e = err("next_chunk", s.next_chunk());
-    assert_eq!(e, "decode: expected a flac stream, the data is wav");
+    // The wrong container, found at `finish`, or while streaming at the first `next_chunk` with enough bytes.
+    for streaming in [false, true] {
+        let mut s = ok(
+            "open",
+            audio().open_decoder(DecodeConfig {
+                container: AudioContainer::FLAC,
+                ..config()
+            }),
+        );
+        let wav = fixture("sine16k_mono.wav");
+        let n = if streaming { 100 } else { wav.len() };
+        ok("push", s.push(RSlice::from_slice(&wav[..n])));
+        let e = if streaming {
+            err("next_chunk", s.next_chunk())
+        } else {
+            err("finish", s.finish())
+        };
+        assert_eq!(e, "decode: expected a flac stream, the data is wav");
+    }
     let e = err(
         "open_resampler",
         audio().open_resampler(ResampleConfig {
