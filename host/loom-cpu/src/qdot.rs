@@ -80,28 +80,48 @@ pub(crate) const CHUNK: usize = 3;
 /// Blocks per group of the AVX-512 Q4_1 kernel (one block per 32-bit lane).
 pub(crate) const GROUP: usize = 16;
 
-/// Quantises `x` (length a multiple of 32) to Q8 blocks.
+/// Quantises `x` (length a multiple of 32) to Q8 blocks with the scalar loop (the tests' reference;
+/// `matvec` calls [`quantize_acts_isa`]).
+#[cfg(test)]
 pub(crate) fn quantize_acts(x: &[f32]) -> QActs {
+    quantize_acts_isa(Isa::Scalar, x)
+}
+
+/// One block of 32: `qx` into `q`, returns `(dx, dx * sum qx)`.
+pub(crate) fn quantize_block(xb: &[f32], q: &mut [i8]) -> (f32, f32) {
+    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let dx = amax / 127.0;
+    let id = if dx != 0.0 { 1.0 / dx } else { 0.0 };
+    let mut s = 0i32;
+    for (q, &v) in q.iter_mut().zip(xb) {
+        // Round half to even by the 1.5 * 2^23 trick (exact for |v * id| <= 127; `f32::round` is a libm
+        // call on baseline x86-64).
+        const MAGIC: f32 = 12_582_912.0;
+        let r = ((v * id + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i8;
+        *q = r;
+        s += i32::from(r);
+    }
+    (dx, dx * s as f32)
+}
+
+/// [`quantize_acts`] with the block loop of `isa` (AVX-512: `x86::quantize_blocks`, the same result bit
+/// for bit; otherwise [`quantize_block`]).
+pub(crate) fn quantize_acts_isa(isa: Isa, x: &[f32]) -> QActs {
     let nb = x.len() / QK;
     let mut qs = vec![0i8; nb * QK];
     let mut d = vec![0f32; nb];
     let mut ds = vec![0f32; nb];
-    for b in 0..nb {
-        let xb = &x[b * QK..(b + 1) * QK];
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let dx = amax / 127.0;
-        let id = if dx != 0.0 { 1.0 / dx } else { 0.0 };
-        let mut s = 0i32;
-        for (q, &v) in qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
-            // Round half to even by the 1.5 * 2^23 trick (exact for |v * id| <= 127; `f32::round` is a libm
-            // call on baseline x86-64).
-            const MAGIC: f32 = 12_582_912.0;
-            let r = ((v * id + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i8;
-            *q = r;
-            s += i32::from(r);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512Vnni` is only produced after detecting avx512f and avx512bw (among others);
+        // the slices hold `nb` blocks.
+        Isa::Avx512Vnni => unsafe { x86::quantize_blocks(&x[..nb * QK], &mut qs, &mut d, &mut ds) },
+        _ => {
+            for b in 0..nb {
+                (d[b], ds[b]) =
+                    quantize_block(&x[b * QK..(b + 1) * QK], &mut qs[b * QK..(b + 1) * QK]);
+            }
         }
-        d[b] = dx;
-        ds[b] = dx * s as f32;
     }
     let groups = nb / GROUP;
     let mut xt = vec![0i32; groups * 8 * GROUP];
@@ -299,6 +319,50 @@ mod x86 {
     use super::{CHUNK, GROUP, QActs, QK, RawChunk, block_bytes};
     use loom_ir::kernel::DType;
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_acts`]' per-block loop on AVX-512 (the same f32 operations, so the same `qs`, `d`
+    /// and `ds` bit for bit): per block of 32, `amax` by `vmaxps` of `|x|` and one reduction, `q =
+    /// clamp((x * id + 1.5 * 2^23) - 1.5 * 2^23)` unfused, packed by `vpmovdb`, and the integer block sum.
+    ///
+    /// # Safety
+    /// avx512f and avx512bw must be available; `qs` holds `x.len()` bytes and `d`, `ds` `x.len() / 32`
+    /// values.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], ds: &mut [f32]) {
+        let nb = x.len() / QK;
+        assert!(qs.len() >= nb * QK && d.len() >= nb && ds.len() >= nb);
+        const MAGIC: f32 = 12_582_912.0;
+        let magic = _mm512_set1_ps(MAGIC);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        for b in 0..nb {
+            // SAFETY: block `b` is 32 f32 of `x` and 32 bytes of `qs` (asserted above).
+            unsafe {
+                let xp = x.as_ptr().add(b * QK);
+                let v = [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))];
+                let amax =
+                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+                let dx = amax / 127.0;
+                let id = _mm512_set1_ps(if dx != 0.0 { 1.0 / dx } else { 0.0 });
+                let r = v.map(|v| _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), magic), magic));
+                // NaN in `x` (or inf, where `inf * 0` is NaN): the scalar loop's `f32::max`/`clamp`
+                // semantics for NaN differ from `vmaxps`; that block takes the scalar loop.
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r[0], r[0])
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r[1], r[1]);
+                if nan != 0 {
+                    let (xb, qb) = (&x[b * QK..(b + 1) * QK], &mut qs[b * QK..(b + 1) * QK]);
+                    (d[b], ds[b]) = super::quantize_block(xb, qb);
+                    continue;
+                }
+                let q = r.map(|r| _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi)));
+                let qp = qs.as_mut_ptr().add(b * QK);
+                _mm_storeu_si128(qp as *mut __m128i, _mm512_cvtepi32_epi8(q[0]));
+                _mm_storeu_si128(qp.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(q[1]));
+                let s = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+                d[b] = dx;
+                ds[b] = dx * s as f32;
+            }
+        }
+    }
 
     /// The f16 with bytes `lo, hi` to f32 (F16C `vcvtph2ps`).
     #[inline]
@@ -688,7 +752,7 @@ pub(crate) fn matvec(
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    let a = quantize_acts(&xf);
+    let a = quantize_acts_isa(isa, &xf);
     // At least 128 K weights (~4 us) per thread: the pool's round trip is ~0.5 us with the worker spinning
     // and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 256 K for a thread spawn per call.
     let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
@@ -812,6 +876,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX-512 activation quantisation gives the scalar loop's `qs`, `d`, `ds` bit for bit, also at
+    /// rounding ties, zero blocks, +-127 edges, subnormals and NaN / inf.
+    #[test]
+    fn vector_quantisation_matches_scalar() {
+        if Isa::detect() != Isa::Avx512Vnni {
+            return;
+        }
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let mut x: Vec<f32> = (0..64 * QK).map(|_| 8.0 * rng.unit() - 4.0).collect();
+        // Block 1: zeros; block 2: ties (k + 0.5 steps of dx = 1); block 3: subnormals; block 4: a NaN;
+        // block 5: an inf; block 6: one huge value.
+        x[QK..2 * QK].iter_mut().for_each(|v| *v = 0.0);
+        for (j, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
+            *v = if j == 0 {
+                127.0
+            } else {
+                j as f32 * 3.0 + 0.5 - 60.0
+            };
+        }
+        for (j, v) in x[3 * QK..4 * QK].iter_mut().enumerate() {
+            *v = f32::from_bits(j as u32 * 1000 + 1) * if j % 2 == 0 { 1.0 } else { -1.0 };
+        }
+        x[4 * QK + 5] = f32::NAN;
+        x[5 * QK + 7] = f32::INFINITY;
+        x[6 * QK + 9] = 3.0e38;
+        let (a, b) = (
+            quantize_acts_isa(Isa::Scalar, &x),
+            quantize_acts_isa(Isa::Avx512Vnni, &x),
+        );
+        assert_eq!(a.qs, b.qs);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.d), bits(&b.d));
+        assert_eq!(bits(&a.ds), bits(&b.ds));
+        assert_eq!(a.xt, b.xt);
     }
 
     /// `matvec` over row counts around the AVX-512 Q4_1 row batch (`Q4_1_ROWS` at a time, the rest one
