@@ -1672,12 +1672,6 @@ impl<'k> Gen<'k> {
                 return Err(bad(format!("load fill must be a {d} scalar")));
             }
         }
-        if self.t == Target::Cuda && matches!(p.dtype, DType::Q4K | DType::Q6K) {
-            return Err(Error::Unsupported(format!(
-                "loads from {} buffers (only q8_0, q4_0 and q4_1 are dequantised in CUDA so far)",
-                p.dtype
-            )));
-        }
         self.ty(p.dtype).or_else(|e| {
             if p.dtype.is_quantized() {
                 Ok("")

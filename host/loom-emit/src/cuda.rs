@@ -109,7 +109,7 @@ pub fn cuda_kernel(kernel: &Kernel) -> Result<CudaModule, Error> {
     s.push_str(PRELUDE);
     for (i, p) in kernel.params.iter().enumerate() {
         if body.loaded[i] {
-            s.push_str(&reader(i, p.dtype)?);
+            s.push_str(&reader(i, p.dtype));
         }
         if body.stored[i] {
             s.push_str(&writer(i, p.dtype)?);
@@ -149,7 +149,8 @@ pub fn cuda_kernel(kernel: &Kernel) -> Result<CudaModule, Error> {
     })
 }
 
-fn reader(i: usize, d: DType) -> Result<String, Error> {
+/// Every buffer dtype can be read (quantised ones dequantise to f32), so this has no error.
+fn reader(i: usize, d: DType) -> String {
     let c = ctype(d);
     let (rt, body) = match d {
         DType::F32 => ("float", "return b[g];"),
@@ -175,15 +176,44 @@ fn reader(i: usize, d: DType) -> Result<String, Error> {
             "float",
             "const unsigned char* k = b + (g / 32) * 20; const int j = (int)(g % 32);\n    const float d = h2f((unsigned short)(k[0] | (k[1] << 8)));\n    const float m = h2f((unsigned short)(k[2] | (k[3] << 8)));\n    const int q = j < 16 ? (k[4 + j] & 15) : (k[4 + j - 16] >> 4);\n    return __fadd_rn(__fmul_rn((float)q, d), m);",
         ),
-        other => {
-            return Err(Error::Unsupported(format!(
-                "loads from {other} buffers in CUDA"
-            )));
-        }
+        // block_q4_K { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }: 4 chunks of 64 elements; chunk c reads
+        // qs[32c..32c+32], low nibbles for sub-block 2c, high nibbles for 2c+1; the 6-bit scale and min of
+        // sub-block j are ggml's get_scale_min_k4; x = (d * sc) * q - dmin * m, never contracted into an fma.
+        DType::Q4K => (
+            "float",
+            "const unsigned char* k = b + (g / 256) * 144; const int i = (int)(g % 256);
+    const float d = h2f((unsigned short)(k[0] | (k[1] << 8)));
+    const float dmin = h2f((unsigned short)(k[2] | (k[3] << 8)));
+    const int c = i / 64, w = i % 64, j = 2 * c + w / 32;
+    const int by = k[16 + 32 * c + w % 32]; const int q = w < 32 ? (by & 15) : (by >> 4);
+    int sc, m;
+    if (j < 4) {
+        sc = k[4 + j] & 63; m = k[8 + j] & 63;
+    } else {
+        sc = (k[8 + j] & 15) | ((k[j] >> 6) << 4);
+        m = (k[8 + j] >> 4) | ((k[4 + j] >> 6) << 4);
+    }
+    const float d1 = __fmul_rn(d, (float)sc); const float m1 = __fmul_rn(dmin, (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);",
+        ),
+        // block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: two halves of 128; element 32t + l of
+        // half h takes its low 4 bits from ql[64h + l + 32(t & 1)] (low nibble for t < 2) and its high 2 bits
+        // from qh[32h + l] >> 2t; x = (d * scales[8h + l / 16 + 2t]) * (q - 32).
+        DType::Q6K => (
+            "float",
+            "const unsigned char* k = b + (g / 256) * 210; const int i = (int)(g % 256);
+    const int h = i / 128, r = i % 128, t = r / 32, l = r % 32;
+    const int lb = k[64 * h + l + 32 * (t & 1)]; const int lo = t < 2 ? (lb & 15) : (lb >> 4);
+    const int hi = (k[128 + 32 * h + l] >> (2 * t)) & 3;
+    const int q = (lo | (hi << 4)) - 32;
+    const float s = (float)(signed char)k[192 + 8 * h + l / 16 + 2 * t];
+    const float d = h2f((unsigned short)(k[208] | (k[209] << 8)));
+    return __fmul_rn(__fmul_rn(d, s), (float)q);",
+        ),
     };
-    Ok(format!(
+    format!(
         "__device__ __forceinline__ {rt} rd{i}(const {c}* __restrict__ b, long long g) {{\n    {body}\n}}\n"
-    ))
+    )
 }
 
 fn writer(i: usize, d: DType) -> Result<String, Error> {

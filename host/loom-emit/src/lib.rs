@@ -56,8 +56,12 @@
 //! to a kernel must be rounded up to whole words (the arena plan does this).
 //!
 //! CUDA: parameters are typed pointers (`const float* __restrict__`, `unsigned short*` for f16/bf16, ...) in
-//! order, then `unsigned* status`. Scratch is 4096 8-byte words of static shared memory (32 KiB), declared only
-//! by kernels that stage through it. The text includes no header (NVRTC's built-ins only).
+//! order, then `unsigned* status`; quantised buffers are `const unsigned char*`, and a load dequantises the
+//! element from its block's bytes with the WGSL readers' structure and ggml's f32 operations in ggml's order;
+//! where a product feeds a sum (q4_1, q4_k) they are written `__fmul_rn` / `__fadd_rn` / `__fsub_rn`, so NVRTC
+//! cannot contract them into an fma and the values are bit-identical to `loom_reference::dequantize`. Scratch is
+//! 4096 8-byte words of static shared memory (32 KiB), declared only by kernels that stage through it. The text
+//! includes no header (NVRTC's built-ins only).
 //!
 //! # Bounds checks and errors
 //!
@@ -88,8 +92,9 @@
 //!   array when the elements differ). That is how the RoPE motif's frequency table (`exp`/`log` in f64 of
 //!   template values, rounded to i32 limbs) reaches WGSL. Any other f64 value is [`Error::Unsupported`].
 //!   CUDA has f64 and computes such values itself.
-//! * **Q4_K / Q6_K** loads are dequantised in WGSL (executed on lavapipe against the reference by the HAL
-//!   conformance suite); in CUDA they are [`Error::Unsupported`] for now.
+//! * **Q4_K / Q6_K** (and q8_0/q4_0/q4_1) loads are dequantised on both targets. WGSL is executed on lavapipe
+//!   against the reference by the HAL conformance suite (a compiler may contract q4_k's `d1 * q - m1`). The
+//!   CUDA readers have not run on a GPU: NVRTC and ptxas compile them (below).
 //! * Dots with `M + N` over the scratch words (4092 with the downlevel 16 KiB of workgroup memory) are
 //!   [`Error::Unsupported`]; so are kernels
 //!   with more than `max_storage_buffers_per_shader_stage - 1` parameters.
@@ -110,12 +115,12 @@
 //!
 //! The CUDA C is checked by the real compiler without a GPU: `hal-cuda`'s `tests/nvrtc.rs` compiles every kernel
 //! of every motif stage (defaults and ragged shapes, every epilogue), of the HAL conformance suite and of
-//! `loom_testkit::corpus` (the hand-built kernels of `tests/ops.rs`: every op and dtype) with NVRTC
-//! 12.8 for `compute_80` and `compute_90` (no warnings allowed but #550, a register array set and never read,
-//! where gathers recompute a `tile.range`) and assembles the PTX with `ptxas -arch=sm_80` / `sm_90`; what this
-//! crate refuses in CUDA (Q4_K/Q6_K loads) is an expected list there. `scripts/test.sh` fetches the tools
-//! (`scripts/fetch-cuda-tools.sh`) and requires them. The same suite runs on a device from `hal-cuda` where a
-//! GPU is lent (`scripts/gpu-conformance.sh`); it has not run on one yet.
+//! `loom_testkit::corpus` (the hand-built kernels of `tests/ops.rs`: every op and dtype) with NVRTC 12.8 for
+//! `compute_80` and `compute_90` (no warnings allowed but #550, a register array set and never read, where
+//! gathers recompute a `tile.range`) and assembles the PTX with `ptxas -arch=sm_80` / `sm_90`; what this crate
+//! refuses in CUDA is an expected list there (empty: every kernel there is emitted). `scripts/test.sh` fetches
+//! the tools (`scripts/fetch-cuda-tools.sh`) and requires them. The same suite runs on a device from `hal-cuda`
+//! where a GPU is lent (`scripts/gpu-conformance.sh`); it has not run on one yet.
 
 mod body;
 mod cuda;

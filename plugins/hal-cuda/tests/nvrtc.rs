@@ -28,13 +28,8 @@ use loom_ir::{DeviceKind, TValue};
 const ARCHES: &[(&str, &str)] = &[("compute_80", "sm_80"), ("compute_90", "sm_90")];
 
 /// Kernels the CUDA emitter refuses today, as (case, kernel name without template values).
-const EXPECTED_UNSUPPORTED: &[(&str, &str)] = &[
-    // FIXME(emit): Q4_K / Q6_K loads are dequantised in WGSL only.
-    ("conformance.qload.q4_k", "qload.deq"),
-    ("conformance.qload.q6_k", "qload.deq"),
-    ("corpus.q_q4_k", "q_q4_k"),
-    ("corpus.q_q6_k", "q_q6_k"),
-];
+/// None: every kernel of the motifs, the conformance suite (Q4_K / Q6_K included) and the corpus is emitted.
+const EXPECTED_UNSUPPORTED: &[(&str, &str)] = &[];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
