@@ -94,7 +94,9 @@
 //!   CUDA has f64 and computes such values itself.
 //! * **Q4_K / Q6_K** (and q8_0/q4_0/q4_1) loads are dequantised on both targets. WGSL is executed on lavapipe
 //!   against the reference by the HAL conformance suite (a compiler may contract q4_k's `d1 * q - m1`). The
-//!   CUDA readers have not run on a GPU: NVRTC and ptxas compile them (below).
+//!   CUDA readers have not run on a GPU: NVRTC and ptxas compile them (below), and `tests/cuda_dequant.rs`
+//!   compiles each emitted reader with the host's C compiler and checks it bit for bit against
+//!   `loom_reference::dequantize` on random blocks.
 //! * Dots with `M + N` over the scratch words (4092 with the downlevel 16 KiB of workgroup memory) are
 //!   [`Error::Unsupported`]; so are kernels
 //!   with more than `max_storage_buffers_per_shader_stage - 1` parameters.

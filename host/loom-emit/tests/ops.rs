@@ -86,7 +86,8 @@ fn quantised_loads_dequantise_on_both_targets() {
     ] {
         let k = corpus::quantised_load(d);
         // WGSL is validated by naga inside wgsl_kernel and executed against the reference in
-        // hal_conformance.rs; the CUDA reader is compiled by NVRTC in hal-cuda's tests/nvrtc.rs.
+        // hal_conformance.rs; the CUDA reader is compiled by NVRTC in hal-cuda's tests/nvrtc.rs and run on the
+        // host against the reference in tests/cuda_dequant.rs.
         let m = wgsl_kernel(&k, &WgslLimits::default())
             .unwrap_or_else(|e| panic!("WGSL for `{}`: {e}", k.name));
         assert!(m.source.contains("fn rd0("), "{}", m.source);
