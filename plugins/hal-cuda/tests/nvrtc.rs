@@ -299,8 +299,12 @@ fn base_name(kernel: &str) -> &str {
 
 /// `ptxas -arch=<sm>` on `ptx` (through a temporary file): Ok(warnings) or the error output.
 fn ptxas(tools: &Tools, dir: &Path, function: &str, sm: &str, ptx: &str) -> Result<String, String> {
-    let src = dir.join(format!("{function}.{sm}.ptx"));
-    let out = dir.join(format!("{function}.{sm}.cubin"));
+    // Distinct kernels can share a function name (one kernel at several shapes) and workers run at once: a
+    // serial number keeps their files apart.
+    static SERIAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let src = dir.join(format!("{function}.{sm}.{n}.ptx"));
+    let out = dir.join(format!("{function}.{sm}.{n}.cubin"));
     std::fs::write(&src, ptx).expect("write the PTX");
     let run = Command::new(&tools.ptxas)
         .arg(format!("-arch={sm}"))
