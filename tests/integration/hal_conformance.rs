@@ -184,28 +184,7 @@ fn read_all(dev: &HalDeviceBox, b: BufferId, len: usize) -> Vec<u8> {
 // ---- motifs -----------------------------------------------------------------------------------------------
 
 pub(crate) fn catalog() -> &'static Catalog {
-    static CAT: OnceLock<Catalog> = OnceLock::new();
-    CAT.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packages/motifs");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .expect("packages/motifs")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "loom"))
-            .collect();
-        files.sort();
-        let mut cat = Catalog::new();
-        for p in files {
-            let text = std::fs::read_to_string(&p).expect("motif");
-            let name = format!(
-                "motifs/{}",
-                p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
-            );
-            if let Err(e) = cat.add_source(&name, &text) {
-                panic!("{name}:\n{e}");
-            }
-        }
-        cat
-    })
+    loom_testkit::motif_catalog()
 }
 
 fn specialize(stage: &str, cfg: &[(&str, i64)]) -> Stage {

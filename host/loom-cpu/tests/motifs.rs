@@ -23,34 +23,9 @@ use loom_ir::kernel::{DType, Stage};
 
 // ---- helpers ------------------------------------------------------------------------------------------------
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Every motif module, compiled once per test binary.
 fn catalog() -> &'static Catalog {
-    static CAT: OnceLock<Catalog> = OnceLock::new();
-    CAT.get_or_init(|| {
-        let dir = repo_root().join("packages/motifs");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .expect("packages/motifs is readable")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "loom"))
-            .collect();
-        files.sort();
-        let mut cat = Catalog::new();
-        for p in files {
-            let text = std::fs::read_to_string(&p).expect("motif is readable");
-            let name = format!(
-                "motifs/{}",
-                p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
-            );
-            if let Err(e) = cat.add_source(&name, &text) {
-                panic!("{name} does not compile:\n{e}");
-            }
-        }
-        cat
-    })
+    loom_testkit::motif_catalog()
 }
 
 fn specialize(stage: &str, cfg: &[(String, TValue)]) -> Stage {

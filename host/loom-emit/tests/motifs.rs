@@ -2,37 +2,13 @@
 //! and ragged ones): every kernel emits WGSL that naga validates (RoPE's f64 frequency table included: it is
 //! folded to literals), every stage gets a binding plan within the default limits, and every kernel emits CUDA C.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
 use loom_compiler::Catalog;
 use loom_emit::{WgslBuffer, WgslLimits, cuda_kernel, wgsl_kernel, wgsl_stage};
 use loom_ir::TValue;
 use loom_ir::kernel::Stage;
 
 fn catalog() -> &'static Catalog {
-    static CAT: OnceLock<Catalog> = OnceLock::new();
-    CAT.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages/motifs");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .expect("packages/motifs is readable")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "loom"))
-            .collect();
-        files.sort();
-        let mut cat = Catalog::new();
-        for p in files {
-            let text = std::fs::read_to_string(&p).expect("motif is readable");
-            let name = format!(
-                "motifs/{}",
-                p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
-            );
-            if let Err(e) = cat.add_source(&name, &text) {
-                panic!("{name} does not compile:\n{e}");
-            }
-        }
-        cat
-    })
+    loom_testkit::motif_catalog()
 }
 
 fn specialize(stage: &str, cfg: &[(&str, TValue)]) -> Stage {

@@ -6,6 +6,8 @@
 //! deliberately naive and checks nothing — checking is the job of the code under test.
 
 pub mod corpus;
+pub mod motifs;
+pub use motifs::motif_catalog;
 
 use loom_ir::Loc;
 use loom_ir::kernel::{

@@ -101,26 +101,8 @@ fn tools() -> Option<Tools> {
 
 // ---- the kernels -----------------------------------------------------------------------------------------
 
-fn catalog() -> Catalog {
-    let dir = repo().join("packages/motifs");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("packages/motifs")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "loom"))
-        .collect();
-    files.sort();
-    let mut cat = Catalog::new();
-    for p in files {
-        let text = std::fs::read_to_string(&p).expect("motif");
-        let name = format!(
-            "motifs/{}",
-            p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
-        );
-        if let Err(e) = cat.add_source(&name, &text) {
-            panic!("{name}:\n{e}");
-        }
-    }
-    cat
+fn catalog() -> &'static Catalog {
+    loom_testkit::motif_catalog()
 }
 
 fn int(v: i64) -> TValue {
@@ -199,7 +181,7 @@ fn motif_stages() -> Vec<(String, Stage)> {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.clone()))
                     .collect();
-                let st = loom_kernel::specialize_stage(&cat, mi, &item.name, &c)
+                let st = loom_kernel::specialize_stage(cat, mi, &item.name, &c)
                     .unwrap_or_else(|e| panic!("{name} {cfg:?}: {}", e.join("")));
                 out.push((name.clone(), st));
             }
