@@ -579,38 +579,6 @@ fn hal_non_positive_loop_step_fails_with_the_kernel_error_text() {
     each_device_fails_like_the_reference(&s, &[i64_bytes(&[-2])]);
 }
 
-/// A stage copying a GGUF-quantised `[R, C]` buffer of `dtype` into f32 through masked `[BR, BC]` tile loads.
-fn dequant_stage(dtype: &str, cfg: &[(&str, i64)]) -> Stage {
-    let text = format!(
-        "module @qload {{
-  export kernel @deq<R: i64, C: i64, BR: i64, BC: i64> grid(cdiv(R, BR), cdiv(C, BC))
-      (%w: buffer<{dtype}, [R, C]> read, %y: buffer<f32, [R, C]> write)
-  {{
-    %rr = tile.range mul(program_id(0), BR), BR
-    %rc = tile.range mul(program_id(1), BC), BC
-    %v = tile.load %w[%rr, %rc], 0.0
-    tile.store %y[%rr, %rc], %v
-  }}
-  export stage @s<R: i64, C: i64, BR: i64, BC: i64>
-      (%w: buffer<{dtype}, [R, C]> input, %y: buffer<f32, [R, C]> output)
-  {{
-    dispatch @deq<R = R, C = C, BR = BR, BC = BC>(%w, %y)
-  }}
-}}
-"
-    );
-    let mut cat = Catalog::new();
-    if let Err(e) = cat.add_source("qload.loom", &text) {
-        panic!("qload.loom:\n{e}");
-    }
-    let cfg: Vec<(String, TValue)> = cfg
-        .iter()
-        .map(|(k, v)| (k.to_string(), TValue::I64(*v)))
-        .collect();
-    loom_kernel::specialize_stage(&cat, cat.find("qload").expect("module"), "s", &cfg)
-        .unwrap_or_else(|e| panic!("qload {dtype}: {}", e.join("")))
-}
-
 /// Random GGUF blocks of `dtype` (`blocks` of them): every byte random, except the f16 scales, which are finite
 /// values of either sign between 2^-6 and 2^1 (random bits could be NaN or infinite).
 fn random_blocks(dtype: loom_ir::kernel::DType, blocks: usize, seed: u64) -> Vec<u8> {
@@ -658,7 +626,7 @@ fn hal_quantised_loads_match_the_reference() {
         ("q4_k", DType::Q4K),
         ("q6_k", DType::Q6K),
     ] {
-        let stage = dequant_stage(
+        let stage = loom_testkit::dequant_stage(
             name,
             &[("R", r as i64), ("C", c as i64), ("BR", 2), ("BC", 96)],
         );

@@ -38,3 +38,35 @@ pub fn motif_catalog() -> &'static Catalog {
         cat
     })
 }
+
+/// A stage copying a GGUF-quantised `[R, C]` buffer of `dtype` into f32 through masked `[BR, BC]` tile loads.
+pub fn dequant_stage(dtype: &str, cfg: &[(&str, i64)]) -> loom_ir::kernel::Stage {
+    let text = format!(
+        "module @qload {{
+  export kernel @deq<R: i64, C: i64, BR: i64, BC: i64> grid(cdiv(R, BR), cdiv(C, BC))
+      (%w: buffer<{dtype}, [R, C]> read, %y: buffer<f32, [R, C]> write)
+  {{
+    %rr = tile.range mul(program_id(0), BR), BR
+    %rc = tile.range mul(program_id(1), BC), BC
+    %v = tile.load %w[%rr, %rc], 0.0
+    tile.store %y[%rr, %rc], %v
+  }}
+  export stage @s<R: i64, C: i64, BR: i64, BC: i64>
+      (%w: buffer<{dtype}, [R, C]> input, %y: buffer<f32, [R, C]> output)
+  {{
+    dispatch @deq<R = R, C = C, BR = BR, BC = BC>(%w, %y)
+  }}
+}}
+"
+    );
+    let mut cat = Catalog::new();
+    if let Err(e) = cat.add_source("qload.loom", &text) {
+        panic!("qload.loom:\n{e}");
+    }
+    let cfg: Vec<(String, loom_ir::TValue)> = cfg
+        .iter()
+        .map(|(k, v)| (k.to_string(), loom_ir::TValue::I64(*v)))
+        .collect();
+    loom_kernel::specialize_stage(&cat, cat.find("qload").expect("module"), "s", &cfg)
+        .unwrap_or_else(|e| panic!("qload {dtype}: {}", e.join("")))
+}

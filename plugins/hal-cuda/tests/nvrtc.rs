@@ -190,39 +190,6 @@ fn motif_stages() -> Vec<(String, Stage)> {
     out
 }
 
-/// The HAL conformance suite's GGUF stage (`tests/integration/hal_conformance.rs`: masked `[BR, BC]` tile
-/// loads from a quantised `[R, C]` buffer into f32).
-fn dequant_stage(dtype: &str) -> Stage {
-    let text = format!(
-        "module @qload {{
-  export kernel @deq<R: i64, C: i64, BR: i64, BC: i64> grid(cdiv(R, BR), cdiv(C, BC))
-      (%w: buffer<{dtype}, [R, C]> read, %y: buffer<f32, [R, C]> write)
-  {{
-    %rr = tile.range mul(program_id(0), BR), BR
-    %rc = tile.range mul(program_id(1), BC), BC
-    %v = tile.load %w[%rr, %rc], 0.0
-    tile.store %y[%rr, %rc], %v
-  }}
-  export stage @s<R: i64, C: i64, BR: i64, BC: i64>
-      (%w: buffer<{dtype}, [R, C]> input, %y: buffer<f32, [R, C]> output)
-  {{
-    dispatch @deq<R = R, C = C, BR = BR, BC = BC>(%w, %y)
-  }}
-}}
-"
-    );
-    let mut cat = Catalog::new();
-    if let Err(e) = cat.add_source("qload.loom", &text) {
-        panic!("qload.loom:\n{e}");
-    }
-    let cfg: Vec<(String, TValue)> = [("R", 3), ("C", 512), ("BR", 2), ("BC", 96)]
-        .iter()
-        .map(|(k, v)| (k.to_string(), TValue::I64(*v)))
-        .collect();
-    loom_kernel::specialize_stage(&cat, cat.find("qload").expect("module"), "s", &cfg)
-        .unwrap_or_else(|e| panic!("qload {dtype}: {}", e.join("")))
-}
-
 /// The conformance suite's hand-built error kernels: integer division by zero, a loop step from a buffer.
 fn error_kernels() -> Vec<(String, Kernel)> {
     use loom_testkit::{KB, i};
@@ -259,7 +226,7 @@ fn all_kernels() -> Vec<(String, Kernel)> {
         v.extend(st.kernels.into_iter().map(|k| (case.clone(), k)));
     }
     for d in ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"] {
-        let st = dequant_stage(d);
+        let st = loom_testkit::dequant_stage(d, &[("R", 3), ("C", 512), ("BR", 2), ("BC", 96)]);
         v.extend(
             st.kernels
                 .into_iter()
