@@ -44,7 +44,7 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::ROption;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
-use hal_queue::files::OpenFile;
+use hal_queue::files::{self, OpenFile};
 use loom_cpu::CpuStage;
 use loom_ir::kernel::ExecError;
 use loom_ir::kernel_codec;
@@ -52,8 +52,8 @@ use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, FileId,
     FileInfo, FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox,
     HalDeviceWithFiles, HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin,
-    LoomPlugin_Ref, MAX_FILE_READS, PluginKind, Probe, Submission, TimelineId, TimelinePoint,
-    WaitStatus, guard, guard_probe, panic_message,
+    LoomPlugin_Ref, PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard,
+    guard_probe, panic_message,
 };
 
 /// This plugin's id.
@@ -173,7 +173,7 @@ struct Timeline {
 #[derive(Debug, Default)]
 struct State {
     buffers: HashMap<u64, Buf>,
-    files: HashMap<u64, Arc<OpenFile>>,
+    files: files::FileTable,
     exes: HashMap<u64, Arc<Exe>>,
     timelines: HashMap<u64, Timeline>,
     next_id: u64,
@@ -783,45 +783,24 @@ impl HalFiles for CpuDevice {
         flags: FileOpenFlags,
     ) -> RResult<FileInfo, RBoxError> {
         guard("file_open", || {
-            let (file, len) = OpenFile::open(fd, path.as_str(), flags)?;
-            let direct_alignment = file.alignment();
-            let mut st = self.state();
-            let id = st.id();
-            st.files.insert(id, Arc::new(file));
-            Ok::<_, String>(FileInfo {
-                file: FileId(id),
-                len,
-                direct_alignment,
-            })
+            self.state().files.open(fd, path.as_str(), flags)
         })
     }
 
     fn file_close(&self, file: FileId) -> RResult<(), RBoxError> {
-        guard("file_close", || match self.state().files.remove(&file.0) {
-            Some(_) => Ok(()),
-            None => Err(format!("file_close: unknown file {}", file.0)),
-        })
+        guard("file_close", || self.state().files.close(file))
     }
 
     fn submit_reads(&self, submission: FileReadSubmission) -> RResult<(), RBoxError> {
         guard("submit_reads", || {
-            if submission.reads.len() > MAX_FILE_READS {
-                return Err(format!(
-                    "submit_reads: {} reads, more than the {MAX_FILE_READS} of one submission",
-                    submission.reads.len()
-                ));
-            }
+            files::check_read_count(submission.reads.len())?;
             let st = self.state();
             for p in submission.wait.iter().chain([&submission.signal]) {
                 st.timeline(p.timeline)?;
             }
             let mut commands = Vec::with_capacity(submission.reads.len());
             for r in submission.reads.iter() {
-                let file = st
-                    .files
-                    .get(&r.file.0)
-                    .cloned()
-                    .ok_or_else(|| format!("submit_reads: unknown file {}", r.file.0))?;
+                let file = st.files.get(r.file)?;
                 commands.push(Cmd::FileRead {
                     file,
                     file_offset: r.file_offset,

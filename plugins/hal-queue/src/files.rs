@@ -5,11 +5,63 @@
 //! destination offset to be multiples of [`DIRECT_ALIGNMENT`], and the destination range must lie inside the
 //! buffer. Errors begin `file read at offset X length Y of PATH:`.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::Arc;
 
-use loom_plugin_api::FileOpenFlags;
+use loom_plugin_api::{FileId, FileInfo, FileOpenFlags, MAX_FILE_READS};
+
+/// A device's open files by id: `file_open` / `file_close` and the lookups of `submit_reads`, with the same
+/// error texts on every device. Queued reads hold their file's `Arc`, so a file closed while reads are queued
+/// stays open until they retire.
+#[derive(Debug, Default)]
+pub struct FileTable {
+    files: HashMap<u64, Arc<OpenFile>>,
+    next_id: u64,
+}
+
+impl FileTable {
+    /// `HalFiles::file_open`: opens the host's descriptor `fd` and gives it an id.
+    pub fn open(&mut self, fd: i32, path: &str, flags: FileOpenFlags) -> Result<FileInfo, String> {
+        let (file, len) = OpenFile::open(fd, path, flags)?;
+        let direct_alignment = file.alignment();
+        self.next_id += 1;
+        self.files.insert(self.next_id, Arc::new(file));
+        Ok(FileInfo {
+            file: FileId(self.next_id),
+            len,
+            direct_alignment,
+        })
+    }
+
+    /// `HalFiles::file_close`.
+    pub fn close(&mut self, file: FileId) -> Result<(), String> {
+        match self.files.remove(&file.0) {
+            Some(_) => Ok(()),
+            None => Err(format!("file_close: unknown file {}", file.0)),
+        }
+    }
+
+    /// The open file `file` refers to, for a read of `submit_reads`.
+    pub fn get(&self, file: FileId) -> Result<Arc<OpenFile>, String> {
+        self.files
+            .get(&file.0)
+            .cloned()
+            .ok_or_else(|| format!("submit_reads: unknown file {}", file.0))
+    }
+}
+
+/// The size limit of one `submit_reads` ([`MAX_FILE_READS`]).
+pub fn check_read_count(n: usize) -> Result<(), String> {
+    if n > MAX_FILE_READS {
+        return Err(format!(
+            "submit_reads: {n} reads, more than the {MAX_FILE_READS} of one submission"
+        ));
+    }
+    Ok(())
+}
 
 /// What a direct read's file offset, length and destination offset must be multiples of (not asked of the
 /// file system, which needs a `statx`/`ioctl` call and `unsafe`; a multiple of every common logical block size).
