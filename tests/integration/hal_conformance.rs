@@ -171,6 +171,30 @@ fn reached(dev: &HalDeviceBox, p: TimelinePoint) {
     );
 }
 
+/// Runs `exe` (one input, one output, no parameters or workspace) on a new timeline and waits for it.
+fn dispatch_once(
+    id: &str,
+    dev: &HalDeviceBox,
+    exe: loom_plugin_api::ExecutableId,
+    input: BufferId,
+    output: BufferId,
+) {
+    let t = ok(id, dev.timeline_create());
+    submit(
+        dev,
+        vec![Command::Dispatch {
+            exe,
+            inputs: RVec::from(vec![input]),
+            params: RVec::new(),
+            outputs: RVec::from(vec![output]),
+            workspace: RVec::new(),
+        }],
+        &[],
+        point(t, 1),
+    );
+    reached(dev, point(t, 1));
+}
+
 fn upload(dev: &HalDeviceBox, data: &[u8]) -> BufferId {
     let b = ok("alloc", dev.alloc(data.len() as u64));
     ok("write", dev.write(b, 0, RSlice::from_slice(data)));
@@ -312,20 +336,7 @@ fn hal_dispatch_of_a_motif_stage_matches_the_reference() {
         );
         let input = upload(dev, &xb);
         let output = ok(id, dev.alloc((r * c * 4) as u64));
-        let t = ok(id, dev.timeline_create());
-        submit(
-            dev,
-            vec![Command::Dispatch {
-                exe,
-                inputs: RVec::from(vec![input]),
-                params: RVec::new(),
-                outputs: RVec::from(vec![output]),
-                workspace: RVec::new(),
-            }],
-            &[],
-            point(t, 1),
-        );
-        reached(dev, point(t, 1));
+        dispatch_once(id, dev, exe, input, output);
         let got = floats(&read_all(dev, output, r * c * 4));
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -643,20 +654,7 @@ fn hal_quantised_loads_match_the_reference() {
             let input = upload(dev, &w);
             // Poisoned: an element the kernel does not write stays NaN and fails the comparison.
             let output = upload(dev, &vec![0xFF; r * c * 4]);
-            let t = ok(id, dev.timeline_create());
-            submit(
-                dev,
-                vec![Command::Dispatch {
-                    exe,
-                    inputs: RVec::from(vec![input]),
-                    params: RVec::new(),
-                    outputs: RVec::from(vec![output]),
-                    workspace: RVec::new(),
-                }],
-                &[],
-                point(t, 1),
-            );
-            reached(dev, point(t, 1));
+            dispatch_once(id, dev, exe, input, output);
             let got = floats(&read_all(dev, output, r * c * 4));
             // ggml's f32 operations in ggml's order; a device may contract `d1 * q - m1` into one fma, which
             // moves the result by at most an ulp of the block's largest magnitude. A wrong nibble, scale or
