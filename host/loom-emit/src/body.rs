@@ -86,6 +86,10 @@ pub(crate) struct Gen<'k> {
 /// substituted (and so refused as f64). Values that need no f64 are emitted as usual, so kernels without
 /// f64 print exactly as before.
 fn substitutes(k: &Kernel) -> HashMap<u32, Option<loom_reference::Folded>> {
+    // Every substituted value goes back to an f64 one: without f64 there is nothing to fold.
+    if !k.values.iter().any(|v| v.ty.dtype() == DType::F64) {
+        return HashMap::new();
+    }
     let folded = loom_reference::fold(k);
     let mut derived: HashMap<u32, loom_reference::Folded> = HashMap::new();
     for op in &k.body.ops {
