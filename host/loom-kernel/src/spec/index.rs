@@ -36,8 +36,8 @@ impl Scan {
 /// A value during index-notation evaluation: `idx[d]` is the index position of the value's dim `d`.
 /// Constants and scalars have no indices; a tile reduced over all its indices is a `[1]` tile without
 /// indices.
-struct IV {
-    v: Val,
+struct IndexedValue {
+    v: SpecValue,
     idx: Vec<usize>,
 }
 
@@ -88,7 +88,7 @@ fn reduce_op(name: &str) -> Option<ReduceOp> {
     })
 }
 
-impl KCx<'_, '_> {
+impl KernelBuilder<'_, '_> {
     /// `%out[indices] = expr`: the value `%out` is bound to.
     pub(super) fn index_notation(
         &mut self,
@@ -96,7 +96,7 @@ impl KCx<'_, '_> {
         indices: &[Name],
         expr: &Expr,
         span: Span,
-    ) -> R<Val> {
+    ) -> R<SpecValue> {
         let mut st = Scan {
             order: Vec::new(),
             ext: HashMap::new(),
@@ -128,7 +128,7 @@ impl KCx<'_, '_> {
         }
         let r = self.ix_eval(expr, &st, &out.text)?;
         let target: Vec<usize> = (0..st.nleft).collect();
-        if !matches!(r.v, Val::D(_, KType::Tile { .. })) || r.idx.is_empty() {
+        if !matches!(r.v, SpecValue::Dyn(_, KType::Tile { .. })) || r.idx.is_empty() {
             return Err(self.err(span, "internal: index notation gave no indexed tile"));
         }
         self.ix_permute(&r, &target, span, &out.text, &st)
@@ -139,8 +139,8 @@ impl KCx<'_, '_> {
         match e {
             Expr::Index { buf, indices, span } => {
                 let ty = match self.lookup(buf)? {
-                    Val::D(_, t @ KType::Tile { .. }) => t,
-                    Val::Buf(_) | Val::Stage(_) => {
+                    SpecValue::Dyn(_, t @ KType::Tile { .. }) => t,
+                    SpecValue::Buf(_) | SpecValue::Stage(_) => {
                         return Err(self.err(
                             buf.span,
                             format!(
@@ -149,13 +149,13 @@ impl KCx<'_, '_> {
                             ),
                         ));
                     }
-                    Val::D(_, t) => {
+                    SpecValue::Dyn(_, t) => {
                         return Err(self.err(
                             *span,
                             format!("%{} is {t}, not a tile: use it without indices", buf.text),
                         ));
                     }
-                    Val::C(c) => {
+                    SpecValue::Const(c) => {
                         return Err(self.err(
                             *span,
                             format!("%{} is {}, not a tile", buf.text, c.describe()),
@@ -227,14 +227,14 @@ impl KCx<'_, '_> {
                 Ok(())
             }
             Expr::Value(n) => match self.lookup(n)? {
-                Val::D(_, KType::Tile { .. }) => Err(self.err(
+                SpecValue::Dyn(_, KType::Tile { .. }) => Err(self.err(
                     n.span,
                     format!(
                         "the tile %{} needs its indices in index notation (`%{}[i, ...]`)",
                         n.text, n.text
                     ),
                 )),
-                Val::Buf(_) | Val::Stage(_) => Err(self.err(
+                SpecValue::Buf(_) | SpecValue::Stage(_) => Err(self.err(
                     n.span,
                     format!("%{} is a buffer: index notation computes on tiles", n.text),
                 )),
@@ -257,7 +257,7 @@ impl KCx<'_, '_> {
         }
     }
 
-    fn ix_eval(&mut self, e: &Expr, st: &Scan, name: &str) -> R<IV> {
+    fn ix_eval(&mut self, e: &Expr, st: &Scan, name: &str) -> R<IndexedValue> {
         match e {
             Expr::Index { buf, indices, span } => {
                 let v = self.lookup(buf)?;
@@ -271,16 +271,16 @@ impl KCx<'_, '_> {
                     .ok_or_else(|| {
                         self.err(*span, "internal: index not bound by the first pass (a bug)")
                     })?;
-                Ok(IV { v, idx })
+                Ok(IndexedValue { v, idx })
             }
-            Expr::Value(_) | Expr::Int(..) | Expr::Float(..) | Expr::Word(_) => Ok(IV {
+            Expr::Value(_) | Expr::Int(..) | Expr::Float(..) | Expr::Word(_) => Ok(IndexedValue {
                 v: self.eval(e, "")?,
                 idx: Vec::new(),
             }),
             Expr::Neg(inner, span) => {
                 let a = self.ix_eval(inner, st, "")?;
                 let v = self.unary(UnOp::Neg, a.v, *span, or(name, "neg"))?;
-                Ok(IV { v, idx: a.idx })
+                Ok(IndexedValue { v, idx: a.idx })
             }
             Expr::Binary { op, lhs, rhs, span } => {
                 let bop = match op {
@@ -307,7 +307,7 @@ impl KCx<'_, '_> {
                         let op = un_op(fname).unwrap_or(UnOp::Neg);
                         let a = self.ix_eval(a, st, "")?;
                         let v = self.unary(op, a.v, *span, or(name, fname))?;
-                        Ok(IV { v, idx: a.idx })
+                        Ok(IndexedValue { v, idx: a.idx })
                     }
                     [a, b] if bin_op(fname).is_some() => {
                         let op = bin_op(fname).unwrap_or(BinOp::Add);
@@ -322,7 +322,7 @@ impl KCx<'_, '_> {
                                 self.err(*span, format!("unknown conversion `{fname}`"))
                             })?;
                         let a = self.ix_eval(a, st, "")?;
-                        let Val::D(o, ty) = a.v else {
+                        let SpecValue::Dyn(o, ty) = a.v else {
                             return Err(self.err(*span, format!("`{fname}` needs a value")));
                         };
                         let rty = match ty {
@@ -330,7 +330,7 @@ impl KCx<'_, '_> {
                             KType::Tile { shape, .. } => KType::Tile { shape, dtype: to },
                         };
                         let v = self.emit1(or(name, "conv"), KOpKind::Cast { a: o, to }, rty, *span)?;
-                        Ok(IV { v, idx: a.idx })
+                        Ok(IndexedValue { v, idx: a.idx })
                     }
                     _ => Err(self.err(
                         *span,
@@ -354,7 +354,7 @@ impl KCx<'_, '_> {
         span: Span,
         st: &Scan,
         name: &str,
-    ) -> R<IV> {
+    ) -> R<IndexedValue> {
         if op == BinOp::Add {
             let fused = match (contraction(lhs), contraction(rhs)) {
                 (_, Some((arg, s))) => Some((lhs, arg, s, true)),
@@ -381,8 +381,16 @@ impl KCx<'_, '_> {
     }
 
     /// An elementwise binary operation on aligned operands.
-    fn ix_bin(&mut self, op: BinOp, a: IV, b: IV, span: Span, st: &Scan, name: &str) -> R<IV> {
-        if let (Val::D(_, ta), Val::D(_, tb)) = (&a.v, &b.v) {
+    fn ix_bin(
+        &mut self,
+        op: BinOp,
+        a: IndexedValue,
+        b: IndexedValue,
+        span: Span,
+        st: &Scan,
+        name: &str,
+    ) -> R<IndexedValue> {
+        if let (SpecValue::Dyn(_, ta), SpecValue::Dyn(_, tb)) = (&a.v, &b.v) {
             if ta.dtype() != tb.dtype() {
                 return Err(self.err(
                     span,
@@ -407,7 +415,7 @@ impl KCx<'_, '_> {
         let vb = self.ix_align(b, &target, span, st)?;
         let dflt = format!("{op:?}").to_lowercase();
         let v = self.binary(op, va, vb, span, or(name, &dflt))?;
-        Ok(IV { v, idx: target })
+        Ok(IndexedValue { v, idx: target })
     }
 
     /// `op(arg)`: reduces the indices of `arg` that are not on the left. `sum(X * Y)` may become a `Dot`,
@@ -418,11 +426,11 @@ impl KCx<'_, '_> {
         op: ReduceOp,
         opname: &str,
         arg: &Expr,
-        acc: Option<&IV>,
+        acc: Option<&IndexedValue>,
         span: Span,
         st: &Scan,
         name: &str,
-    ) -> R<(IV, bool)> {
+    ) -> R<(IndexedValue, bool)> {
         // why: with an unused accumulator the add after the reduction is the statement's value
         let own = if acc.is_some() { "" } else { name };
         if op == ReduceOp::Sum {
@@ -444,15 +452,15 @@ impl KCx<'_, '_> {
     /// and each has one index of the left.
     fn ix_dot(
         &mut self,
-        x: &IV,
-        y: &IV,
-        acc: Option<&IV>,
+        x: &IndexedValue,
+        y: &IndexedValue,
+        acc: Option<&IndexedValue>,
         span: Span,
         st: &Scan,
         name: &str,
-    ) -> R<Option<(IV, bool)>> {
-        let f32_2d = |iv: &IV| {
-            matches!(&iv.v, Val::D(_, KType::Tile { shape, dtype: DType::F32 }) if shape.len() == 2)
+    ) -> R<Option<(IndexedValue, bool)>> {
+        let f32_2d = |iv: &IndexedValue| {
+            matches!(&iv.v, SpecValue::Dyn(_, KType::Tile { shape, dtype: DType::F32 }) if shape.len() == 2)
                 && iv.idx.len() == 2
         };
         if !f32_2d(x) || !f32_2d(y) {
@@ -467,7 +475,7 @@ impl KCx<'_, '_> {
         let [k] = shared[..] else {
             return Ok(None);
         };
-        let other = |iv: &IV| iv.idx.iter().copied().find(|&i| i != k).unwrap_or(k);
+        let other = |iv: &IndexedValue| iv.idx.iter().copied().find(|&i| i != k).unwrap_or(k);
         let (p, q) = (other(x), other(y));
         if k < st.nleft || p >= st.nleft || q >= st.nleft {
             return Ok(None);
@@ -489,8 +497,8 @@ impl KCx<'_, '_> {
         let fits = acc.filter(|c| {
             c.idx.iter().all(|i| out_idx.contains(i))
                 && match &c.v {
-                    Val::D(_, t) => t.dtype() == DType::F32,
-                    Val::C(CV::Int(_) | CV::Float(_)) => true,
+                    SpecValue::Dyn(_, t) => t.dtype() == DType::F32,
+                    SpecValue::Const(ConstValue::Int(_) | ConstValue::Float(_)) => true,
                     _ => false,
                 }
         });
@@ -498,14 +506,14 @@ impl KCx<'_, '_> {
         let bv = self.ix_permute(b, &[k, second], span, "tr", st)?;
         let (acc_op, used) = match fits {
             Some(c) => {
-                let c = IV {
+                let c = IndexedValue {
                     v: c.v.clone(),
                     idx: c.idx.clone(),
                 };
                 let v = self.ix_align(c, &out_idx, span, st)?;
                 let o = match v {
-                    Val::D(o, t) if t == rty => o,
-                    Val::D(o, t) => {
+                    SpecValue::Dyn(o, t) if t == rty => o,
+                    SpecValue::Dyn(o, t) => {
                         let _ = t;
                         self.bcast(o, &[ext(first), ext(second)], DType::F32, span)?
                     }
@@ -514,7 +522,7 @@ impl KCx<'_, '_> {
                 (o, true)
             }
             None => {
-                let Val::D(z, _) = self.emit1(
+                let SpecValue::Dyn(z, _) = self.emit1(
                     "zero",
                     KOpKind::Full {
                         value: KOperand::Imm(KImm::F64(0.0), DType::F32),
@@ -530,7 +538,7 @@ impl KCx<'_, '_> {
                 (z, false)
             }
         };
-        let (Val::D(a, _), Val::D(b, _)) = (av, bv) else {
+        let (SpecValue::Dyn(a, _), SpecValue::Dyn(b, _)) = (av, bv) else {
             return Err(self.err(span, "internal: dot operands"));
         };
         let nm = if acc.is_some() && !used {
@@ -539,7 +547,7 @@ impl KCx<'_, '_> {
             or(name, "dot")
         };
         let v = self.emit1(nm, KOpKind::Dot { a, b, acc: acc_op }, rty, span)?;
-        Ok(Some((IV { v, idx: out_idx }, used)))
+        Ok(Some((IndexedValue { v, idx: out_idx }, used)))
     }
 
     /// One `Reduce` per index of `a` that is not on the left (the last one named `name`).
@@ -547,13 +555,13 @@ impl KCx<'_, '_> {
         &mut self,
         op: ReduceOp,
         opname: &str,
-        a: IV,
+        a: IndexedValue,
         span: Span,
         st: &Scan,
         name: &str,
-    ) -> R<IV> {
+    ) -> R<IndexedValue> {
         let axes: Vec<usize> = (0..a.idx.len()).filter(|&d| a.idx[d] >= st.nleft).collect();
-        let Val::D(mut o, KType::Tile { mut shape, dtype }) = a.v else {
+        let SpecValue::Dyn(mut o, KType::Tile { mut shape, dtype }) = a.v else {
             return Err(self.err(
                 span,
                 format!("`{opname}(...)` reduces no index: its operand has no index"),
@@ -587,7 +595,7 @@ impl KCx<'_, '_> {
                 dtype,
             };
             let nm = if i + 1 == n { or(name, opname) } else { opname };
-            let Val::D(r, _) = self.emit1(
+            let SpecValue::Dyn(r, _) = self.emit1(
                 nm,
                 KOpKind::Reduce {
                     op,
@@ -602,19 +610,25 @@ impl KCx<'_, '_> {
             };
             o = r;
         }
-        Ok(IV {
-            v: Val::D(o, KType::Tile { shape, dtype }),
+        Ok(IndexedValue {
+            v: SpecValue::Dyn(o, KType::Tile { shape, dtype }),
             idx,
         })
     }
 
     /// `iv` with dims in `target` order (a superset of its indices): transpose, then size-1 dims for the
     /// missing indices (the binary operation broadcasts them).
-    fn ix_align(&mut self, iv: IV, target: &[usize], span: Span, st: &Scan) -> R<Val> {
+    fn ix_align(
+        &mut self,
+        iv: IndexedValue,
+        target: &[usize],
+        span: Span,
+        st: &Scan,
+    ) -> R<SpecValue> {
         if target.len() > usize::from(u8::MAX) {
             return Err(self.err(span, "index notation: too many indices in one value"));
         }
-        let Val::D(o, KType::Tile { shape, dtype }) = &iv.v else {
+        let SpecValue::Dyn(o, KType::Tile { shape, dtype }) = &iv.v else {
             return Ok(iv.v);
         };
         if iv.idx.is_empty() {
@@ -646,7 +660,7 @@ impl KCx<'_, '_> {
             if iv.idx.contains(t) {
                 continue;
             }
-            let Val::D(a, KType::Tile { shape, dtype }) = v else {
+            let SpecValue::Dyn(a, KType::Tile { shape, dtype }) = v else {
                 return Err(self.err(span, "internal: align"));
             };
             let mut s = shape;
@@ -662,7 +676,14 @@ impl KCx<'_, '_> {
     }
 
     /// `iv` with its dims in `want` order (the same indices).
-    fn ix_permute(&mut self, iv: &IV, want: &[usize], span: Span, name: &str, st: &Scan) -> R<Val> {
+    fn ix_permute(
+        &mut self,
+        iv: &IndexedValue,
+        want: &[usize],
+        span: Span,
+        name: &str,
+        st: &Scan,
+    ) -> R<SpecValue> {
         self.ix_permute_v(iv, want, span, name).map_err(|e| {
             if e.is_empty() {
                 self.err(
@@ -681,12 +702,18 @@ impl KCx<'_, '_> {
     }
 
     /// `ix_permute` without the names: an empty error means "not a 2-D transpose".
-    fn ix_permute_v(&mut self, iv: &IV, want: &[usize], span: Span, name: &str) -> R<Val> {
+    fn ix_permute_v(
+        &mut self,
+        iv: &IndexedValue,
+        want: &[usize],
+        span: Span,
+        name: &str,
+    ) -> R<SpecValue> {
         if iv.idx == want {
             return Ok(iv.v.clone());
         }
         match (&iv.v, &iv.idx[..], want) {
-            (Val::D(a, KType::Tile { shape, dtype }), &[x, y], &[p, q])
+            (SpecValue::Dyn(a, KType::Tile { shape, dtype }), &[x, y], &[p, q])
                 if x == q && y == p && shape.len() == 2 =>
             {
                 self.emit1(
