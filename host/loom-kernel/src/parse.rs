@@ -115,12 +115,12 @@ pub fn parse_item(
 
 type R<T> = Result<T, Diagnostic>;
 
-/// A classified token tree.
+/// A token tree classified for the kernel parser: a word, `@symbol`, `%value`, literal, punctuation or group.
 #[derive(Clone, Debug)]
-enum T<'t> {
+enum Classified<'t> {
     Word(&'t str),
-    Sym(&'t str),
-    Val(&'t str),
+    Symbol(&'t str),
+    Value(&'t str),
     Int(i64),
     Float(f64),
     Str(String),
@@ -136,30 +136,30 @@ fn span_of(t: &TokenTree) -> Span {
     }
 }
 
-fn classify(t: &TokenTree) -> T<'_> {
+fn classify(t: &TokenTree) -> Classified<'_> {
     let text = match t {
-        TokenTree::Group { open, trees, .. } => return T::Group(*open, trees),
+        TokenTree::Group { open, trees, .. } => return Classified::Group(*open, trees),
         TokenTree::Token { text, .. } => text.as_str(),
     };
     let first = text.chars().next().unwrap_or(' ');
     match first {
-        c if c.is_ascii_alphabetic() || c == '_' => T::Word(text),
-        '@' => T::Sym(&text[1..]),
-        '%' if text.len() > 1 => T::Val(&text[1..]),
-        '"' => unescape(text).map_or(T::Bad, T::Str),
-        '-' if text == "->" => T::Arrow,
+        c if c.is_ascii_alphabetic() || c == '_' => Classified::Word(text),
+        '@' => Classified::Symbol(&text[1..]),
+        '%' if text.len() > 1 => Classified::Value(&text[1..]),
+        '"' => unescape(text).map_or(Classified::Bad, Classified::Str),
+        '-' if text == "->" => Classified::Arrow,
         c if c.is_ascii_digit() || (c == '-' && text.len() > 1) => number(text),
         _ => {
             let mut cs = text.chars();
             match (cs.next(), cs.next()) {
-                (Some(c), None) => T::Punct(c),
-                _ => T::Bad,
+                (Some(c), None) => Classified::Punct(c),
+                _ => Classified::Bad,
             }
         }
     }
 }
 
-fn number(text: &str) -> T<'_> {
+fn number(text: &str) -> Classified<'_> {
     let (neg, body) = match text.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, text),
@@ -170,19 +170,21 @@ fn number(text: &str) -> T<'_> {
         .or_else(|| clean.strip_prefix("0X"))
     {
         return match i128::from_str_radix(h, 16) {
-            Ok(v) => i64::try_from(if neg { -v } else { v }).map_or(T::Bad, T::Int),
-            Err(_) => T::Bad,
+            Ok(v) => {
+                i64::try_from(if neg { -v } else { v }).map_or(Classified::Bad, Classified::Int)
+            }
+            Err(_) => Classified::Bad,
         };
     }
     if clean.contains(['.', 'e', 'E']) {
         return match clean.parse::<f64>() {
-            Ok(v) if v.is_finite() => T::Float(if neg { -v } else { v }),
-            _ => T::Bad,
+            Ok(v) if v.is_finite() => Classified::Float(if neg { -v } else { v }),
+            _ => Classified::Bad,
         };
     }
     match clean.parse::<i128>() {
-        Ok(v) => i64::try_from(if neg { -v } else { v }).map_or(T::Bad, T::Int),
-        Err(_) => T::Bad,
+        Ok(v) => i64::try_from(if neg { -v } else { v }).map_or(Classified::Bad, Classified::Int),
+        Err(_) => Classified::Bad,
     }
 }
 
@@ -221,21 +223,21 @@ fn unescape(text: &str) -> Option<String> {
 }
 
 /// A cursor over a sequence of sibling token trees.
-struct Cur<'t> {
+struct Cursor<'t> {
     trees: &'t [TokenTree],
     pos: usize,
     /// Where "end of input" diagnostics point.
     end: Span,
 }
 
-impl<'t> Cur<'t> {
-    fn new(trees: &'t [TokenTree], end: Span) -> Cur<'t> {
-        Cur { trees, pos: 0, end }
+impl<'t> Cursor<'t> {
+    fn new(trees: &'t [TokenTree], end: Span) -> Cursor<'t> {
+        Cursor { trees, pos: 0, end }
     }
-    fn peek(&self) -> Option<T<'t>> {
+    fn peek(&self) -> Option<Classified<'t>> {
         self.trees.get(self.pos).map(classify)
     }
-    fn peek_at(&self, k: usize) -> Option<T<'t>> {
+    fn peek_at(&self, k: usize) -> Option<Classified<'t>> {
         self.trees.get(self.pos + k).map(classify)
     }
     fn span(&self) -> Span {
@@ -250,16 +252,16 @@ impl<'t> Cur<'t> {
     fn at_end(&self) -> bool {
         self.pos >= self.trees.len()
     }
-    fn bump(&mut self) -> Option<(T<'t>, Span)> {
+    fn bump(&mut self) -> Option<(Classified<'t>, Span)> {
         let t = self.trees.get(self.pos)?;
         self.pos += 1;
         Some((classify(t), span_of(t)))
     }
     fn is_punct(&self, c: char) -> bool {
-        matches!(self.peek(), Some(T::Punct(p)) if p == c)
+        matches!(self.peek(), Some(Classified::Punct(p)) if p == c)
     }
     fn is_word(&self, w: &str) -> bool {
-        matches!(self.peek(), Some(T::Word(x)) if x == w)
+        matches!(self.peek(), Some(Classified::Word(x)) if x == w)
     }
     fn eat_punct(&mut self, c: char) -> bool {
         if self.is_punct(c) {
@@ -302,7 +304,7 @@ impl<'t> Cur<'t> {
     }
     fn group(&mut self, open: char, what: &str) -> R<(&'t [TokenTree], Span)> {
         match self.peek() {
-            Some(T::Group(o, trees)) if o == open => {
+            Some(Classified::Group(o, trees)) if o == open => {
                 let s = self.span();
                 self.pos += 1;
                 Ok((trees, s))
@@ -312,7 +314,7 @@ impl<'t> Cur<'t> {
     }
     fn value(&mut self, what: &str) -> R<Name> {
         match self.peek() {
-            Some(T::Val(v)) => {
+            Some(Classified::Value(v)) => {
                 let span = self.span();
                 self.pos += 1;
                 Ok(Name {
@@ -325,7 +327,7 @@ impl<'t> Cur<'t> {
     }
     fn word(&mut self, what: &str) -> R<Name> {
         match self.peek() {
-            Some(T::Word(v)) => {
+            Some(Classified::Word(v)) => {
                 let span = self.span();
                 self.pos += 1;
                 Ok(Name {
@@ -349,8 +351,8 @@ impl<'t> Cur<'t> {
 }
 
 /// The inside of a group: its trees and the span of its closing bracket.
-fn inner(trees: &[TokenTree], span: Span) -> Cur<'_> {
-    Cur::new(
+fn inner(trees: &[TokenTree], span: Span) -> Cursor<'_> {
+    Cursor::new(
         trees,
         Span::new(span.end.saturating_sub(1) as usize, span.end as usize),
     )
@@ -385,7 +387,7 @@ impl Parser<'_> {
             sx::DeviceKind::Stage => DeviceKind::Stage,
         };
         let end = Span::new(d.span.end as usize, d.span.end as usize);
-        let mut c = Cur::new(&d.tokens, end);
+        let mut c = Cursor::new(&d.tokens, end);
         let header = match kind {
             DeviceKind::Kernel => {
                 if !c.eat_word("grid") {
@@ -414,9 +416,9 @@ impl Parser<'_> {
                     }
                 }
                 let mut results = Vec::new();
-                if matches!(c.peek(), Some(T::Arrow)) {
+                if matches!(c.peek(), Some(Classified::Arrow)) {
                     c.bump();
-                    if let Some(T::Group('(', trees)) = c.peek() {
+                    if let Some(Classified::Group('(', trees)) = c.peek() {
                         let s = c.span();
                         c.bump();
                         let mut rc = inner(trees, s);
@@ -437,7 +439,7 @@ impl Parser<'_> {
                 let buffers = self.buf_decls(p, ps)?;
                 let params = if c.eat_word("params") {
                     let domain = match c.bump() {
-                        Some((T::Sym(s), span)) => Name {
+                        Some((Classified::Symbol(s), span)) => Name {
                             text: s.to_string(),
                             span,
                         },
@@ -531,7 +533,7 @@ impl Parser<'_> {
             let input = self.expr(&mut wc)?;
             wc.expect_punct(',', "between the input ordinal and the key")?;
             let key = match wc.bump() {
-                Some((T::Str(s), _)) => s,
+                Some((Classified::Str(s), _)) => s,
                 _ => {
                     return Err(Diagnostic::error(
                         wc.prev_span(),
@@ -560,7 +562,7 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    fn type_expr(&mut self, c: &mut Cur<'_>) -> R<TypeExpr> {
+    fn type_expr(&mut self, c: &mut Cursor<'_>) -> R<TypeExpr> {
         if c.is_word("tile") {
             let start = c.span();
             c.bump();
@@ -576,16 +578,16 @@ impl Parser<'_> {
             });
         }
         match c.peek() {
-            Some(T::Word(_)) => Ok(TypeExpr::Scalar(Expr::Word(c.word("a type")?))),
+            Some(Classified::Word(_)) => Ok(TypeExpr::Scalar(Expr::Word(c.word("a type")?))),
             _ => Err(c.expected("a type (a dtype such as f32, or tile<[dims], dtype>)")),
         }
     }
 
-    fn results(&mut self, c: &mut Cur<'_>) -> R<Vec<TypeExpr>> {
+    fn results(&mut self, c: &mut Cursor<'_>) -> R<Vec<TypeExpr>> {
         let mut out = Vec::new();
-        if matches!(c.peek(), Some(T::Arrow)) {
+        if matches!(c.peek(), Some(Classified::Arrow)) {
             c.bump();
-            if let Some(T::Group('(', trees)) = c.peek() {
+            if let Some(Classified::Group('(', trees)) = c.peek() {
                 let s = c.span();
                 c.bump();
                 let mut rc = inner(trees, s);
@@ -614,14 +616,14 @@ impl Parser<'_> {
         for i in 1..=trees.len() {
             let split = i == trees.len() || {
                 let prev = &trees[i - 1];
-                let prev_comma = matches!(classify(prev), T::Punct(','));
+                let prev_comma = matches!(classify(prev), Classified::Punct(','));
                 let prev_line = self.line_of(span_of(prev).end.saturating_sub(1));
                 !prev_comma && self.line_of(span_of(&trees[i]).start) > prev_line
             };
             if split {
                 let slice = &trees[start..i];
                 let end = span_of(&slice[slice.len() - 1]);
-                let mut c = Cur::new(slice, Span::new(end.end as usize, end.end as usize));
+                let mut c = Cursor::new(slice, Span::new(end.end as usize, end.end as usize));
                 stmts.push(self.stmt(&mut c)?);
                 start = i;
             }
@@ -630,7 +632,7 @@ impl Parser<'_> {
         Ok(Block { stmts, span })
     }
 
-    fn stmt(&mut self, c: &mut Cur<'_>) -> R<Stmt> {
+    fn stmt(&mut self, c: &mut Cursor<'_>) -> R<Stmt> {
         let start = c.span();
         if c.eat_word("yield") || c.eat_word("return") {
             let mut values = Vec::new();
@@ -645,14 +647,19 @@ impl Parser<'_> {
                 span: start.to(c.prev_span()),
             });
         }
-        if let (Some(T::Val(_)), Some(T::Group('[', _))) = (c.peek(), c.peek_at(1)) {
-            if matches!(c.peek_at(2), Some(T::Punct('=' | '+' | '-' | '*' | '/'))) {
+        if let (Some(Classified::Value(_)), Some(Classified::Group('[', _))) =
+            (c.peek(), c.peek_at(1))
+        {
+            if matches!(
+                c.peek_at(2),
+                Some(Classified::Punct('=' | '+' | '-' | '*' | '/'))
+            ) {
                 return self.index_stmt(c, start);
             }
         }
         let mut results = Vec::new();
-        let assigns = matches!(c.peek(), Some(T::Val(_)))
-            && matches!(c.peek_at(1), Some(T::Punct(',' | '=')));
+        let assigns = matches!(c.peek(), Some(Classified::Value(_)))
+            && matches!(c.peek_at(1), Some(Classified::Punct(',' | '=')));
         if assigns {
             loop {
                 results.push(c.value("a result '%name'")?);
@@ -672,7 +679,7 @@ impl Parser<'_> {
     }
 
     /// `%out[i, j] = EXPR`: index notation (SSA: the statement defines the new tile `%out`).
-    fn index_stmt(&mut self, c: &mut Cur<'_>, start: Span) -> R<Stmt> {
+    fn index_stmt(&mut self, c: &mut Cursor<'_>, start: Span) -> R<Stmt> {
         let out = c.value("the defined tile '%name'")?;
         let (g, gs) = c.group('[', "the index list '[i, j]'")?;
         let mut indices = Vec::new();
@@ -694,8 +701,8 @@ impl Parser<'_> {
             ));
         }
         if !c.eat_punct('=') {
-            if matches!(c.peek(), Some(T::Punct('+' | '-' | '*' | '/')))
-                && matches!(c.peek_at(1), Some(T::Punct('=')))
+            if matches!(c.peek(), Some(Classified::Punct('+' | '-' | '*' | '/')))
+                && matches!(c.peek_at(1), Some(Classified::Punct('=')))
             {
                 return Err(Diagnostic::error(
                     c.span(),
@@ -717,7 +724,7 @@ impl Parser<'_> {
         })
     }
 
-    fn targs(&mut self, c: &mut Cur<'_>) -> R<Vec<(Name, Expr)>> {
+    fn targs(&mut self, c: &mut Cursor<'_>) -> R<Vec<(Name, Expr)>> {
         let mut out = Vec::new();
         if !c.eat_punct('<') {
             return Ok(out);
@@ -735,7 +742,7 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    fn op(&mut self, c: &mut Cur<'_>) -> R<Op> {
+    fn op(&mut self, c: &mut Cursor<'_>) -> R<Op> {
         let start = c.span();
         let name = c.word("an operation")?;
         match name.text.as_str() {
@@ -846,11 +853,11 @@ impl Parser<'_> {
             }
             "call" => {
                 let callee = match c.bump() {
-                    Some((T::Sym(s), span)) => Expr::Symbol(Name {
+                    Some((Classified::Symbol(s), span)) => Expr::Symbol(Name {
                         text: s.to_string(),
                         span,
                     }),
-                    Some((T::Word(w), span)) => Expr::Word(Name {
+                    Some((Classified::Word(w), span)) => Expr::Word(Name {
                         text: w.to_string(),
                         span,
                     }),
@@ -883,7 +890,7 @@ impl Parser<'_> {
             }
             "dispatch" => {
                 let kernel = match c.bump() {
-                    Some((T::Sym(s), span)) => Name {
+                    Some((Classified::Symbol(s), span)) => Name {
                         text: s.to_string(),
                         span,
                     },
@@ -943,24 +950,24 @@ impl Parser<'_> {
     }
 
     /// `term (('+' | '-') term)*`
-    fn expr(&mut self, c: &mut Cur<'_>) -> R<Expr> {
+    fn expr(&mut self, c: &mut Cursor<'_>) -> R<Expr> {
         self.enter(c.span())?;
         let r = self.expr_inner(c);
         self.leave();
         r
     }
 
-    fn expr_inner(&mut self, c: &mut Cur<'_>) -> R<Expr> {
+    fn expr_inner(&mut self, c: &mut Cursor<'_>) -> R<Expr> {
         let mut lhs = self.term(c)?;
         let mut chain = 0;
         loop {
             let (op, rhs) = match c.peek() {
-                Some(T::Punct(op @ ('+' | '-'))) => {
+                Some(Classified::Punct(op @ ('+' | '-'))) => {
                     c.bump();
                     (op, self.term(c)?)
                 }
                 // why: `N -1` lexes as `N` and the literal `-1`; after an operand it can only be a subtraction
-                Some(T::Int(v)) if v < 0 => {
+                Some(Classified::Int(v)) if v < 0 => {
                     let s = c.span();
                     c.bump();
                     let pos = v
@@ -968,7 +975,7 @@ impl Parser<'_> {
                         .ok_or_else(|| Diagnostic::error(s, "integer out of range"))?;
                     ('-', Expr::Int(pos, s))
                 }
-                Some(T::Float(v)) if v < 0.0 => {
+                Some(Classified::Float(v)) if v < 0.0 => {
                     let s = c.span();
                     c.bump();
                     ('-', Expr::Float(-v, s))
@@ -999,10 +1006,10 @@ impl Parser<'_> {
         Ok(())
     }
 
-    fn term(&mut self, c: &mut Cur<'_>) -> R<Expr> {
+    fn term(&mut self, c: &mut Cursor<'_>) -> R<Expr> {
         let mut lhs = self.unary(c)?;
         let mut chain = 0;
-        while let Some(T::Punct(op @ ('*' | '/' | '%'))) = c.peek() {
+        while let Some(Classified::Punct(op @ ('*' | '/' | '%'))) = c.peek() {
             c.bump();
             let rhs = self.unary(c)?;
             let span = lhs.span().to(rhs.span());
@@ -1018,7 +1025,7 @@ impl Parser<'_> {
         Ok(lhs)
     }
 
-    fn unary(&mut self, c: &mut Cur<'_>) -> R<Expr> {
+    fn unary(&mut self, c: &mut Cursor<'_>) -> R<Expr> {
         if c.is_punct('-') {
             let s = c.span();
             c.bump();
@@ -1032,17 +1039,17 @@ impl Parser<'_> {
         self.primary(c)
     }
 
-    fn primary(&mut self, c: &mut Cur<'_>) -> R<Expr> {
+    fn primary(&mut self, c: &mut Cursor<'_>) -> R<Expr> {
         let Some((t, span)) = c.bump() else {
             return Err(c.expected("an operand"));
         };
         Ok(match t {
-            T::Val(v) => {
+            Classified::Value(v) => {
                 let name = Name {
                     text: v.to_string(),
                     span,
                 };
-                if let Some(T::Group('[', trees)) = c.peek() {
+                if let Some(Classified::Group('[', trees)) = c.peek() {
                     let gs = c.span();
                     c.bump();
                     let indices = self.expr_list(trees, gs)?;
@@ -1055,17 +1062,17 @@ impl Parser<'_> {
                     Expr::Value(name)
                 }
             }
-            T::Int(v) => Expr::Int(v, span),
-            T::Float(v) => Expr::Float(v, span),
-            T::Str(s) => Expr::Str(s, span),
-            T::Word("true") => Expr::Bool(true, span),
-            T::Word("false") => Expr::Bool(false, span),
-            T::Word(w) => {
+            Classified::Int(v) => Expr::Int(v, span),
+            Classified::Float(v) => Expr::Float(v, span),
+            Classified::Str(s) => Expr::Str(s, span),
+            Classified::Word("true") => Expr::Bool(true, span),
+            Classified::Word("false") => Expr::Bool(false, span),
+            Classified::Word(w) => {
                 let name = Name {
                     text: w.to_string(),
                     span,
                 };
-                if let Some(T::Group('(', trees)) = c.peek() {
+                if let Some(Classified::Group('(', trees)) = c.peek() {
                     let gs = c.span();
                     c.bump();
                     let args = self.expr_list(trees, gs)?;
@@ -1078,12 +1085,12 @@ impl Parser<'_> {
                     Expr::Word(name)
                 }
             }
-            T::Sym(s) => Expr::Symbol(Name {
+            Classified::Symbol(s) => Expr::Symbol(Name {
                 text: s.to_string(),
                 span,
             }),
-            T::Group('[', trees) => Expr::List(self.expr_list(trees, span)?, span),
-            T::Group('(', trees) => {
+            Classified::Group('[', trees) => Expr::List(self.expr_list(trees, span)?, span),
+            Classified::Group('(', trees) => {
                 let mut ic = inner(trees, span);
                 let e = self.expr(&mut ic)?;
                 ic.done("inside the parentheses")?;
