@@ -69,6 +69,8 @@ pub(crate) struct Heap {
     pub(crate) cap: u64,
     /// Handle of each program string constant once materialized in this invocation (0: not yet).
     pub(crate) const_strs: Vec<u32>,
+    /// The host state of the running invocation (moved in and out by `interp::invoke`).
+    pub(crate) host: Option<crate::native::HostState>,
 }
 
 impl std::fmt::Debug for Heap {
@@ -106,6 +108,7 @@ impl Heap {
             used: 0,
             cap,
             const_strs: vec![0; n_strs],
+            host: None,
         }
     }
 

@@ -302,13 +302,14 @@ pub(crate) fn invoke(
     limits: &InvokeLimits,
     out: &mut Vec<Value>,
     use_jit: bool,
+    host: &mut Option<crate::native::HostState>,
 ) -> Outcome {
     // The pooled stacks are used in place (no move in or out of the thread-local). A native that re-enters the
     // VM on this thread finds the pool borrowed and gets fresh stacks and heap.
     let pooled = POOL.try_with(|c| {
         let mut g = c.try_borrow_mut().ok()?;
         let st = g.get_or_insert_with(Stacks::new);
-        let (o, keep) = invoke_with(p, entry, args, limits, out, st, use_jit);
+        let (o, keep) = invoke_with(p, entry, args, limits, out, st, use_jit, host);
         if !keep {
             *g = None;
         }
@@ -316,7 +317,19 @@ pub(crate) fn invoke(
     });
     match pooled {
         Ok(Some(o)) => o,
-        _ => invoke_with(p, entry, args, limits, out, &mut Stacks::new(), use_jit).0,
+        _ => {
+            invoke_with(
+                p,
+                entry,
+                args,
+                limits,
+                out,
+                &mut Stacks::new(),
+                use_jit,
+                host,
+            )
+            .0
+        }
     }
 }
 
@@ -329,12 +342,15 @@ fn invoke_with(
     out: &mut Vec<Value>,
     st: &mut Stacks,
     use_jit: bool,
+    host: &mut Option<crate::native::HostState>,
 ) -> (Outcome, bool) {
     let mut fuel = limits.fuel;
     st.heap.reset(limits.memory_bytes, p.strs.len());
+    st.heap.host = host.take();
     let r = catch_unwind(AssertUnwindSafe(|| {
         run(p, entry, args, limits, &mut fuel, st, out, use_jit)
     }));
+    *host = st.heap.host.take();
     let mem_used = st.heap.used;
     let mut keep = false;
     let result = match r {
@@ -1810,6 +1826,7 @@ fn call_native(
             mem_used: &mut heap.used,
             mem_cap: heap.cap,
             fuel_left: &mut fuel,
+            host: &mut heap.host,
         };
         catch_unwind(AssertUnwindSafe(|| body(&mut ctx, &args)))
     };

@@ -71,7 +71,7 @@ pub mod testing;
 pub mod value;
 
 pub use error::{LoadError, NativeError, Trap, TrapKind};
-pub use native::{NativeCtx, NativeFnBody, NativeFunc, NativeModule};
+pub use native::{HostState, NativeCtx, NativeFnBody, NativeFunc, NativeModule};
 pub use value::Value;
 
 use loom_ir::{Loc, Program, Signature, Type};
@@ -400,7 +400,7 @@ impl Loaded {
         limits: &InvokeLimits,
     ) -> Invocation {
         let mut out = Vec::new();
-        let m = self.invoke_raw(entry, args, limits, &mut out);
+        let m = self.invoke_raw(entry, args, limits, &mut out, &mut None);
         Invocation {
             result: m.result.map(|()| out),
             fuel_used: m.fuel_used,
@@ -418,7 +418,22 @@ impl Loaded {
         limits: &InvokeLimits,
         results: &mut Vec<Value>,
     ) -> Result<Metered, Trap> {
-        let m = self.invoke_raw(entry, args, limits, results);
+        self.invoke_hosted(entry, args, limits, results, &mut None)
+    }
+
+    /// Like [`Loaded::invoke_into`], carrying host state to the natives the invocation calls: `host` is moved
+    /// into the invocation when it starts (natives reach it through [`NativeCtx::host`]) and back into `host`
+    /// when it ends, whatever the outcome. This is how a host gives a native call the context of the
+    /// invocation that made it, with no thread-local and no shared state.
+    pub fn invoke_hosted(
+        &self,
+        entry: EntryId,
+        args: &[Value],
+        limits: &InvokeLimits,
+        results: &mut Vec<Value>,
+        host: &mut Option<HostState>,
+    ) -> Result<Metered, Trap> {
+        let m = self.invoke_raw(entry, args, limits, results, host);
         m.result.map(|()| Metered {
             fuel_used: m.fuel_used,
             memory_used: m.memory_used,
@@ -431,6 +446,7 @@ impl Loaded {
         args: &[Value],
         limits: &InvokeLimits,
         results: &mut Vec<Value>,
+        host: &mut Option<HostState>,
     ) -> Raw {
         results.clear();
         let p = &*self.inner;
@@ -473,8 +489,8 @@ impl Loaded {
         let out = if jit_cross_check() && p.jit.is_some() && p.imports.is_empty() {
             // Test mode: run the interpreter alone first; the JIT-ed run must agree on everything.
             let mut r0 = Vec::new();
-            let o0 = interp::invoke(p, fi, args, limits, &mut r0, false);
-            let o1 = interp::invoke(p, fi, args, limits, results, true);
+            let o0 = interp::invoke(p, fi, args, limits, &mut r0, false, &mut None);
+            let o1 = interp::invoke(p, fi, args, limits, results, true, host);
             let show = |r: &Result<(), Trap>, v: &[Value]| format!("{r:?} {v:?}");
             assert_eq!(
                 (show(&o0.result, &r0), o0.fuel_left, o0.mem_used),
@@ -484,7 +500,7 @@ impl Loaded {
             assert_eq!(o0.result, o1.result);
             o1
         } else {
-            interp::invoke(p, fi, args, limits, results, true)
+            interp::invoke(p, fi, args, limits, results, true, host)
         };
         if out.result.is_err() {
             results.clear();

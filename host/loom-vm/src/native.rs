@@ -3,8 +3,13 @@
 use crate::error::NativeError;
 use crate::value::Value;
 use loom_ir::Signature;
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+
+/// Host state an invocation carries to the native functions it calls (see [`crate::Loaded::invoke_hosted`]):
+/// the host moves it in when the invocation starts and gets it back when it ends.
+pub type HostState = Box<dyn Any + Send>;
 
 /// The signature of a native function body.
 pub type NativeFnBody =
@@ -16,6 +21,7 @@ pub struct NativeCtx<'a> {
     pub(crate) mem_used: &'a mut u64,
     pub(crate) mem_cap: u64,
     pub(crate) fuel_left: &'a mut u64,
+    pub(crate) host: &'a mut Option<HostState>,
 }
 
 impl NativeCtx<'_> {
@@ -44,6 +50,10 @@ impl NativeCtx<'_> {
     /// Fuel left after this call's declared cost was charged.
     pub fn fuel_left(&self) -> u64 {
         *self.fuel_left
+    }
+    /// The host state of the invocation, if the host gave one of type `T` (see [`crate::Loaded::invoke_hosted`]).
+    pub fn host<T: Any>(&mut self) -> Option<&mut T> {
+        self.host.as_mut().and_then(|h| h.downcast_mut::<T>())
     }
     /// Charges extra fuel for data-dependent work (e.g. per input byte).
     pub fn charge_fuel(&mut self, fuel: u64) -> Result<(), NativeError> {

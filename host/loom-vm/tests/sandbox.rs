@@ -2,7 +2,9 @@
 mod common;
 use common::*;
 use loom_ir::{Callee, Opcode as O, Signature, Type as T};
-use loom_vm::{InvokeLimits, LoadError, NativeError, NativeModule, TrapKind, Value as V, testing};
+use loom_vm::{
+    HostState, InvokeLimits, LoadError, NativeError, NativeModule, TrapKind, Value as V, testing,
+};
 use std::sync::Arc;
 
 fn infinite() -> loom_vm::Loaded {
@@ -438,4 +440,72 @@ fn malformed_programs_are_load_errors_not_panics() {
     let mut pb = PB::new();
     pb.add(b.finish(), Some("main")); // empty body
     assert!(loom_vm::Vm::load(&pb.prog, &[], &[], &Default::default()).is_err());
+}
+
+/// Host state moves into an invocation, reaches its natives through their context (not a thread-local), and
+/// comes back to the host afterwards, also when the invocation traps.
+#[test]
+fn host_state_reaches_natives_and_returns() {
+    let sig = Signature {
+        params: vec![T::Str],
+        results: vec![T::Buffer],
+    };
+    let m = Arc::new(
+        NativeModule::new("input")
+            .func("count", sig.clone(), 5, |ctx, a| {
+                let calls = ctx
+                    .host::<Vec<String>>()
+                    .ok_or_else(|| NativeError::failed("no host state"))?;
+                calls.push(a[0].as_str().unwrap_or_default().to_string());
+                Ok(vec![V::buffer(vec![calls.len() as u8])])
+            })
+            .func("fail", sig, 5, |ctx, _| {
+                ctx.host::<Vec<String>>().unwrap().push("failed".into());
+                Err(NativeError::failed("no"))
+            }),
+    );
+    let load = |name: &str| {
+        import_prog(&[T::Str], &[T::Buffer], "input", &format!("input.{name}"))
+            .load_with(std::slice::from_ref(&m), &["input"])
+            .unwrap()
+    };
+    let l = load("count");
+    let entry = l.entry("main").unwrap();
+    let mut host: Option<HostState> = Some(Box::new(Vec::<String>::new()));
+    let mut out = Vec::new();
+    for word in ["a", "b"] {
+        l.invoke_hosted(
+            entry,
+            &[V::str(word)],
+            &InvokeLimits::default(),
+            &mut out,
+            &mut host,
+        )
+        .unwrap();
+    }
+    assert_eq!(out, vec![V::buffer(vec![2])]);
+    let calls = host
+        .as_mut()
+        .unwrap()
+        .downcast_mut::<Vec<String>>()
+        .unwrap();
+    assert_eq!(calls, &["a", "b"]);
+    // Without host state the native sees none (and says so).
+    let t = l
+        .invoke("main", &[V::str("c")], &InvokeLimits::default())
+        .unwrap_err();
+    assert!(t.message.contains("no host state"), "{t}");
+    // A trap still gives the state back.
+    let l = load("fail");
+    let entry = l.entry("main").unwrap();
+    l.invoke_hosted(
+        entry,
+        &[V::str("x")],
+        &InvokeLimits::default(),
+        &mut out,
+        &mut host,
+    )
+    .unwrap_err();
+    let calls = host.unwrap().downcast::<Vec<String>>().unwrap();
+    assert_eq!(*calls, vec!["a", "b", "failed"]);
 }
