@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::Arc;
 
-use loom_plugin_api::{FileId, FileInfo, FileOpenFlags, MAX_FILE_READS};
+use loom_plugin_api::{BufferId, FileId, FileInfo, FileOpenFlags, FileRead, MAX_FILE_READS};
 
 /// A device's open files by id: `file_open` / `file_close` and the lookups of `submit_reads`, with the same
 /// error texts on every device. Queued reads hold their file's `Arc`, so a file closed while reads are queued
@@ -51,6 +51,38 @@ impl FileTable {
             .cloned()
             .ok_or_else(|| format!("submit_reads: unknown file {}", file.0))
     }
+
+    /// The lookups of `submit_reads` (after its count and timeline points' checks), in read order: each read's
+    /// file, then its destination buffer (`buffer`: the device's lookup, a reference-counted handle `B`).
+    pub fn resolve<B>(
+        &self,
+        reads: &[FileRead],
+        buffer: impl Fn(BufferId) -> Result<B, String>,
+    ) -> Result<Vec<QueuedRead<B>>, String> {
+        reads
+            .iter()
+            .map(|r| {
+                Ok(QueuedRead {
+                    file: self.get(r.file)?,
+                    file_offset: r.file_offset,
+                    len: r.len,
+                    dst: buffer(r.dst)?,
+                    dst_offset: r.dst_offset,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One read of a `submit_reads`, resolved (and so kept alive: the file and the buffer `B`) when accepted; it
+/// is checked when it runs ([`OpenFile::check`]).
+#[derive(Debug)]
+pub struct QueuedRead<B> {
+    pub file: Arc<OpenFile>,
+    pub file_offset: u64,
+    pub len: u64,
+    pub dst: B,
+    pub dst_offset: u64,
 }
 
 /// The size limit of one `submit_reads` ([`MAX_FILE_READS`]).

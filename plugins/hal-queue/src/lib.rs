@@ -10,9 +10,14 @@
 //!   point is signalled, so a buffer freed while queued lives exactly until its last accepted use retires;
 //! * a panic of the job runner is caught and fails the signal point;
 //! * a device may run a second queue on the same timelines ([`Queue::sibling`], e.g. for file reads);
+//! * [`timelines`]: the timeline table itself, which `hal-cpu` (with queue threads of its own) uses too;
+//! * [`commands`]: the checks of `HalDevice::submit` and of the commands it queues (the ids of buffers and
+//!   executables, byte ranges, copies, the execution contract's buffer checks, aliasing), the same on every
+//!   plugin;
+//! * [`status`]: the decoding of `loom-emit`'s status words into the kernel contract's error text (the GPU
+//!   plugins);
 //! * [`files`]: the checks and error texts of queued file reads (`HalFiles`), the same on every plugin.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
@@ -21,7 +26,12 @@ use std::time::{Duration, Instant};
 
 use loom_plugin_api::{TimelineId, TimelinePoint, WaitStatus, panic_message};
 
+pub mod commands;
 pub mod files;
+pub mod status;
+pub mod timelines;
+
+pub use timelines::{Timelines, wait_point};
 
 /// Locks `m`, ignoring poisoning (a panic on another thread is already reported as an error).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -29,14 +39,8 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[derive(Debug, Default)]
-struct Timeline {
-    value: u64,
-    failure: Option<String>,
-}
-
-#[derive(Debug, Default)]
 struct State {
-    timelines: HashMap<u64, Timeline>,
+    timelines: Timelines,
     next_id: u64,
     closed: bool,
 }
@@ -50,51 +54,19 @@ struct Shared {
 
 impl Shared {
     fn retire(&self, point: TimelinePoint, result: Result<(), String>) {
-        let mut st = lock(&self.state);
-        if let Some(t) = st.timelines.get_mut(&point.timeline.0) {
-            match result {
-                Ok(()) => t.value = t.value.max(point.value),
-                Err(e) => {
-                    if t.failure.is_none() {
-                        t.failure = Some(e);
-                    }
-                }
-            }
-        }
-        drop(st);
+        lock(&self.state).timelines.retire(point, result);
         self.changed.notify_all();
     }
 
     fn wait(&self, point: TimelinePoint, deadline: Option<Instant>) -> Result<WaitStatus, String> {
-        let mut st = lock(&self.state);
-        loop {
-            let t = st
-                .timelines
-                .get(&point.timeline.0)
-                .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
-            if t.value >= point.value {
-                return Ok(WaitStatus::Reached);
-            }
-            if let Some(f) = &t.failure {
-                return Err(f.clone());
-            }
-            if st.closed {
-                return Err("the device was closed".into());
-            }
-            st = match deadline {
-                None => self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(WaitStatus::TimedOut);
-                    }
-                    self.changed
-                        .wait_timeout(st, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-            };
-        }
+        let st = lock(&self.state);
+        wait_point(
+            &self.changed,
+            st,
+            |s| (&s.timelines, s.closed),
+            point,
+            deadline,
+        )
     }
 }
 
@@ -172,13 +144,7 @@ impl<J: Send + 'static> Queue<J> {
         &self,
         points: impl IntoIterator<Item = &'a TimelinePoint>,
     ) -> Result<(), String> {
-        let st = lock(&self.shared.state);
-        for p in points {
-            if !st.timelines.contains_key(&p.timeline.0) {
-                return Err(format!("unknown timeline {}", p.timeline.0));
-            }
-        }
-        Ok(())
+        lock(&self.shared.state).timelines.check(points)
     }
 
     /// Queues `job`: it runs after every `wait` point is reached, then `signal` is advanced or failed.
@@ -199,46 +165,35 @@ impl<J: Send + 'static> Queue<J> {
             .map_err(|_| "submit: the queue thread has stopped".to_string())
     }
 
+    /// A submission's acceptance: checks its timeline points, then `resolve`s the job (the device's checks of
+    /// the submission's ids, with the device state locked as long as it needs), then queues it.
+    pub fn submit_checked(
+        &self,
+        wait: &[TimelinePoint],
+        signal: TimelinePoint,
+        resolve: impl FnOnce() -> Result<J, String>,
+    ) -> Result<(), String> {
+        self.check_points(wait.iter().chain([&signal]))?;
+        let job = resolve()?;
+        self.submit(job, wait.to_vec(), signal)
+    }
+
     /// Creates a timeline at value 0.
     pub fn timeline_create(&self) -> TimelineId {
         let mut st = lock(&self.shared.state);
         st.next_id += 1;
         let id = st.next_id;
-        st.timelines.insert(id, Timeline::default());
-        TimelineId(id)
+        st.timelines.create(id)
     }
 
     /// The timeline's value, or its failure.
     pub fn timeline_value(&self, timeline: TimelineId) -> Result<u64, String> {
-        let st = lock(&self.shared.state);
-        let t = st
-            .timelines
-            .get(&timeline.0)
-            .ok_or_else(|| format!("unknown timeline {}", timeline.0))?;
-        match &t.failure {
-            Some(f) => Err(f.clone()),
-            None => Ok(t.value),
-        }
+        lock(&self.shared.state).timelines.value(timeline)
     }
 
     /// Signals a point from the host (the value must increase).
     pub fn timeline_signal(&self, point: TimelinePoint) -> Result<(), String> {
-        let mut st = lock(&self.shared.state);
-        let t = st
-            .timelines
-            .get_mut(&point.timeline.0)
-            .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
-        if let Some(f) = &t.failure {
-            return Err(f.clone());
-        }
-        if point.value <= t.value {
-            return Err(format!(
-                "timeline_signal: value {} is not above the current {}",
-                point.value, t.value
-            ));
-        }
-        t.value = point.value;
-        drop(st);
+        lock(&self.shared.state).timelines.signal(point)?;
         self.shared.changed.notify_all();
         Ok(())
     }
