@@ -33,7 +33,6 @@
 //!
 //! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
 
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
@@ -44,16 +43,18 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::ROption;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
-use hal_queue::files::{self, OpenFile};
+use hal_queue::commands::{self, Executable, Objects, byte_range, copy_ranges, slot};
+use hal_queue::files::{self, QueuedRead};
+use hal_queue::{Timelines, lock, wait_point};
 use loom_cpu::CpuStage;
 use loom_ir::kernel::ExecError;
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, BufferId, Command, DeviceInfo, DeviceLimits, ExecutableId, FileId,
-    FileInfo, FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox,
-    HalDeviceWithFiles, HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin,
-    LoomPlugin_Ref, PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard,
-    guard_probe, panic_message,
+    ABI_MAJOR, ABI_MINOR, BufferId, DeviceInfo, DeviceLimits, ExecutableId, FileId, FileInfo,
+    FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox, HalDeviceWithFiles,
+    HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin, LoomPlugin_Ref,
+    PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
+    panic_message,
 };
 
 /// This plugin's id.
@@ -150,12 +151,9 @@ impl HalDriver for CpuDriver {
 
 // ---- device state ----------------------------------------------------------------------------------------------
 
+// `lock` (hal_queue's) ignores poisoning: a panic on another thread is already reported as an error; the
+// data is still usable bytes.
 type Buf = Arc<Mutex<Vec<u8>>>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // why: a panic on another thread is already reported as an error; the data is still usable bytes
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 #[derive(Debug)]
 struct Exe {
@@ -164,19 +162,21 @@ struct Exe {
     n_workspace: usize,
 }
 
-#[derive(Debug, Default)]
-struct Timeline {
-    value: u64,
-    failure: Option<String>,
+impl Executable for Exe {
+    fn stage_name(&self) -> &str {
+        &self.name
+    }
+    fn workspace_len(&self) -> usize {
+        self.n_workspace
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    buffers: HashMap<u64, Buf>,
+    /// Buffers and executables; timelines take their ids from the same counter.
+    objects: Objects<Buf, Exe>,
     files: files::FileTable,
-    exes: HashMap<u64, Arc<Exe>>,
-    timelines: HashMap<u64, Timeline>,
-    next_id: u64,
+    timelines: Timelines,
     closed: bool,
     /// Per lane ([`COMPUTE`], [`TRANSFER`]): accepted jobs not yet retired (queued, running on the lane's
     /// thread, or running inline).
@@ -190,24 +190,6 @@ const COMPUTE: usize = 0;
 /// `parameters.gather` does: the consumer is queued before the worker has even read the descriptors).
 const TRANSFER: usize = 1;
 const LANES: usize = 2;
-
-impl State {
-    fn id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-    fn buffer(&self, id: BufferId) -> Result<Buf, String> {
-        self.buffers
-            .get(&id.0)
-            .cloned()
-            .ok_or_else(|| format!("unknown buffer {}", id.0))
-    }
-    fn timeline(&self, id: TimelineId) -> Result<&Timeline, String> {
-        self.timelines
-            .get(&id.0)
-            .ok_or_else(|| format!("unknown timeline {}", id.0))
-    }
-}
 
 #[derive(Debug)]
 struct Inner {
@@ -224,85 +206,35 @@ impl Inner {
     fn retire(&self, lane: usize, point: TimelinePoint, result: Result<(), String>) {
         let mut st = lock(&self.state);
         st.in_flight[lane] = st.in_flight[lane].saturating_sub(1);
-        if let Some(t) = st.timelines.get_mut(&point.timeline.0) {
-            match result {
-                Ok(()) => t.value = t.value.max(point.value),
-                Err(e) => {
-                    if t.failure.is_none() {
-                        t.failure = Some(e);
-                    }
-                }
-            }
-        }
+        st.timelines.retire(point, result);
         drop(st);
         self.changed.notify_all();
     }
 
     /// Blocks until `point` is reached, failed, the device closes, or `deadline` passes.
     fn wait(&self, point: TimelinePoint, deadline: Option<Instant>) -> Result<WaitStatus, String> {
-        let mut st = lock(&self.state);
-        loop {
-            let t = st.timeline(point.timeline)?;
-            if t.value >= point.value {
-                return Ok(WaitStatus::Reached);
-            }
-            if let Some(f) = &t.failure {
-                return Err(f.clone());
-            }
-            if st.closed {
-                return Err("the device was closed".into());
-            }
-            st = match deadline {
-                None => self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(WaitStatus::TimedOut);
-                    }
-                    self.changed
-                        .wait_timeout(st, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-            };
-        }
+        let st = lock(&self.state);
+        wait_point(
+            &self.changed,
+            st,
+            |s| (&s.timelines, s.closed),
+            point,
+            deadline,
+        )
     }
 }
 
-/// A command with its buffers and executable resolved (and so kept alive) when the submission is accepted.
+/// A job's work, resolved (and so kept alive) when accepted: the commands of a `submit` (on [`COMPUTE`]) or the
+/// reads of a `submit_reads` (on [`TRANSFER`]).
 #[derive(Debug)]
-enum Cmd {
-    Dispatch {
-        exe: Arc<Exe>,
-        inputs: Vec<Buf>,
-        params: Vec<Buf>,
-        outputs: Vec<Buf>,
-    },
-    Copy {
-        src: Buf,
-        src_offset: u64,
-        dst: Buf,
-        dst_offset: u64,
-        len: u64,
-    },
-    Fill {
-        dst: Buf,
-        offset: u64,
-        len: u64,
-        byte: u8,
-    },
-    FileRead {
-        file: Arc<OpenFile>,
-        file_offset: u64,
-        len: u64,
-        dst: Buf,
-        dst_offset: u64,
-    },
+enum Work {
+    Commands(Vec<commands::Cmd<Buf, Exe>>),
+    Reads(Vec<QueuedRead<Buf>>),
 }
 
 #[derive(Debug)]
 struct Job {
-    commands: Vec<Cmd>,
+    work: Work,
     wait: Vec<TimelinePoint>,
     signal: TimelinePoint,
     lane: usize,
@@ -369,7 +301,7 @@ impl Core {
         &self,
         mut st: MutexGuard<'_, State>,
         lane: usize,
-        commands: Vec<Cmd>,
+        work: Work,
         wait: &[TimelinePoint],
         signal: TimelinePoint,
     ) -> Result<(), String> {
@@ -381,16 +313,11 @@ impl Core {
         // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions queue behind it
         // (`in_flight`) and the queue thread takes `exec` only after this job releases it, so jobs still run
         // one at a time in acceptance order; the caller sees the same points and failures either way.
-        let ready = st.in_flight[lane] == 0
-            && wait.iter().all(|p| {
-                st.timelines
-                    .get(&p.timeline.0)
-                    .is_some_and(|t| t.value >= p.value || t.failure.is_some())
-            });
+        let ready = st.in_flight[lane] == 0 && wait.iter().all(|&p| st.timelines.settled(p));
         st.in_flight[lane] += 1;
         drop(st);
         let job = Job {
-            commands,
+            work,
             wait: wait.to_vec(),
             signal,
             lane,
@@ -447,25 +374,17 @@ fn run_job(inner: &Inner, job: Job) -> Result<(), String> {
     for &w in &job.wait {
         inner.wait(w, None)?;
     }
-    for c in &job.commands {
-        run_command(c)?;
+    match &job.work {
+        Work::Commands(cmds) => cmds.iter().try_for_each(run_command)?,
+        Work::Reads(reads) => reads.iter().try_for_each(file_read)?,
     }
     // `job` (and with it the last references to freed buffers) drops here, before the point is signalled.
     drop(job);
     Ok(())
 }
 
-fn range(what: &str, len: usize, offset: u64, n: u64) -> Result<std::ops::Range<usize>, String> {
-    let end = offset.checked_add(n);
-    match end {
-        Some(end) if end <= len as u64 => Ok(offset as usize..end as usize),
-        _ => Err(format!(
-            "{what}: bytes {offset}..{offset}+{n} are outside the buffer ({len} bytes)"
-        )),
-    }
-}
-
-fn run_command(c: &Cmd) -> Result<(), String> {
+fn run_command(c: &commands::Cmd<Buf, Exe>) -> Result<(), String> {
+    use commands::Cmd;
     match c {
         Cmd::Fill {
             dst,
@@ -474,7 +393,7 @@ fn run_command(c: &Cmd) -> Result<(), String> {
             byte,
         } => {
             let mut d = lock(dst);
-            let r = range("fill", d.len(), *offset, *len)?;
+            let r = byte_range("fill", d.len() as u64, *offset, *len)?;
             d[r].fill(*byte);
         }
         Cmd::Copy {
@@ -486,42 +405,28 @@ fn run_command(c: &Cmd) -> Result<(), String> {
         } => {
             if Arc::ptr_eq(src, dst) {
                 let mut b = lock(src);
-                let s = range("copy source", b.len(), *src_offset, *len)?;
-                let d = range("copy destination", b.len(), *dst_offset, *len)?;
-                if s.start < d.end && d.start < s.end {
-                    return Err("copy: source and destination overlap".into());
-                }
+                let n = b.len() as u64;
+                let (s, d) = copy_ranges((n, *src_offset), (n, *dst_offset), *len, true)?;
                 b.copy_within(s, d.start);
             } else {
                 let s = lock(src);
                 let mut d = lock(dst);
-                let sr = range("copy source", s.len(), *src_offset, *len)?;
-                let dr = range("copy destination", d.len(), *dst_offset, *len)?;
+                let (sr, dr) = copy_ranges(
+                    (s.len() as u64, *src_offset),
+                    (d.len() as u64, *dst_offset),
+                    *len,
+                    false,
+                )?;
                 d[dr].copy_from_slice(&s[sr]);
             }
         }
-        Cmd::FileRead {
-            file,
-            file_offset,
-            len,
-            dst,
-            dst_offset,
-        } => file_read(file, *file_offset, *len, dst, *dst_offset)?,
         Cmd::Dispatch {
             exe,
             inputs,
             params,
             outputs,
         } => {
-            for (i, o) in outputs.iter().enumerate() {
-                let aliased = inputs.iter().chain(params).chain(&outputs[..i]);
-                if aliased.clone().any(|b| Arc::ptr_eq(b, o)) {
-                    return Err(format!(
-                        "dispatch of `{}`: output {i} is also bound to another argument",
-                        exe.name
-                    ));
-                }
-            }
+            commands::check_aliasing(&exe.name, inputs, params, outputs)?;
             // Read-only arguments: lock each distinct buffer once (the same buffer may be bound twice).
             let mut distinct: Vec<&Buf> = Vec::new();
             let in_slots: Vec<usize> = inputs.iter().map(|b| slot(b, &mut distinct)).collect();
@@ -547,43 +452,16 @@ fn run_command(c: &Cmd) -> Result<(), String> {
 
 /// One queued file read (see the crate doc; checks and error texts are `hal_queue::files`, shared with
 /// `hal-vulkan`): errors name the file offset and length.
-fn file_read(
-    file: &OpenFile,
-    file_offset: u64,
-    len: u64,
-    dst: &Buf,
-    dst_offset: u64,
-) -> Result<(), String> {
-    let mut d = lock(dst);
-    let r = file.check(file_offset, len, d.len() as u64, dst_offset)?;
-    file.read_piece(
-        (file_offset, len),
-        file_offset,
-        &mut d[r.start as usize..r.end as usize],
+fn file_read(r: &QueuedRead<Buf>) -> Result<(), String> {
+    let mut d = lock(&r.dst);
+    let range = r
+        .file
+        .check(r.file_offset, r.len, d.len() as u64, r.dst_offset)?;
+    r.file.read_piece(
+        (r.file_offset, r.len),
+        r.file_offset,
+        &mut d[range.start as usize..range.end as usize],
     )
-}
-
-/// The position of `b` in `distinct`, appending it when new.
-fn slot<'a>(b: &'a Buf, distinct: &mut Vec<&'a Buf>) -> usize {
-    match distinct.iter().position(|d| Arc::ptr_eq(d, b)) {
-        Some(i) => i,
-        None => {
-            distinct.push(b);
-            distinct.len() - 1
-        }
-    }
-}
-
-fn check_workspace(exe: &Exe, given: usize) -> Result<(), String> {
-    if given != exe.n_workspace {
-        return Err(ExecError::BufferCount {
-            what: format!("stage `{}` workspace", exe.name),
-            expected: exe.n_workspace,
-            actual: given,
-        }
-        .to_string());
-    }
-    Ok(())
 }
 
 impl HalDevice for CpuDevice {
@@ -607,25 +485,19 @@ impl HalDevice for CpuDevice {
             v.try_reserve_exact(n)
                 .map_err(|_| format!("alloc: out of memory for {bytes} bytes"))?;
             v.resize(n, 0u8);
-            let mut st = self.state();
-            let id = st.id();
-            st.buffers.insert(id, Arc::new(Mutex::new(v)));
-            Ok::<_, String>(BufferId(id))
+            Ok::<_, String>(self.state().objects.add_buffer(Arc::new(Mutex::new(v))))
         })
     }
 
     fn free(&self, buffer: BufferId) -> RResult<(), RBoxError> {
-        guard("free", || match self.state().buffers.remove(&buffer.0) {
-            Some(_) => Ok(()),
-            None => Err(format!("free: unknown buffer {}", buffer.0)),
-        })
+        guard("free", || self.state().objects.free(buffer))
     }
 
     fn write(&self, buffer: BufferId, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RBoxError> {
         guard("write", || {
-            let b = self.state().buffer(buffer)?;
+            let b = self.state().objects.buffer(buffer)?;
             let mut b = lock(&b);
-            let r = range("write", b.len(), offset, data.len() as u64)?;
+            let r = byte_range("write", b.len() as u64, offset, data.len() as u64)?;
             b[r].copy_from_slice(data.as_slice());
             Ok::<_, String>(())
         })
@@ -633,9 +505,9 @@ impl HalDevice for CpuDevice {
 
     fn read(&self, buffer: BufferId, offset: u64, len: u64) -> RResult<RVec<u8>, RBoxError> {
         guard("read", || {
-            let b = self.state().buffer(buffer)?;
+            let b = self.state().objects.buffer(buffer)?;
             let b = lock(&b);
-            let r = range("read", b.len(), offset, len)?;
+            let r = byte_range("read", b.len() as u64, offset, len)?;
             Ok::<_, String>(RVec::from(&b[r]))
         })
     }
@@ -649,117 +521,44 @@ impl HalDevice for CpuDevice {
                 name: stage.name.clone(),
                 n_workspace: stage.workspace.len(),
             };
-            let mut st = self.state();
-            let id = st.id();
-            st.exes.insert(id, Arc::new(exe));
-            Ok::<_, String>(ExecutableId(id))
+            Ok::<_, String>(self.state().objects.add_executable(exe))
         })
     }
 
     fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
         guard("submit", || {
             let st = self.state();
-            for p in submission.wait.iter().chain([&submission.signal]) {
-                st.timeline(p.timeline)?;
-            }
-            let bufs = |ids: &RVec<BufferId>| -> Result<Vec<Buf>, String> {
-                ids.iter().map(|&id| st.buffer(id)).collect()
-            };
-            let mut commands = Vec::with_capacity(submission.commands.len());
-            for c in submission.commands.iter() {
-                commands.push(match c {
-                    Command::Dispatch {
-                        exe,
-                        inputs,
-                        params,
-                        outputs,
-                        workspace,
-                    } => {
-                        let exe = st
-                            .exes
-                            .get(&exe.0)
-                            .cloned()
-                            .ok_or_else(|| format!("unknown executable {}", exe.0))?;
-                        check_workspace(&exe, workspace.len())?;
-                        // The CPU uses its own (poisoned) scratch: workspace buffers are only checked to exist.
-                        bufs(workspace)?;
-                        Cmd::Dispatch {
-                            exe,
-                            inputs: bufs(inputs)?,
-                            params: bufs(params)?,
-                            outputs: bufs(outputs)?,
-                        }
-                    }
-                    Command::Copy {
-                        src,
-                        src_offset,
-                        dst,
-                        dst_offset,
-                        len,
-                    } => Cmd::Copy {
-                        src: st.buffer(*src)?,
-                        src_offset: *src_offset,
-                        dst: st.buffer(*dst)?,
-                        dst_offset: *dst_offset,
-                        len: *len,
-                    },
-                    Command::Fill {
-                        dst,
-                        offset,
-                        len,
-                        byte,
-                    } => Cmd::Fill {
-                        dst: st.buffer(*dst)?,
-                        offset: *offset,
-                        len: *len,
-                        byte: *byte,
-                    },
-                });
-            }
-            self.accept(st, COMPUTE, commands, &submission.wait, submission.signal)
+            st.timelines
+                .check(submission.wait.iter().chain([&submission.signal]))?;
+            // The CPU uses its own (poisoned) scratch: workspace buffers are only checked to exist.
+            let commands = st.objects.resolve(&submission.commands)?;
+            self.accept(
+                st,
+                COMPUTE,
+                Work::Commands(commands),
+                &submission.wait,
+                submission.signal,
+            )
         })
     }
 
     fn timeline_create(&self) -> RResult<TimelineId, RBoxError> {
         guard("timeline_create", || {
             let mut st = self.state();
-            let id = st.id();
-            st.timelines.insert(id, Timeline::default());
-            Ok::<_, String>(TimelineId(id))
+            let id = st.objects.next_id();
+            Ok::<_, String>(st.timelines.create(id))
         })
     }
 
     fn timeline_value(&self, timeline: TimelineId) -> RResult<u64, RBoxError> {
-        guard("timeline_value", || {
-            let st = self.state();
-            let t = st.timeline(timeline)?;
-            match &t.failure {
-                Some(f) => Err(f.clone()),
-                None => Ok(t.value),
-            }
-        })
+        guard("timeline_value", || self.state().timelines.value(timeline))
     }
 
     fn timeline_signal(&self, point: TimelinePoint) -> RResult<(), RBoxError> {
         guard("timeline_signal", || {
-            let mut st = self.state();
-            let t = st
-                .timelines
-                .get_mut(&point.timeline.0)
-                .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
-            if let Some(f) = &t.failure {
-                return Err(f.clone());
-            }
-            if point.value <= t.value {
-                return Err(format!(
-                    "timeline_signal: value {} is not above the current {}",
-                    point.value, t.value
-                ));
-            }
-            t.value = point.value;
-            drop(st);
+            self.state().timelines.signal(point)?;
             self.inner.changed.notify_all();
-            Ok(())
+            Ok::<_, String>(())
         })
     }
 
@@ -795,21 +594,18 @@ impl HalFiles for CpuDevice {
         guard("submit_reads", || {
             files::check_read_count(submission.reads.len())?;
             let st = self.state();
-            for p in submission.wait.iter().chain([&submission.signal]) {
-                st.timeline(p.timeline)?;
-            }
-            let mut commands = Vec::with_capacity(submission.reads.len());
-            for r in submission.reads.iter() {
-                let file = st.files.get(r.file)?;
-                commands.push(Cmd::FileRead {
-                    file,
-                    file_offset: r.file_offset,
-                    len: r.len,
-                    dst: st.buffer(r.dst)?,
-                    dst_offset: r.dst_offset,
-                });
-            }
-            self.accept(st, TRANSFER, commands, &submission.wait, submission.signal)
+            st.timelines
+                .check(submission.wait.iter().chain([&submission.signal]))?;
+            let reads = st
+                .files
+                .resolve(&submission.reads, |id| st.objects.buffer(id))?;
+            self.accept(
+                st,
+                TRANSFER,
+                Work::Reads(reads),
+                &submission.wait,
+                submission.signal,
+            )
         })
     }
 }
