@@ -19,8 +19,9 @@ pub(crate) enum Slot {
     R(R),
 }
 
+/// The float unary functions of `Instr::FUn`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FUn {
+pub(crate) enum FloatUnary {
     Neg,
     Abs,
     Sqrt,
@@ -30,16 +31,18 @@ pub(crate) enum FUn {
     Log,
 }
 
+/// The rarer float binary operations of `Instr::FBin` (add/sub/mul have their own instructions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FBin {
+pub(crate) enum FloatBinary {
     Div,
     Rem,
     Min,
     Max,
 }
 
+/// The float comparisons of `Instr::FCmp`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FCmp {
+pub(crate) enum FloatCmp {
     Eq,
     Ne,
     Lt,
@@ -50,7 +53,7 @@ pub(crate) enum FCmp {
 
 /// Scalar kinds for conversions and record fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SK {
+pub(crate) enum ScalarKind {
     I1,
     I32,
     I64,
@@ -58,14 +61,14 @@ pub(crate) enum SK {
     F64,
 }
 
-impl SK {
-    pub(crate) fn of(t: &Type) -> Option<SK> {
+impl ScalarKind {
+    pub(crate) fn of(t: &Type) -> Option<ScalarKind> {
         Some(match t {
-            Type::I1 => SK::I1,
-            Type::I32 => SK::I32,
-            Type::I64 => SK::I64,
-            Type::F32 => SK::F32,
-            Type::F64 => SK::F64,
+            Type::I1 => ScalarKind::I1,
+            Type::I32 => ScalarKind::I32,
+            Type::I64 => ScalarKind::I64,
+            Type::F32 => ScalarKind::F32,
+            Type::F64 => ScalarKind::F64,
             _ => return None,
         })
     }
@@ -75,8 +78,8 @@ impl SK {
 pub(crate) enum Conv {
     /// `conv.T` from `from` to `to`.
     To {
-        from: SK,
-        to: SK,
+        from: ScalarKind,
+        to: ScalarKind,
     },
     TruncI32,
 }
@@ -818,20 +821,20 @@ pub(crate) enum Instr {
         d: R,
         a: R,
         b: R,
-        op: FBin,
+        op: FloatBinary,
         wide: bool,
     },
     FUn {
         d: R,
         a: R,
-        op: FUn,
+        op: FloatUnary,
         wide: bool,
     },
     FCmp {
         d: R,
         a: R,
         b: R,
-        op: FCmp,
+        op: FloatCmp,
         wide: bool,
     },
     Conv {
@@ -982,7 +985,7 @@ pub(crate) enum Instr {
         idx: R,
         size: u16,
         off: u16,
-        kind: SK,
+        kind: ScalarKind,
     },
     StField {
         b: R,
@@ -990,7 +993,7 @@ pub(crate) enum Instr {
         v: R,
         size: u16,
         off: u16,
-        kind: SK,
+        kind: ScalarKind,
     },
     BufSlice {
         d: R,

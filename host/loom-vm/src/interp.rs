@@ -187,39 +187,42 @@ fn conv(op: Conv, bits: u64) -> Result<u64, Fault> {
         Conv::TruncI32 => bits as u32 as u64,
         Conv::To { from, to } => {
             // Widen the source exactly, then narrow with checks.
-            enum W {
-                I(i64),
-                F(f64),
+            /// The source value widened exactly: to i64 or to f64.
+            enum Widened {
+                Int(i64),
+                Float(f64),
             }
             let w = match from {
-                SK::I1 => W::I((bits & 1) as i64),
-                SK::I32 => W::I(bits as i32 as i64),
-                SK::I64 => W::I(bits as i64),
-                SK::F32 => W::F(f32::from_bits(bits as u32) as f64),
-                SK::F64 => W::F(f64::from_bits(bits)),
+                ScalarKind::I1 => Widened::Int((bits & 1) as i64),
+                ScalarKind::I32 => Widened::Int(bits as i32 as i64),
+                ScalarKind::I64 => Widened::Int(bits as i64),
+                ScalarKind::F32 => Widened::Float(f32::from_bits(bits as u32) as f64),
+                ScalarKind::F64 => Widened::Float(f64::from_bits(bits)),
             };
             match (to, w) {
-                (SK::I32, W::I(v)) => i32::try_from(v)
+                (ScalarKind::I32, Widened::Int(v)) => i32::try_from(v)
                     .map_err(|_| bad(format!("conv.i32: {v} does not fit in i32")))?
                     as u32 as u64,
-                (SK::I32, W::F(v)) => f2i(v, -2147483648.0, 2147483648.0)
+                (ScalarKind::I32, Widened::Float(v)) => f2i(v, -2147483648.0, 2147483648.0)
                     .ok_or_else(|| bad(format!("conv.i32: {v} does not fit in i32")))?
                     as i32 as u32 as u64,
-                (SK::I64, W::I(v)) => v as u64,
-                (SK::I64, W::F(v)) => f2i(v, -9223372036854775808.0, 9223372036854775808.0)
-                    .ok_or_else(|| bad(format!("conv.i64: {v} does not fit in i64")))?
-                    as u64,
-                (SK::F32, W::I(v)) => (v as f32).to_bits() as u64,
-                (SK::F32, W::F(v)) => {
+                (ScalarKind::I64, Widened::Int(v)) => v as u64,
+                (ScalarKind::I64, Widened::Float(v)) => {
+                    f2i(v, -9223372036854775808.0, 9223372036854775808.0)
+                        .ok_or_else(|| bad(format!("conv.i64: {v} does not fit in i64")))?
+                        as u64
+                }
+                (ScalarKind::F32, Widened::Int(v)) => (v as f32).to_bits() as u64,
+                (ScalarKind::F32, Widened::Float(v)) => {
                     let r = v as f32;
                     if v.is_finite() && r.is_infinite() {
                         return Err(bad(format!("conv.f32: {v} does not fit in f32")));
                     }
                     r.to_bits() as u64
                 }
-                (SK::F64, W::I(v)) => (v as f64).to_bits(),
-                (SK::F64, W::F(v)) => v.to_bits(),
-                (SK::I1, _) => return Err(internal("conversion to i1")),
+                (ScalarKind::F64, Widened::Int(v)) => (v as f64).to_bits(),
+                (ScalarKind::F64, Widened::Float(v)) => v.to_bits(),
+                (ScalarKind::I1, _) => return Err(internal("conversion to i1")),
             }
         }
     })

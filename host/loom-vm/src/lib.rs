@@ -49,7 +49,7 @@
 //!
 //! **Tiers.** With [`LoadLimits::jit`] (default on when Cranelift supports the host CPU, off under
 //! `LOOM_VM_JIT=0`), loading also compiles functions that contain a loop to machine code with Cranelift,
-//! translating the register bytecode instruction by instruction (see `src/jit.rs`). Instructions the JIT does not
+//! translating the register bytecode instruction by instruction (see `src/jit/`). Instructions the JIT does not
 //! translate (calls, natives, strings, lists, opaque tuples, rare float ops) are executed by the interpreter, which
 //! then re-enters the JIT code at the next pc. JIT code charges fuel at the same instructions and amounts, and
 //! hands over to the interpreter *before* any instruction that would trap, which then traps exactly as it always

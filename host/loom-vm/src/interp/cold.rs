@@ -271,10 +271,10 @@ fn float_ops(ins: Instr, s: &mut [u64]) -> Result<(), Fault> {
                 (f32_!(a) as f64, f32_!(b) as f64)
             };
             let v = match op {
-                FBin::Div => x / y,
-                FBin::Rem => x % y,
-                FBin::Min => fmin(x, y),
-                FBin::Max => fmax(x, y),
+                FloatBinary::Div => x / y,
+                FloatBinary::Rem => x % y,
+                FloatBinary::Min => fmin(x, y),
+                FloatBinary::Max => fmax(x, y),
             };
             s[d as usize] = if wide {
                 v.to_bits()
@@ -285,13 +285,13 @@ fn float_ops(ins: Instr, s: &mut [u64]) -> Result<(), Fault> {
         I::FUn { d, a, op, wide } => {
             let x = if wide { f64_!(a) } else { f32_!(a) as f64 };
             let v = match op {
-                FUn::Neg => -x,
-                FUn::Abs => x.abs(),
-                FUn::Sqrt => x.sqrt(),
-                FUn::Floor => x.floor(),
-                FUn::Ceil => x.ceil(),
-                FUn::Exp => x.exp(),
-                FUn::Log => x.ln(),
+                FloatUnary::Neg => -x,
+                FloatUnary::Abs => x.abs(),
+                FloatUnary::Sqrt => x.sqrt(),
+                FloatUnary::Floor => x.floor(),
+                FloatUnary::Ceil => x.ceil(),
+                FloatUnary::Exp => x.exp(),
+                FloatUnary::Log => x.ln(),
             };
             s[d as usize] = if wide {
                 v.to_bits()
@@ -306,12 +306,12 @@ fn float_ops(ins: Instr, s: &mut [u64]) -> Result<(), Fault> {
                 (f32_!(a) as f64, f32_!(b) as f64)
             };
             let v = match op {
-                FCmp::Eq => x == y,
-                FCmp::Ne => x != y,
-                FCmp::Lt => x < y,
-                FCmp::Le => x <= y,
-                FCmp::Gt => x > y,
-                FCmp::Ge => x >= y,
+                FloatCmp::Eq => x == y,
+                FloatCmp::Ne => x != y,
+                FloatCmp::Lt => x < y,
+                FloatCmp::Le => x <= y,
+                FloatCmp::Gt => x > y,
+                FloatCmp::Ge => x >= y,
             };
             s[d as usize] = v as u64;
         }
@@ -364,18 +364,20 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
             };
             let bytes = tri!(heap.buf(r[b as usize]));
             let v = match kind {
-                SK::I1 => get::<1>(bytes, o).map(|a| (a[0] != 0) as u64),
-                SK::I32 | SK::F32 => get::<4>(bytes, o).map(|a| u32::from_le_bytes(a) as u64),
-                SK::I64 | SK::F64 => get::<8>(bytes, o).map(u64::from_le_bytes),
+                ScalarKind::I1 => get::<1>(bytes, o).map(|a| (a[0] != 0) as u64),
+                ScalarKind::I32 | ScalarKind::F32 => {
+                    get::<4>(bytes, o).map(|a| u32::from_le_bytes(a) as u64)
+                }
+                ScalarKind::I64 | ScalarKind::F64 => get::<8>(bytes, o).map(u64::from_le_bytes),
             };
             match v {
                 Some(v) => s[d as usize] = v,
                 None => fault!(oob(
                     "buffer.load.field",
                     o,
-                    if kind == SK::I1 {
+                    if kind == ScalarKind::I1 {
                         1
-                    } else if matches!(kind, SK::I32 | SK::F32) {
+                    } else if matches!(kind, ScalarKind::I32 | ScalarKind::F32) {
                         4
                     } else {
                         8
@@ -402,9 +404,11 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
             let val = s!(v);
             let bytes = tri!(heap.buf_mut(r[b as usize]));
             let (ok, n) = match kind {
-                SK::I1 => (put::<1>(bytes, o, [val as u8]), 1),
-                SK::I32 | SK::F32 => (put::<4>(bytes, o, (val as u32).to_le_bytes()), 4),
-                SK::I64 | SK::F64 => (put::<8>(bytes, o, val.to_le_bytes()), 8),
+                ScalarKind::I1 => (put::<1>(bytes, o, [val as u8]), 1),
+                ScalarKind::I32 | ScalarKind::F32 => {
+                    (put::<4>(bytes, o, (val as u32).to_le_bytes()), 4)
+                }
+                ScalarKind::I64 | ScalarKind::F64 => (put::<8>(bytes, o, val.to_le_bytes()), 8),
             };
             if !ok {
                 fault!(oob("buffer.store.field", o, n, bytes.len()));

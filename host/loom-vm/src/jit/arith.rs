@@ -239,7 +239,7 @@ impl JitTranslator<'_, '_> {
             I::FBin { d, a, b, op, wide } => {
                 let (x, y) = (self.fwide(a, wide), self.fwide(b, wide));
                 let v = match op {
-                    FBin::Div => self.b.ins().fdiv(x, y),
+                    FloatBinary::Div => self.b.ins().fdiv(x, y),
                     _ => unreachable!("ineligible"),
                 };
                 self.set_fwide(d, v, wide)
@@ -247,9 +247,9 @@ impl JitTranslator<'_, '_> {
             I::FUn { d, a, op, wide } => {
                 let x = self.fwide(a, wide);
                 let v = match op {
-                    FUn::Neg => self.b.ins().fneg(x),
-                    FUn::Abs => self.b.ins().fabs(x),
-                    FUn::Sqrt => self.b.ins().sqrt(x),
+                    FloatUnary::Neg => self.b.ins().fneg(x),
+                    FloatUnary::Abs => self.b.ins().fabs(x),
+                    FloatUnary::Sqrt => self.b.ins().sqrt(x),
                     _ => unreachable!("ineligible"),
                 };
                 self.set_fwide(d, v, wide)
@@ -257,12 +257,12 @@ impl JitTranslator<'_, '_> {
             I::FCmp { d, a, b, op, wide } => {
                 let (x, y) = (self.fwide(a, wide), self.fwide(b, wide));
                 let cc = match op {
-                    FCmp::Eq => FloatCC::Equal,
-                    FCmp::Ne => FloatCC::NotEqual,
-                    FCmp::Lt => FloatCC::LessThan,
-                    FCmp::Le => FloatCC::LessThanOrEqual,
-                    FCmp::Gt => FloatCC::GreaterThan,
-                    FCmp::Ge => FloatCC::GreaterThanOrEqual,
+                    FloatCmp::Eq => FloatCC::Equal,
+                    FloatCmp::Ne => FloatCC::NotEqual,
+                    FloatCmp::Lt => FloatCC::LessThan,
+                    FloatCmp::Le => FloatCC::LessThanOrEqual,
+                    FloatCmp::Gt => FloatCC::GreaterThan,
+                    FloatCmp::Ge => FloatCC::GreaterThanOrEqual,
                 };
                 let c = self.b.ins().fcmp(cc, x, y);
                 self.set_bool(d, c)

@@ -407,32 +407,32 @@ impl JitTranslator<'_, '_> {
             Float(Value),
         }
         let w = match from {
-            SK::I1 => {
+            ScalarKind::I1 => {
                 let x = self.g(a);
                 Widened::Int(self.b.ins().band_imm_s(x, 1))
             }
-            SK::I32 => {
+            ScalarKind::I32 => {
                 let x = self.g32(a);
                 Widened::Int(self.b.ins().sextend(I64, x))
             }
-            SK::I64 => Widened::Int(self.g(a)),
-            SK::F32 => {
+            ScalarKind::I64 => Widened::Int(self.g(a)),
+            ScalarKind::F32 => {
                 let x = self.f32v(a);
                 Widened::Float(self.b.ins().fpromote(F64, x))
             }
-            SK::F64 => Widened::Float(self.f64v(a)),
+            ScalarKind::F64 => Widened::Float(self.f64v(a)),
         };
         match (to, w) {
-            (SK::I32, Widened::Int(v)) => {
+            (ScalarKind::I32, Widened::Int(v)) => {
                 let n = self.b.ins().ireduce(I32, v);
                 let back = self.b.ins().sextend(I64, n);
                 let bad = self.b.ins().icmp(IntCC::NotEqual, back, v);
                 self.bail_if(bad, pc);
                 self.set32(d, n);
             }
-            (SK::I64, Widened::Int(v)) => self.set(d, v),
-            (SK::I32 | SK::I64, Widened::Float(v)) => {
-                let (lo, hi) = if to == SK::I32 {
+            (ScalarKind::I64, Widened::Int(v)) => self.set(d, v),
+            (ScalarKind::I32 | ScalarKind::I64, Widened::Float(v)) => {
+                let (lo, hi) = if to == ScalarKind::I32 {
                     (-2147483648.0, 2147483648.0)
                 } else {
                     (-9223372036854775808.0, 9223372036854775808.0)
@@ -446,19 +446,19 @@ impl JitTranslator<'_, '_> {
                 let bad = self.b.ins().icmp_imm_s(IntCC::Equal, ok, 0);
                 self.bail_if(bad, pc);
                 let i = self.b.ins().fcvt_to_sint_sat(I64, t);
-                self.wrap(d, i, to == SK::I32);
+                self.wrap(d, i, to == ScalarKind::I32);
             }
-            (SK::F32, Widened::Int(v)) => {
+            (ScalarKind::F32, Widened::Int(v)) => {
                 let f = self.b.ins().fcvt_from_sint(F32, v);
                 self.set_f32(d, f);
             }
-            (SK::F64, Widened::Int(v)) => {
+            (ScalarKind::F64, Widened::Int(v)) => {
                 let f = self.b.ins().fcvt_from_sint(F64, v);
                 self.set_f64(d, f);
             }
-            (SK::F32, Widened::Float(v)) => {
+            (ScalarKind::F32, Widened::Float(v)) => {
                 let r = self.b.ins().fdemote(F32, v);
-                if from == SK::F64 {
+                if from == ScalarKind::F64 {
                     // finite input whose f32 rounding is infinite: the interpreter traps
                     let inf = self.b.ins().f32const(f32::INFINITY);
                     let ra = self.b.ins().fabs(r);
@@ -471,8 +471,8 @@ impl JitTranslator<'_, '_> {
                 }
                 self.set_f32(d, r);
             }
-            (SK::F64, Widened::Float(v)) => self.set_f64(d, v),
-            (SK::I1, _) => self.exit_at_mid(pc),
+            (ScalarKind::F64, Widened::Float(v)) => self.set_f64(d, v),
+            (ScalarKind::I1, _) => self.exit_at_mid(pc),
         }
     }
     /// An unconditional exit in the middle of a block (the rest of the block is unreachable but well-formed).

@@ -159,14 +159,14 @@ impl JitTranslator<'_, '_> {
             } => {
                 let o = self.field_off(idx, size, off, pc);
                 match kind {
-                    SK::I1 => {
+                    ScalarKind::I1 => {
                         let a = self.addr(b, o, 1, false, pc);
                         let x = self.b.ins().uload8(I64, heapf(), a, 0);
                         let c = self.b.ins().icmp_imm_s(NotEqual, x, 0);
                         self.set_bool(d, c)
                     }
-                    SK::I32 | SK::F32 => self.load(d, b, o, 4, false, pc),
-                    SK::I64 | SK::F64 => self.load(d, b, o, 8, false, pc),
+                    ScalarKind::I32 | ScalarKind::F32 => self.load(d, b, o, 4, false, pc),
+                    ScalarKind::I64 | ScalarKind::F64 => self.load(d, b, o, 8, false, pc),
                 }
             }
             I::StField {
@@ -179,9 +179,9 @@ impl JitTranslator<'_, '_> {
             } => {
                 let o = self.field_off(idx, size, off, pc);
                 let n = match kind {
-                    SK::I1 => 1,
-                    SK::I32 | SK::F32 => 4,
-                    SK::I64 | SK::F64 => 8,
+                    ScalarKind::I1 => 1,
+                    ScalarKind::I32 | ScalarKind::F32 => 4,
+                    ScalarKind::I64 | ScalarKind::F64 => 8,
                 };
                 self.store(b, o, v, n, pc)
             }

@@ -246,8 +246,8 @@ fn translated(ins: &Instr) -> bool {
         | I::OpaqueGetS { .. }
         | I::OpaqueGetR { .. }
         | I::OpaqueLen { .. } => false,
-        I::FBin { op, .. } => op == FBin::Div,
-        I::FUn { op, .. } => matches!(op, FUn::Neg | FUn::Abs | FUn::Sqrt),
+        I::FBin { op, .. } => op == FloatBinary::Div,
+        I::FUn { op, .. } => matches!(op, FloatUnary::Neg | FloatUnary::Abs | FloatUnary::Sqrt),
         I::ShlK32 { k, .. } | I::ShrK32 { k, .. } | I::ShrUK32 { k, .. } => k < 32,
         I::ShlK64 { k, .. } | I::ShrK64 { k, .. } | I::ShrUK64 { k, .. } => k < 64,
         _ => true,

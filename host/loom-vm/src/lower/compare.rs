@@ -12,12 +12,12 @@ impl Lowerer<'_> {
             let a = self.sreg(&os[0], &t)?;
             let b = self.sreg(&os[1], &t)?;
             let c = match opc {
-                O::CmpEq => FCmp::Eq,
-                O::CmpNe => FCmp::Ne,
-                O::CmpLt => FCmp::Lt,
-                O::CmpLe => FCmp::Le,
-                O::CmpGt => FCmp::Gt,
-                O::CmpGe => FCmp::Ge,
+                O::CmpEq => FloatCmp::Eq,
+                O::CmpNe => FloatCmp::Ne,
+                O::CmpLt => FloatCmp::Lt,
+                O::CmpLe => FloatCmp::Le,
+                O::CmpGt => FloatCmp::Gt,
+                O::CmpGe => FloatCmp::Ge,
                 _ => return Err(self.invalid(format!("{opc} is not defined on {t}"))),
             };
             self.emit(Instr::FCmp {

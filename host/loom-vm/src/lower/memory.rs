@@ -228,7 +228,7 @@ impl Lowerer<'_> {
             return Err(self.invalid(format!("{opc}: operand 3 must be a field")));
         };
         let (size, off, ft) = self.record_field(*r, Some(*fi))?;
-        let kind = SK::of(&ft).ok_or_else(|| self.invalid("record fields are scalars"))?;
+        let kind = ScalarKind::of(&ft).ok_or_else(|| self.invalid("record fields are scalars"))?;
         let (Ok(size), Ok(off)) = (u16::try_from(size), u16::try_from(off)) else {
             return Err(LoadError::Limit {
                 func: self.f.name.clone(),

@@ -35,7 +35,7 @@ impl Lowerer<'_> {
             .ok_or_else(|| self.invalid("cannot type operand"))?;
         let d = self.ds(op)?;
         let a = self.sreg(&os[0], &from)?;
-        let fk = SK::of(&from)
+        let fk = ScalarKind::of(&from)
             .ok_or_else(|| self.invalid(format!("{opc}: cannot convert from {from}")))?;
         let ins = match opc {
             // Canonical bits make these plain moves.
@@ -49,10 +49,10 @@ impl Lowerer<'_> {
             },
             _ => {
                 let to = match opc {
-                    O::ConvI32 => SK::I32,
-                    O::ConvI64 => SK::I64,
-                    O::ConvF32 => SK::F32,
-                    _ => SK::F64,
+                    O::ConvI32 => ScalarKind::I32,
+                    O::ConvI64 => ScalarKind::I64,
+                    O::ConvF32 => ScalarKind::F32,
+                    _ => ScalarKind::F64,
                 };
                 if to == fk {
                     Instr::MovS { d, a }
