@@ -34,9 +34,9 @@ fn invoke_into_matches_invoke_and_reuses_the_vec() {
 #[test]
 fn entry_ids_are_checked_like_any_input() {
     let two = {
-        let mut pb = PB::new();
+        let mut pb = ProgramBuilder::new();
         for name in ["a", "b"] {
-            let (mut f, p) = FB::new(name, &[T::I64], &[T::I64]);
+            let (mut f, p) = FuncBuilder::new(name, &[T::I64], &[T::I64]);
             let x = f.op(O::AddWrap, vec![v(p[0]), i64_(1)], T::I64);
             f.ret(vec![v(x)]);
             pb.add(f.finish(), Some(name));

@@ -7,7 +7,7 @@ use common::*;
 use loom_ir::{Opcode as O, Type as T};
 use loom_vm::{InvokeLimits, LoadLimits, Loaded, TrapKind, Value as V, Vm};
 
-fn tiers(pb: &PB) -> (Loaded, Loaded) {
+fn tiers(pb: &ProgramBuilder) -> (Loaded, Loaded) {
     let load = |jit| {
         Vm::load(
             &pb.prog,
@@ -23,10 +23,14 @@ fn tiers(pb: &PB) -> (Loaded, Loaded) {
     (load(false), load(true))
 }
 
-fn prog(params: &[T], results: &[T], body: impl FnOnce(&mut FB, &[loom_ir::ValueId])) -> PB {
-    let (mut b, ps) = FB::new("t.main", params, results);
+fn prog(
+    params: &[T],
+    results: &[T],
+    body: impl FnOnce(&mut FuncBuilder, &[loom_ir::ValueId]),
+) -> ProgramBuilder {
+    let (mut b, ps) = FuncBuilder::new("t.main", params, results);
     body(&mut b, &ps);
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main"));
     pb
 }
@@ -42,7 +46,7 @@ fn same(i: &Loaded, j: &Loaded, args: &[V], lim: &InvokeLimits) -> loom_vm::Invo
 }
 
 /// `for i in lo..hi: x = load.u8(buf, i); store.i8(buf, i, x + 1); acc += x` (checked), returns (acc, buf).
-fn bytes_loop() -> PB {
+fn bytes_loop() -> ProgramBuilder {
     prog(
         &[T::Buffer, T::I64, T::I64],
         &[T::I64, T::Buffer],
@@ -281,8 +285,8 @@ fn untranslated_instructions_leave_and_reenter() {
 #[test]
 fn calls_between_jitted_functions() {
     // main: for i in 0..n: acc += sum_to(i) (a callee with its own loop); the call depth limit traps alike.
-    let mut pb = PB::new();
-    let (mut cb, cp) = FB::new("t.sum_to", &[T::I64], &[T::I64]);
+    let mut pb = ProgramBuilder::new();
+    let (mut cb, cp) = FuncBuilder::new("t.sum_to", &[T::I64], &[T::I64]);
     let r = cb.for_(
         i64_(0),
         v(cp[0]),
@@ -292,7 +296,7 @@ fn calls_between_jitted_functions() {
     );
     cb.ret(vec![v(r[0])]);
     let callee = pb.add(cb.finish(), None);
-    let (mut b, ps) = FB::new("t.main", &[T::I64], &[T::I64]);
+    let (mut b, ps) = FuncBuilder::new("t.main", &[T::I64], &[T::I64]);
     let r = b.for_(
         i64_(0),
         v(ps[0]),

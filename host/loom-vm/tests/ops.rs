@@ -569,12 +569,12 @@ fn buffer_bulk_ops() {
 
 #[test]
 fn records() {
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     let r = pb.record(
         "Range",
         &[("offset", T::I64), ("length", T::I32), ("flag", T::I1)],
     );
-    let (mut b, p) = FB::new(
+    let (mut b, p) = FuncBuilder::new(
         "t.main",
         &[T::Buffer],
         &[T::I64, T::I32, T::I1, T::I64, T::I64, T::Buffer],

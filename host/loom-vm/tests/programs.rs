@@ -232,9 +232,9 @@ fn while_loops_collatz_and_nested() {
 
 #[test]
 fn calls_with_multiple_results_and_fib_recursion() {
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     let fib = pb.reserve("t.fib");
-    let (mut b, p) = FB::new("t.fib", &[T::I64], &[T::I64]);
+    let (mut b, p) = FuncBuilder::new("t.fib", &[T::I64], &[T::I64]);
     let c = b.op(O::CmpLt, vec![v(p[0]), i64_(2)], T::I1);
     b.if_return(v(c), |_| vec![v(p[0])]);
     let a = b.op(O::Sub, vec![v(p[0]), i64_(1)], T::I64);
@@ -245,7 +245,7 @@ fn calls_with_multiple_results_and_fib_recursion() {
     b.ret(vec![v(s)]);
     pb.set(fib, b.finish(), Some("fib"));
     // divmod returns two results of both banks.
-    let (mut b, p) = FB::new(
+    let (mut b, p) = FuncBuilder::new(
         "t.divmod",
         &[T::Str, T::I64, T::I64],
         &[T::I64, T::Str, T::I64],
@@ -254,7 +254,7 @@ fn calls_with_multiple_results_and_fib_recursion() {
     let r = b.op(O::Rem, vec![v(p[1]), v(p[2])], T::I64);
     b.ret(vec![v(q), v(p[0]), v(r)]);
     let dm = pb.add(b.finish(), None);
-    let (mut b, p) = FB::new("t.main", &[T::I64], &[T::I64, T::I64, T::Str]);
+    let (mut b, p) = FuncBuilder::new("t.main", &[T::I64], &[T::I64, T::I64, T::Str]);
     let r = b.call(
         Callee::Func(dm),
         vec![s_("tag"), v(p[0]), i64_(7)],
@@ -275,12 +275,12 @@ fn calls_with_multiple_results_and_fib_recursion() {
 
 #[test]
 fn buffers_are_references_across_calls() {
-    let mut pb = PB::new();
-    let (mut b, p) = FB::new("t.fill", &[T::Buffer, T::I64], &[]);
+    let mut pb = ProgramBuilder::new();
+    let (mut b, p) = FuncBuilder::new("t.fill", &[T::Buffer, T::I64], &[]);
     b.op0(O::StoreI64, vec![v(p[0]), i64_(0), v(p[1])]);
     b.ret(vec![]);
     let fill = pb.add(b.finish(), None);
-    let (mut b, p) = FB::new("t.main", &[T::Buffer], &[T::I64, T::I64, T::Buffer]);
+    let (mut b, p) = FuncBuilder::new("t.main", &[T::Buffer], &[T::I64, T::I64, T::Buffer]);
     let nb = b.op(O::BufferNew, vec![i64_(8)], T::Buffer);
     b.call(Callee::Func(fill), vec![v(nb), i64_(42)], &[]);
     let x = b.op(O::LoadI64, vec![v(nb), i64_(0)], T::I64);

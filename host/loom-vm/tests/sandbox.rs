@@ -164,9 +164,9 @@ fn allocating_in_a_loop_hits_the_cap() {
 
 #[test]
 fn runaway_recursion_hits_the_depth_limit_not_the_stack() {
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     let f = pb.reserve("t.down");
-    let (mut b, p) = FB::new("t.down", &[T::I64, T::Buffer], &[T::I64]);
+    let (mut b, p) = FuncBuilder::new("t.down", &[T::I64, T::Buffer], &[T::I64]);
     let a = b.op(O::Add, vec![v(p[0]), i64_(1)], T::I64);
     let r = b.call(Callee::Func(f), vec![v(a), v(p[1])], &[T::I64]);
     b.ret(vec![v(r[0])]);
@@ -206,10 +206,10 @@ fn runaway_recursion_hits_the_depth_limit_not_the_stack() {
     assert_eq!(h.join().unwrap(), TrapKind::CallDepth);
 }
 
-fn import_prog(sig_params: &[T], sig_results: &[T], module: &str, symbol: &str) -> PB {
-    let mut pb = PB::new();
+fn import_prog(sig_params: &[T], sig_results: &[T], module: &str, symbol: &str) -> ProgramBuilder {
+    let mut pb = ProgramBuilder::new();
     let d = pb.import(symbol, module, sig_params, sig_results);
-    let (mut b, p) = FB::new("t.main", sig_params, sig_results);
+    let (mut b, p) = FuncBuilder::new("t.main", sig_params, sig_results);
     let r = b.call(
         Callee::Decl(d),
         p.iter().map(|x| v(*x)).collect(),
@@ -352,9 +352,9 @@ fn native_results_are_copy_on_write() {
             Ok(vec![b])
         },
     ));
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     let d = pb.import("st.get", "st", &[], &[T::Buffer]);
-    let (mut b, _) = FB::new("t.main", &[], &[T::Buffer]);
+    let (mut b, _) = FuncBuilder::new("t.main", &[], &[T::Buffer]);
     let r = b.call(Callee::Decl(d), vec![], &[T::Buffer]);
     b.op0(O::StoreI8, vec![v(r[0]), i64_(0), i32_(9)]);
     b.ret(vec![v(r[0])]);
@@ -370,12 +370,12 @@ fn native_results_are_copy_on_write() {
 #[test]
 fn test_module_prints() {
     let (m, sink) = testing::test_module_with_sink();
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     let pi = pb.import("test.print_i64", "test", &[T::I64], &[]);
     let pf = pb.import("test.print_f64", "test", &[T::F64], &[]);
     let ps = pb.import("test.print", "test", &[T::Str], &[]);
     let pbuf = pb.import("test.print_buffer", "test", &[T::Buffer], &[]);
-    let (mut b, _) = FB::new("t.main", &[], &[]);
+    let (mut b, _) = FuncBuilder::new("t.main", &[], &[]);
     b.call(Callee::Decl(pi), vec![i64_(-3)], &[]);
     b.call(Callee::Decl(pf), vec![f64_(2.5)], &[]);
     b.call(Callee::Decl(ps), vec![s_("hello")], &[]);
@@ -391,13 +391,13 @@ fn test_module_prints() {
 
 #[test]
 fn load_limits() {
-    let (mut b, _) = FB::new("t.main", &[], &[T::I64]);
+    let (mut b, _) = FuncBuilder::new("t.main", &[], &[T::I64]);
     let mut last = b.op(O::ConstI64, vec![i64_(0)], T::I64);
     for _ in 0..100 {
         last = b.op(O::Add, vec![v(last), i64_(1)], T::I64);
     }
     b.ret(vec![v(last)]);
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main"));
     let lim = loom_vm::LoadLimits {
         max_registers: 50,
@@ -422,22 +422,22 @@ fn load_limits() {
 
 #[test]
 fn malformed_programs_are_load_errors_not_panics() {
-    let (mut b, _) = FB::new("t.main", &[], &[T::I64]);
+    let (mut b, _) = FuncBuilder::new("t.main", &[], &[T::I64]);
     b.ret(vec![v(loom_ir::ValueId(999))]);
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main"));
     assert!(matches!(
         loom_vm::Vm::load(&pb.prog, &[], &[], &Default::default()).unwrap_err(),
         LoadError::Invalid { .. }
     ));
-    let (mut b, _) = FB::new("t.main", &[], &[T::I64]);
+    let (mut b, _) = FuncBuilder::new("t.main", &[], &[T::I64]);
     b.op(O::Add, vec![v(loom_ir::ValueId(999))], T::I64);
     b.ret(vec![i64_(0)]);
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main"));
     assert!(loom_vm::Vm::load(&pb.prog, &[], &[], &Default::default()).is_err());
-    let (b, _) = FB::new("t.main", &[], &[T::I64]);
-    let mut pb = PB::new();
+    let (b, _) = FuncBuilder::new("t.main", &[], &[T::I64]);
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main")); // empty body
     assert!(loom_vm::Vm::load(&pb.prog, &[], &[], &Default::default()).is_err());
 }

@@ -31,14 +31,14 @@ pub fn list(t: Type) -> Type {
 }
 
 /// Builds one function; nested regions are built by closures.
-pub struct FB {
+pub struct FuncBuilder {
     pub f: Function,
     stack: Vec<Vec<Op>>,
     line: u32,
 }
 
-impl FB {
-    pub fn new(name: &str, params: &[Type], results: &[Type]) -> (FB, Vec<ValueId>) {
+impl FuncBuilder {
+    pub fn new(name: &str, params: &[Type], results: &[Type]) -> (FuncBuilder, Vec<ValueId>) {
         let mut f = Function {
             name: name.to_string(),
             exported: true,
@@ -59,7 +59,7 @@ impl FB {
         }
         f.params = ps.clone();
         (
-            FB {
+            FuncBuilder {
                 f,
                 stack: vec![vec![]],
                 line: 2,
@@ -141,7 +141,7 @@ impl FB {
         rs
     }
 
-    fn region(&mut self, body: impl FnOnce(&mut FB) -> OpKind) -> Region {
+    fn region(&mut self, body: impl FnOnce(&mut FuncBuilder) -> OpKind) -> Region {
         self.stack.push(vec![]);
         let term = body(self);
         self.push(term, vec![]);
@@ -154,8 +154,8 @@ impl FB {
         &mut self,
         cond: Operand,
         results: &[Type],
-        then: impl FnOnce(&mut FB) -> Vec<Operand>,
-        els: impl FnOnce(&mut FB) -> Vec<Operand>,
+        then: impl FnOnce(&mut FuncBuilder) -> Vec<Operand>,
+        els: impl FnOnce(&mut FuncBuilder) -> Vec<Operand>,
     ) -> Vec<ValueId> {
         let then_region = self.region(|b| OpKind::Yield(then(b)));
         let else_region = self.region(|b| OpKind::Yield(els(b)));
@@ -172,7 +172,11 @@ impl FB {
     }
 
     /// An `if` whose then-region returns.
-    pub fn if_return(&mut self, cond: Operand, then: impl FnOnce(&mut FB) -> Vec<Operand>) {
+    pub fn if_return(
+        &mut self,
+        cond: Operand,
+        then: impl FnOnce(&mut FuncBuilder) -> Vec<Operand>,
+    ) {
         let then_region = self.region(|b| OpKind::Return(then(b)));
         let else_region = self.region(|_| OpKind::Yield(vec![]));
         self.push(
@@ -191,7 +195,7 @@ impl FB {
         hi: Operand,
         step: Operand,
         iters: Vec<(Operand, Type)>,
-        body: impl FnOnce(&mut FB, ValueId, &[ValueId]) -> Vec<Operand>,
+        body: impl FnOnce(&mut FuncBuilder, ValueId, &[ValueId]) -> Vec<Operand>,
     ) -> Vec<ValueId> {
         let iv = self.val(Type::I64);
         let its: Vec<ValueId> = iters.iter().map(|(_, t)| self.val(t.clone())).collect();
@@ -216,8 +220,8 @@ impl FB {
     pub fn while_(
         &mut self,
         iters: Vec<(Operand, Type)>,
-        cond: impl FnOnce(&mut FB, &[ValueId]) -> Operand,
-        body: impl FnOnce(&mut FB, &[ValueId]) -> Vec<Operand>,
+        cond: impl FnOnce(&mut FuncBuilder, &[ValueId]) -> Operand,
+        body: impl FnOnce(&mut FuncBuilder, &[ValueId]) -> Vec<Operand>,
     ) -> Vec<ValueId> {
         let its: Vec<ValueId> = iters.iter().map(|(_, t)| self.val(t.clone())).collect();
         let (a, b2) = (its.clone(), its.clone());
@@ -248,20 +252,21 @@ impl FB {
     }
 }
 
+/// Builds a program: its functions, records and imports.
 #[derive(Default)]
-pub struct PB {
+pub struct ProgramBuilder {
     pub prog: Program,
 }
 
-impl PB {
-    pub fn new() -> PB {
+impl ProgramBuilder {
+    pub fn new() -> ProgramBuilder {
         // Every program built by the tests runs in both tiers (interpreter and JIT) and must agree exactly.
         // (Benchmarks turn it off with `CROSS_CHECK`.)
         loom_vm::testing::set_jit_cross_check(
             CROSS_CHECK.load(std::sync::atomic::Ordering::Relaxed)
                 && std::env::var("LOOM_VM_JIT_CROSS_CHECK").as_deref() != Ok("0"),
         );
-        PB {
+        ProgramBuilder {
             prog: Program {
                 files: vec!["test.loom".into()],
                 ..Default::default()
@@ -270,7 +275,7 @@ impl PB {
     }
     /// Reserves a function index (for recursion), to be filled by `set`.
     pub fn reserve(&mut self, name: &str) -> u32 {
-        let (b, _) = FB::new(name, &[], &[]);
+        let (b, _) = FuncBuilder::new(name, &[], &[]);
         self.prog.funcs.push(b.finish());
         self.prog.func_files.push(0);
         (self.prog.funcs.len() - 1) as u32
@@ -323,11 +328,15 @@ impl PB {
     }
 }
 
-/// Whether programs built with [`PB`] turn on the VM's JIT cross-check (see `loom_vm::testing`).
+/// Whether programs built with [`ProgramBuilder`] turn on the VM's JIT cross-check (see `loom_vm::testing`).
 pub static CROSS_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// A one-function program `main(params) -> results` built by `body`.
-pub fn single(params: &[Type], results: &[Type], body: impl FnOnce(&mut FB, &[ValueId])) -> Loaded {
+pub fn single(
+    params: &[Type],
+    results: &[Type],
+    body: impl FnOnce(&mut FuncBuilder, &[ValueId]),
+) -> Loaded {
     single_jit(params, results, LoadLimits::default().jit, body)
 }
 
@@ -336,11 +345,11 @@ pub fn single_jit(
     params: &[Type],
     results: &[Type],
     jit: bool,
-    body: impl FnOnce(&mut FB, &[ValueId]),
+    body: impl FnOnce(&mut FuncBuilder, &[ValueId]),
 ) -> Loaded {
-    let (mut b, ps) = FB::new("t.main", params, results);
+    let (mut b, ps) = FuncBuilder::new("t.main", params, results);
     body(&mut b, &ps);
-    let mut pb = PB::new();
+    let mut pb = ProgramBuilder::new();
     pb.add(b.finish(), Some("main"));
     let lim = LoadLimits {
         jit,
