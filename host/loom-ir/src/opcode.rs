@@ -246,31 +246,7 @@ pub fn type_op(op: Opcode, args: &[ArgTy], annotation: Option<&Type>) -> Result<
         CmpEq | CmpNe => same(Class::NumOrBool, 2, Some(I1)),
         CmpLt | CmpLe | CmpGt | CmpGe => same(Class::Num, 2, Some(I1)),
         CmpUlt | CmpUle | CmpUgt | CmpUge => same(Class::Int, 2, Some(I1)),
-        Select => {
-            arity(op, args, 3)?;
-            let t = match (&args[1], &args[2]) {
-                (ArgTy::Known(t), _) | (_, ArgTy::Known(t)) => t.clone(),
-                (a, _) => known(op, a, "a value")?,
-            };
-            for a in &args[1..] {
-                if let ArgTy::Known(u) = a {
-                    if *u != t {
-                        return Err(format!(
-                            "select: both choices must have the same type, found {t} and {u}"
-                        ));
-                    }
-                }
-            }
-            if let ArgTy::Known(c) = &args[0] {
-                if *c != I1 {
-                    return Err(format!("select: the condition must be i1, found {c}"));
-                }
-            }
-            Ok(Typing {
-                operands: vec![I1, t.clone(), t.clone()],
-                results: vec![t],
-            })
-        }
+        Select => type_select(op, args),
         Copy => {
             arity(op, args, 1)?;
             let t = known(op, &args[0], "a value or literal")?;
@@ -332,35 +308,7 @@ pub fn type_op(op: Opcode, args: &[ArgTy], annotation: Option<&Type>) -> Result<
         BufferCopy => fixed(op, args, &[Buffer, I64, Buffer, I64, I64], &[]),
         BufferFill => fixed(op, args, &[Buffer, I64, I64, I32], &[]),
         BufferConcat => fixed(op, args, &[Buffer, Buffer], &[Buffer]),
-        LoadField | StoreField => {
-            let n = if op == LoadField { 3 } else { 4 };
-            arity(op, args, n)?;
-            let ArgTy::Field(ft) = &args[2] else {
-                return Err(format!(
-                    "{op}: operand 3 must be a record field (`@Record.field`)"
-                ));
-            };
-            let ft = ft.clone();
-            let mut params = vec![Buffer, I64, ft.clone()];
-            if op == StoreField {
-                params.push(ft.clone());
-            }
-            for (i, (a, p)) in args.iter().zip(&params).enumerate() {
-                if i == 2 {
-                    continue;
-                }
-                if let ArgTy::Known(t) = a {
-                    if t != p {
-                        return Err(format!("{op}: operand {} must be {p}, found {t}", i + 1));
-                    }
-                }
-            }
-            let results = if op == LoadField { vec![ft] } else { vec![] };
-            Ok(Typing {
-                operands: params,
-                results,
-            })
-        }
+        LoadField | StoreField => type_field_access(op, args),
         RecordSize => {
             arity(op, args, 1)?;
             if args[0] != ArgTy::Record {
@@ -400,26 +348,7 @@ pub fn type_op(op: Opcode, args: &[ArgTy], annotation: Option<&Type>) -> Result<
             }
             fixed(op, args, &[I64], &[t])
         }
-        ListLen | ListGet | ListSet | ListPush => {
-            let n = match op {
-                ListLen => 1,
-                ListGet | ListPush => 2,
-                _ => 3,
-            };
-            arity(op, args, n)?;
-            let lt = known(op, &args[0], "a list")?;
-            let List(elem) = &lt else {
-                return Err(format!("{op}: operand 1 must be a list, found {lt}"));
-            };
-            let elem = (**elem).clone();
-            let (params, results) = match op {
-                ListLen => (vec![lt.clone()], vec![I64]),
-                ListGet => (vec![lt.clone(), I64], vec![elem]),
-                ListPush => (vec![lt.clone(), elem], vec![]),
-                _ => (vec![lt.clone(), I64, elem], vec![]),
-            };
-            fixed(op, args, &params, &results)
-        }
+        ListLen | ListGet | ListSet | ListPush => type_list_access(op, args),
         OpaqueNew => {
             let mut operands = Vec::with_capacity(args.len());
             for (i, a) in args.iter().enumerate() {
@@ -444,34 +373,124 @@ pub fn type_op(op: Opcode, args: &[ArgTy], annotation: Option<&Type>) -> Result<
             fixed(op, args, &[opaque(), I64], &[t])
         }
         OpaqueLen => fixed(op, args, &[opaque()], &[I64]),
-        RefIsNull | RefUnwrap => {
-            arity(op, args, 1)?;
-            let t = known(op, &args[0], "a nullable reference")?;
-            let Ref {
-                name,
-                nullable: true,
-            } = &t
-            else {
-                return Err(format!(
-                    "{op}: expects a nullable reference (`?!T`), found {t}"
-                ));
-            };
-            let result = if op == RefIsNull {
-                I1
-            } else {
-                Ref {
-                    name: name.clone(),
-                    nullable: false,
-                }
-            };
-            Ok(Typing {
-                operands: vec![t.clone()],
-                results: vec![result],
-            })
-        }
+        RefIsNull | RefUnwrap => type_nullable_ref(op, args),
         Assert => fixed(op, args, &[I1, Str], &[]),
         Trap => fixed(op, args, &[Str], &[]),
     }
+}
+
+/// Types `select`: an `i1` condition and two choices of one type.
+fn type_select(op: Opcode, args: &[ArgTy]) -> Result<Typing, String> {
+    use Type::*;
+    arity(op, args, 3)?;
+    let t = match (&args[1], &args[2]) {
+        (ArgTy::Known(t), _) | (_, ArgTy::Known(t)) => t.clone(),
+        (a, _) => known(op, a, "a value")?,
+    };
+    for a in &args[1..] {
+        if let ArgTy::Known(u) = a {
+            if *u != t {
+                return Err(format!(
+                    "select: both choices must have the same type, found {t} and {u}"
+                ));
+            }
+        }
+    }
+    if let ArgTy::Known(c) = &args[0] {
+        if *c != I1 {
+            return Err(format!("select: the condition must be i1, found {c}"));
+        }
+    }
+    Ok(Typing {
+        operands: vec![I1, t.clone(), t.clone()],
+        results: vec![t],
+    })
+}
+
+/// Types `load.field` / `store.field`: a buffer, an index and a record field (and the stored value).
+fn type_field_access(op: Opcode, args: &[ArgTy]) -> Result<Typing, String> {
+    use Opcode::*;
+    use Type::*;
+    let n = if op == LoadField { 3 } else { 4 };
+    arity(op, args, n)?;
+    let ArgTy::Field(ft) = &args[2] else {
+        return Err(format!(
+            "{op}: operand 3 must be a record field (`@Record.field`)"
+        ));
+    };
+    let ft = ft.clone();
+    let mut params = vec![Buffer, I64, ft.clone()];
+    if op == StoreField {
+        params.push(ft.clone());
+    }
+    for (i, (a, p)) in args.iter().zip(&params).enumerate() {
+        if i == 2 {
+            continue;
+        }
+        if let ArgTy::Known(t) = a {
+            if t != p {
+                return Err(format!("{op}: operand {} must be {p}, found {t}", i + 1));
+            }
+        }
+    }
+    let results = if op == LoadField { vec![ft] } else { vec![] };
+    Ok(Typing {
+        operands: params,
+        results,
+    })
+}
+
+/// Types the list operations on an existing list: `list.len`, `list.get`, `list.set`, `list.push`.
+fn type_list_access(op: Opcode, args: &[ArgTy]) -> Result<Typing, String> {
+    use Opcode::*;
+    use Type::*;
+    let n = match op {
+        ListLen => 1,
+        ListGet | ListPush => 2,
+        _ => 3,
+    };
+    arity(op, args, n)?;
+    let lt = known(op, &args[0], "a list")?;
+    let List(elem) = &lt else {
+        return Err(format!("{op}: operand 1 must be a list, found {lt}"));
+    };
+    let elem = (**elem).clone();
+    let (params, results) = match op {
+        ListLen => (vec![lt.clone()], vec![I64]),
+        ListGet => (vec![lt.clone(), I64], vec![elem]),
+        ListPush => (vec![lt.clone(), elem], vec![]),
+        _ => (vec![lt.clone(), I64, elem], vec![]),
+    };
+    fixed(op, args, &params, &results)
+}
+
+/// Types `ref.is_null` / `ref.unwrap` of a nullable reference.
+fn type_nullable_ref(op: Opcode, args: &[ArgTy]) -> Result<Typing, String> {
+    use Opcode::*;
+    use Type::*;
+    arity(op, args, 1)?;
+    let t = known(op, &args[0], "a nullable reference")?;
+    let Ref {
+        name,
+        nullable: true,
+    } = &t
+    else {
+        return Err(format!(
+            "{op}: expects a nullable reference (`?!T`), found {t}"
+        ));
+    };
+    let result = if op == RefIsNull {
+        I1
+    } else {
+        Ref {
+            name: name.clone(),
+            nullable: false,
+        }
+    };
+    Ok(Typing {
+        operands: vec![t.clone()],
+        results: vec![result],
+    })
 }
 
 /// `!opaque`
