@@ -179,11 +179,23 @@ pub const DOUBLE: u32 = 3;
 
 /// A module that uses every op kind, every immediate kind, every operand kind, templates and records.
 pub fn sample_module() -> Module {
-    use Opcode::*;
-    use Type::*;
-    let f64_fn = || TParamKind::Func(sig(vec![I64], vec![I64]));
+    let mut m = Module {
+        name: "test.all".into(),
+        file: "test/all.loom".into(),
+        decls: sample_decls(),
+        records: sample_records(),
+        consts: sample_consts(),
+        funcs: vec![sample_f(), sample_g(), sample_h(), sample_double()],
+        device: Vec::new(),
+    };
+    number_locs(&mut m);
+    m
+}
 
-    let decls = vec![
+/// The sample module's declarations: an import, a template definition reference, a HAL import.
+fn sample_decls() -> Vec<Decl> {
+    use Type::*;
+    vec![
         Decl {
             symbol: "input.encode".into(),
             tparams: vec![],
@@ -205,8 +217,13 @@ pub fn sample_module() -> Module {
             import: Some("hal".into()),
             loc: Loc::default(),
         },
-    ];
-    let records = vec![
+    ]
+}
+
+/// The sample module's records.
+fn sample_records() -> Vec<Record> {
+    use Type::*;
+    vec![
         Record {
             name: "Range".into(),
             exported: false,
@@ -219,7 +236,11 @@ pub fn sample_module() -> Module {
             fields: vec![("on".into(), I1), ("w".into(), F32)],
             loc: Loc::default(),
         },
-    ];
+    ]
+}
+
+/// The sample module's constants, one per immediate kind.
+fn sample_consts() -> Vec<Const> {
     let konst = |name: &str, exported, value| Const {
         name: name.into(),
         exported,
@@ -235,8 +256,14 @@ pub fn sample_module() -> Module {
         konst("TINY", false, Imm::F64(1e-7)),
         konst("NONE", false, Imm::Null(nullable("hal.fence"))),
     ];
+    consts
+}
 
-    // func @f
+/// `func @f`: templates, every simple op kind, structured control flow.
+fn sample_f() -> Function {
+    use Opcode::*;
+    use Type::*;
+    let f64_fn = || TParamKind::Func(sig(vec![I64], vec![I64]));
     let mut b = Fb::default();
     let a = b.v("a", I64);
     let buf = b.v("b", Buffer);
@@ -412,8 +439,13 @@ pub fn sample_module() -> Module {
         tparam("D", TParamKind::DType, Some(TValue::DType("f32".into()))),
         tparam("SH", TParamKind::Shape, Some(TValue::Shape(vec![2, -3]))),
     ];
+    f
+}
 
-    // func @g: result-less while, opaque state, trap
+/// `func @g`: a result-less `while`, opaque state, `trap`.
+fn sample_g() -> Function {
+    use Opcode::*;
+    use Type::*;
     let mut b = Fb::default();
     let a = b.v("a", I64);
     let o = b.v("o", opaque());
@@ -436,9 +468,14 @@ pub fn sample_module() -> Module {
         ),
         ret(vec![]),
     ];
-    let g = b.func("g", 1, vec![], body);
+    b.func("g", 1, vec![], body)
+}
 
-    // func @h<N: i64 = 1, F: func(i64) -> i64>(%a: i64) -> i64
+/// `func @h<N: i64 = 1, F: func(i64) -> i64>(%a: i64) -> i64`: a call of a template parameter.
+fn sample_h() -> Function {
+    use Opcode::*;
+    use Type::*;
+    let f64_fn = || TParamKind::Func(sig(vec![I64], vec![I64]));
     let mut b = Fb::default();
     let a = b.v("a", I64);
     let p = b.v("0", I64);
@@ -453,28 +490,22 @@ pub fn sample_module() -> Module {
         tparam("N", TParamKind::I64, Some(TValue::I64(1))),
         tparam("F", f64_fn(), Some(TValue::Func(Callee::Func(DOUBLE)))),
     ];
+    h
+}
 
+/// `func @double`.
+fn sample_double() -> Function {
+    use Opcode::*;
+    use Type::*;
     let mut b = Fb::default();
     let a = b.v("a", I64);
     let d = b.v("0", I64);
-    let double = b.func(
+    b.func(
         "double",
         1,
         vec![I64],
         vec![simple(Add, &[d], vec![v(a), v(a)]), ret(vec![v(d)])],
-    );
-
-    let mut m = Module {
-        name: "test.all".into(),
-        file: "test/all.loom".into(),
-        decls,
-        records,
-        consts,
-        funcs: vec![f, g, h, double],
-        device: Vec::new(),
-    };
-    number_locs(&mut m);
-    m
+    )
 }
 
 /// What `print_module(&sample_module())` must give.
