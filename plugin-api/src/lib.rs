@@ -153,6 +153,8 @@ pub use files::*;
 mod events;
 pub use events::*;
 
+pub mod records;
+
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RBox, RBoxError, RResult, RSlice, RStr, RString, RVec};

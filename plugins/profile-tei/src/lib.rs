@@ -37,6 +37,7 @@ use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBoxError, RResult, RSlice, RStr, RString, RVec};
+use loom_plugin_api::records;
 use loom_plugin_api::{
     ABI_MAJOR, ABI_MINOR, CodecBox, EncodeRequest, ErrorClass, HttpMethod, LoomPlugin,
     LoomPlugin_Ref, ParseContext, ParsedRequest, PluginKind, Probe, Profile, Profile_TO,
@@ -130,35 +131,27 @@ fn invalid(message: impl Into<String>) -> ProfileError {
     ProfileError::new(ErrorClass::UNPROCESSABLE, message)
 }
 
-/// An embeddings protocol record: kind (0 text, 1 token ids) as i32, a reserved i32 (0), then the payload.
-fn record(kind: i32, payload: &[u8]) -> RVec<u8> {
-    let mut r = Vec::with_capacity(8 + payload.len());
-    r.extend_from_slice(&kind.to_le_bytes());
-    r.extend_from_slice(&0i32.to_le_bytes());
-    r.extend_from_slice(payload);
-    RVec::from(r)
+/// The token ids of `inputs` as an embeddings record.
+fn ids_record(ids: &[Json]) -> Result<RVec<u8>, ProfileError> {
+    let bad = || invalid("`inputs`: token ids must be integers in 0..=2147483647");
+    let ids: Vec<i64> = ids
+        .iter()
+        .map(|v| v.as_i64().ok_or_else(bad))
+        .collect::<Result<_, _>>()?;
+    records::ids_record(ids).map(RVec::from).map_err(|_| bad())
 }
 
-fn ids_record(ids: &[Json]) -> Result<RVec<u8>, ProfileError> {
-    let mut p = Vec::with_capacity(ids.len() * 4);
-    for v in ids {
-        let id = v
-            .as_i64()
-            .and_then(|i| i32::try_from(i).ok())
-            .filter(|i| *i >= 0)
-            .ok_or_else(|| invalid("`inputs`: token ids must be integers in 0..=2147483647"))?;
-        p.extend_from_slice(&id.to_le_bytes());
-    }
-    Ok(record(1, &p))
+fn text_record(s: &str) -> RVec<u8> {
+    RVec::from(records::text_record(s))
 }
 
 fn records(inputs: &Json) -> Result<Vec<RVec<u8>>, ProfileError> {
     Ok(match inputs {
-        Json::String(s) => vec![record(0, s.as_bytes())],
+        Json::String(s) => vec![text_record(s)],
         Json::Array(a) if a.is_empty() => return Err(invalid("`inputs` cannot be empty")),
         Json::Array(a) if a.iter().all(Json::is_string) => a
             .iter()
-            .map(|s| record(0, s.as_str().unwrap_or_default().as_bytes()))
+            .map(|s| text_record(s.as_str().unwrap_or_default()))
             .collect(),
         Json::Array(a) if a.iter().all(Json::is_number) => vec![ids_record(a)?],
         Json::Array(a) if a.iter().all(Json::is_array) => a
