@@ -6,7 +6,8 @@
 use loom_tests::{check_golden, files_with_ext, repo_root};
 
 fn compile(name: &str, text: &str) -> Result<loom_ir::Module, String> {
-    match loom_compiler::compile_text(name, text) {
+    // Compiled against the server's host vocabulary (its reference types), as packages are.
+    match loom_compiler::compile_text_for(name, text, &serve_runtime::abi::ref_types()) {
         (Some(m), warnings) => {
             if warnings.is_empty() {
                 Ok(m)

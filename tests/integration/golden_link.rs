@@ -7,8 +7,8 @@ use loom_tests::{check_golden, files_with_ext, repo_root};
 
 fn role(name: &str) -> Role {
     match name {
-        "prepare" => Role::prepare(),
-        "control" => Role::control(),
+        "prepare" => serve_runtime::abi::prepare_role(),
+        "control" => serve_runtime::abi::control_role(),
         "test" => Role::new("test", &["test"]),
         _ => Role::new(
             "all",
@@ -36,7 +36,7 @@ fn link_case(dir: &std::path::Path) -> String {
             })
             .unwrap_or_default()
     };
-    let mut cat = Catalog::new();
+    let mut cat = Catalog::with_ref_types(serve_runtime::abi::ref_types());
     let mut out = String::new();
     let primary = match cat.add_source("main.loom", &main) {
         Ok((i, _)) => i,
@@ -54,7 +54,7 @@ fn link_case(dir: &std::path::Path) -> String {
         let text = std::fs::read_to_string(&lib).expect("library is readable");
         // Libraries are also exercised as bytecode: a `.loombc` must link exactly like its source.
         let added = if name.starts_with("bc_") {
-            let m = loom_compiler::compile_text(&name, &text)
+            let m = loom_compiler::compile_text_for(&name, &text, &serve_runtime::abi::ref_types())
                 .0
                 .expect("bc_ library compiles");
             let bc = loom_ir::bytecode::encode(&m);

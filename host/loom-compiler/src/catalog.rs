@@ -17,6 +17,8 @@ pub struct Entry {
 pub struct Catalog {
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
+    /// The host's reference types, for the `.loom` sources this catalog compiles.
+    ref_types: crate::RefTypes,
 }
 
 /// Why a module could not be added to a catalog. Each message is complete and names the file(s).
@@ -39,6 +41,14 @@ impl std::error::Error for CatalogError {}
 impl Catalog {
     pub fn new() -> Catalog {
         Catalog::default()
+    }
+
+    /// A catalog whose `.loom` sources are compiled for a host that defines the reference types `ref_types`.
+    pub fn with_ref_types(ref_types: crate::RefTypes) -> Catalog {
+        Catalog {
+            ref_types,
+            ..Catalog::default()
+        }
     }
 
     /// Adds a compiled module. Fails if another module of the same name is already present.
@@ -68,7 +78,7 @@ impl Catalog {
         file_name: &str,
         text: &str,
     ) -> Result<(usize, Vec<String>), CatalogError> {
-        let (module, diags) = crate::compile_text(file_name, text);
+        let (module, diags) = crate::compile_text_for(file_name, text, &self.ref_types);
         match module {
             Some(m) => {
                 let idx = self.add(m, Some(SourceFile::new(file_name, text)))?;

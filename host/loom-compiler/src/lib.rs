@@ -18,11 +18,21 @@ mod lower;
 
 pub use catalog::{Catalog, CatalogError, Entry};
 pub use link::{LinkError, MAX_INSTANTIATIONS, link};
-pub use lower::compile_module;
+pub use lower::{RefTypes, compile_module};
 
-/// Parses and compiles one source text. Returns the module (when there were no errors) and every diagnostic,
-/// already rendered against the source (`file:line:col: error: ...` plus excerpt).
+/// Parses and compiles one source text, accepting any reference type name (see [`compile_text_for`]).
+/// Returns the module (when there were no errors) and every diagnostic, already rendered against the source
+/// (`file:line:col: error: ...` plus excerpt).
 pub fn compile_text(file_name: &str, text: &str) -> (Option<loom_ir::Module>, Vec<String>) {
+    compile_text_for(file_name, text, &RefTypes::Any)
+}
+
+/// [`compile_text`] for a host that defines the reference types `ref_types`: any other `!name` is an error.
+pub fn compile_text_for(
+    file_name: &str,
+    text: &str,
+    ref_types: &RefTypes,
+) -> (Option<loom_ir::Module>, Vec<String>) {
     let source = loom_syntax::SourceFile::new(file_name, text);
     let (tree, mut diags) = loom_syntax::parse(text);
     let parse_failed = diags
@@ -30,7 +40,7 @@ pub fn compile_text(file_name: &str, text: &str) -> (Option<loom_ir::Module>, Ve
         .any(|d| d.severity == loom_syntax::Severity::Error);
     let mut module = None;
     if !parse_failed {
-        let (m, more) = compile_module(&source, &tree);
+        let (m, more) = compile_module(&source, &tree, ref_types);
         diags.extend(more);
         module = m;
     }

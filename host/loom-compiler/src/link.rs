@@ -22,7 +22,8 @@ use std::fmt;
 /// How many distinct template instantiations one link may create.
 pub const MAX_INSTANTIATIONS: usize = 4096;
 
-/// The capabilities a program's role is granted.
+/// The capabilities a program's role is granted. Roles are the host's data: the compiler knows no role by name
+/// (the server defines its `prepare` and `control` roles next to the native modules they grant).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Role {
     pub name: String,
@@ -35,17 +36,6 @@ impl Role {
             name: name.into(),
             grants: grants.iter().map(|g| g.to_string()).collect(),
         }
-    }
-
-    /// The cold preparation program: `prepare`, `input` and the options object.
-    pub fn prepare() -> Role {
-        Role::new("prepare", &["prepare", "input", "options"])
-    }
-
-    /// The warm control program: `runner`, `parameters`, `input`, and `prepare` (usable only inside a finite
-    /// `prepare_batch` invocation; the host enforces that at call time).
-    pub fn control() -> Role {
-        Role::new("control", &["runner", "parameters", "input", "prepare"])
     }
 }
 

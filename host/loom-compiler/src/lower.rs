@@ -16,8 +16,42 @@ use loom_syntax::ast;
 use loom_syntax::{Diagnostic, SourceFile, Span};
 use std::collections::HashMap;
 
-/// Reference types the host language knows.
-pub(crate) const REF_TYPES: &[&str] = &["hal.buffer", "hal.fence", "runner.work", "opaque"];
+/// The reference types (`!name`) a program may use: the host's vocabulary, given as data by whoever embeds the
+/// language (the server's natives define `!hal.buffer`, ...). [`RefTypes::Any`] accepts every name; the VM
+/// still checks each import against the host's native signatures at load.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum RefTypes {
+    /// Every reference type name is accepted.
+    #[default]
+    Any,
+    /// Only these names.
+    Only(Vec<String>),
+}
+
+impl RefTypes {
+    /// Only the given names.
+    pub fn only(names: &[&str]) -> RefTypes {
+        RefTypes::Only(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    fn admits(&self, name: &str) -> bool {
+        match self {
+            RefTypes::Any => true,
+            RefTypes::Only(names) => names.iter().any(|n| n == name),
+        }
+    }
+
+    fn listing(&self) -> String {
+        match self {
+            RefTypes::Any => String::new(),
+            RefTypes::Only(names) => names
+                .iter()
+                .map(|r| format!("!{r}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
 
 /// Element type names accepted as `dtype` template values.
 const DTYPES: &[&str] = &[
@@ -25,15 +59,17 @@ const DTYPES: &[&str] = &[
     "q4_0", "q4_1", "q4_k", "q6_k",
 ];
 
-/// Compiles one parsed file. The module is returned only when there were no errors.
+/// Compiles one parsed file. The module is returned only when there were no errors. `ref_types` are the
+/// reference types the host defines.
 pub fn compile_module(
     source: &SourceFile,
     tree: &ast::Module,
+    ref_types: &RefTypes,
 ) -> (Option<ir::Module>, Vec<Diagnostic>) {
     let mut cx = ModCx {
         source,
         diags: Vec::new(),
-        ..ModCx::default_for(source)
+        ..ModCx::default_for(source, ref_types)
     };
     let module = cx.module(tree);
     let failed = cx
@@ -45,6 +81,7 @@ pub fn compile_module(
 
 struct ModCx<'a> {
     source: &'a SourceFile,
+    ref_types: &'a RefTypes,
     diags: Vec<Diagnostic>,
     /// Item name -> (kind, index, where it was defined), for duplicate detection and lookup.
     funcs: HashMap<String, usize>,
@@ -56,9 +93,10 @@ struct ModCx<'a> {
 }
 
 impl<'a> ModCx<'a> {
-    fn default_for(source: &'a SourceFile) -> ModCx<'a> {
+    fn default_for(source: &'a SourceFile, ref_types: &'a RefTypes) -> ModCx<'a> {
         ModCx {
             source,
+            ref_types,
             diags: Vec::new(),
             funcs: HashMap::new(),
             decls: HashMap::new(),
@@ -143,17 +181,13 @@ impl<'a> ModCx<'a> {
             ast::Type::Buffer(_) => Type::Buffer,
             ast::Type::List(inner, _) => Type::List(Box::new(self.ty(inner))),
             ast::Type::Ref { name, nullable, .. } => {
-                if !REF_TYPES.contains(&name.text.as_str()) {
+                if !self.ref_types.admits(&name.text) {
+                    let expected = self.ref_types.listing();
                     self.error(
                         name.span,
                         format!(
-                            "unknown reference type !{}: expected one of {}",
-                            name.text,
-                            REF_TYPES
-                                .iter()
-                                .map(|r| format!("!{r}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            "unknown reference type !{}: expected one of {expected}",
+                            name.text
                         ),
                     );
                 }

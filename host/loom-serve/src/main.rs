@@ -18,7 +18,7 @@
 
 use anyhow::{Context, Result, bail};
 use serve_http::{AppState, Config};
-use serve_runtime::device::Devices;
+use serve_runtime::device::{BuiltinHal, Devices};
 use serve_runtime::model::Overrides;
 use serve_runtime::package::PackageFiles;
 use serve_runtime::registry::Registry;
@@ -135,12 +135,19 @@ fn main() -> Result<()> {
     log::set_max_level(args.log);
 
     let report = loom_plugins_report(&args.plugins);
-    let (devices, notes) = Devices::open(&report);
+    // The CPU HAL is linked in and injected: it serves when no plugin gives a CPU device.
+    let builtin_cpu = BuiltinHal {
+        id: hal_cpu::PLUGIN_ID.to_string(),
+        backend: "cpu".to_string(),
+        driver: hal_cpu::driver(),
+        open_with_files: hal_cpu::open_with_files,
+    };
+    let (devices, notes) = Devices::open(&report, &[builtin_cpu]);
     for n in notes {
         log::info!("{n}");
     }
     let profiles = mount_profiles(&report);
-    let registry = Arc::new(Registry::new(Arc::new(devices)));
+    let registry = Arc::new(Registry::new(Arc::new(devices), serve_contracts::builtin()));
     let state = AppState::with_profiles(registry.clone(), args.config.clone(), profiles);
 
     let rt = tokio::runtime::Builder::new_multi_thread()

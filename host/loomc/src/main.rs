@@ -122,8 +122,8 @@ fn main() -> ExitCode {
 
 pub(crate) fn role(name: Option<&str>) -> Result<Role> {
     Ok(match name.unwrap_or("all") {
-        "prepare" => Role::prepare(),
-        "control" => Role::control(),
+        "prepare" => serve_runtime::abi::prepare_role(),
+        "control" => serve_runtime::abi::control_role(),
         "test" => Role::new("test", &["test"]),
         "all" => Role::new(
             "all",
@@ -146,7 +146,7 @@ fn file_arg(o: &Opts) -> Result<&str> {
 
 /// Builds a catalog of the primary file and the `--lib` files; prints every diagnostic. `None` on errors.
 pub(crate) fn catalog(o: &Opts) -> Result<Option<(Catalog, usize)>> {
-    let mut cat = Catalog::new();
+    let mut cat = Catalog::with_ref_types(serve_runtime::abi::ref_types());
     let mut ok = true;
     let mut primary = None;
     for (i, f) in std::iter::once(file_arg(o)?)
@@ -199,7 +199,7 @@ fn check(o: &Opts) -> Result<bool> {
 /// Compiles or decodes a single module.
 fn one_module(f: &str) -> Result<Option<loom_ir::Module>> {
     let bytes = std::fs::read(f).with_context(|| format!("reading {f}"))?;
-    let mut cat = Catalog::new();
+    let mut cat = Catalog::with_ref_types(serve_runtime::abi::ref_types());
     match cat.add_file(f, &bytes) {
         Ok((_, warnings)) => {
             warnings.iter().for_each(|w| eprint!("{w}"));

@@ -3,18 +3,25 @@
 //! mapped from [`serve_runtime::Error`] in one place ([`ApiError::from`]).
 //!
 //! This is the only crate that knows HTTP and JSON request shapes (besides profile plugins). Request inputs
-//! become the finite contract's *protocol records* here (`docs/serving/finite.md`); packages never see JSON.
+//! become the contracts' *protocol records* here (`loom_plugin_api::records`, `docs/serving/finite.md`);
+//! packages never see JSON. One file per route family (`lifecycle`, `embeddings`, `decisions`, `profiles`);
+//! what handlers share (settings, the model lookup with its role check, submission) is `state`.
 //! HTTP profiles from plugins (`loom_plugin_api::Profile`) add routes of other dialects: [`Profiles::mount`]
 //! checks their routes, [`AppState::with_profiles`] + [`router`] mount them (see `profiles.rs`).
 
+mod decisions;
+mod embeddings;
 mod error;
+mod lifecycle;
 mod metrics;
 mod profiles;
-mod routes;
+mod router;
+mod state;
 
 pub use error::ApiError;
 pub use profiles::{ProfilePlugin, Profiles, RejectedProfile};
-pub use routes::{AppState, Config, router};
+pub use router::router;
+pub use state::{AppState, Config};
 
 /// Serves `app` on `listener` until SIGINT or SIGTERM; then stops accepting and lets in-flight requests
 /// finish (the caller drains the models afterwards).

@@ -26,7 +26,7 @@
 //! caught by the blocking task and is a 500 too. The server keeps serving either way.
 //!
 //! Route rules, checked when the server starts ([`Profiles::mount`]): a profile declares at least one route;
-//! each has a known method, a known role (`serve_runtime::package::FINITE_ROLES`) and a literal path (`/`
+//! each has a known method, a known role (`serve_contracts::finite::ROLES`) and a literal path (`/`
 //! then ASCII letters, digits and `-._~/`, at most 256 bytes). A path collides with a built-in route when it
 //! matches it (a `{parameter}` segment matches any segment) or goes through one of its parameters (so
 //! `/v1/models/x/y` is refused: it would change how `/v1/models/{name}` routes), whatever the method; and
@@ -34,7 +34,7 @@
 //! in one line, and the others keep loading (profiles are checked in the loader's order: file name order).
 
 use crate::error::ApiError;
-use crate::routes::{AppState, Submitted, body_bytes, run_records, submit_records};
+use crate::state::{AppState, Submitted, body_bytes, finite_service, run_records, submit_records};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -49,8 +49,7 @@ use loom_plugin_api::{
     EncodeRequest, ErrorClass, EventKind, HttpMethod, ParseContext, ProfileBox, ProfileError,
     ProfileEvent, ProfileEventsBox, RecordResult,
 };
-use serve_runtime::finite::FiniteService;
-use serve_runtime::registry::Status;
+use serve_contracts::finite::{self, FiniteService};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -251,10 +250,10 @@ impl Profiles {
             if method_filter(method).is_none() {
                 return Err(format!("route {path}: unknown {method}"));
             }
-            if !serve_runtime::package::FINITE_ROLES.contains(&role) {
+            if !finite::ROLES.contains(&role) {
                 return Err(format!(
                     "route {method} {path}: role {role:?} is not one this server serves ({})",
-                    serve_runtime::package::FINITE_ROLES.join(", ")
+                    finite::ROLES.join(", ")
                 ));
             }
             if let Some(b) = BUILTIN_PATHS
@@ -379,48 +378,6 @@ fn profile_error(id: &str, call: &str, e: ProfileError) -> ApiError {
     }
 }
 
-/// The model a profile request runs on: the named one, or the only model serving `role`; its role must be
-/// `role` (501 otherwise, as on the built-in routes).
-fn service(st: &AppState, model: &str, role: &str) -> Result<Arc<FiniteService>, ApiError> {
-    let name = if model.is_empty() {
-        let serving: Vec<String> = st
-            .registry
-            .list()
-            .into_iter()
-            .filter(|m| m.role == role && m.status != Status::Failed)
-            .map(|m| m.name)
-            .collect();
-        match serving.as_slice() {
-            [one] => one.clone(),
-            [] => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "model_not_found",
-                    format!("no model serving {role} is registered"),
-                ));
-            }
-            many => {
-                return Err(ApiError::bad_request(format!(
-                    "the request names no model and {} models serve {role} ({}): name one",
-                    many.len(),
-                    many.join(", ")
-                )));
-            }
-        }
-    } else {
-        model.to_string()
-    };
-    let svc = st.registry.service(&name)?;
-    if svc.model.doc.role != role {
-        return Err(ApiError::from(serve_runtime::Error::Unsupported(format!(
-            "model `{name}` serves {}, not {role}",
-            svc.model.doc.role
-        ))));
-    }
-    Ok(svc)
-}
-
 async fn handle(
     st: Arc<AppState>,
     route: Arc<MountedRoute>,
@@ -451,7 +408,7 @@ async fn handle(
     .await
     .map_err(|e| internal(format!("profile `{}`: parse: {e}", route.id)))?
     .map_err(|e| profile_error(&route.id, "parse", e))?;
-    let svc = service(&st, parsed.model.as_str(), &route.role)?;
+    let svc = finite_service(&st, parsed.model.as_str(), &route.role)?;
     if parsed.records.is_empty() {
         return Err(ApiError::bad_request("the request has no inputs"));
     }
@@ -807,14 +764,17 @@ mod tests {
     /// route cannot be forgotten here).
     #[test]
     fn builtin_paths_match_the_router() {
-        let src = include_str!("routes.rs");
-        let start = src.find("pub fn router(").expect("routes::router");
+        let src = include_str!("router.rs");
+        let start = src.find("pub fn router(").expect("router::router");
         let body = &src[start..];
         let body = &body[..body.find("\n}\n").expect("end of router")];
         let mut found: Vec<&str> = body
-            .split(".route(\"")
+            .split(".route(")
             .skip(1)
-            .map(|s| &s[..s.find('"').expect("closing quote")])
+            .map(|s| {
+                let s = s.trim_start().strip_prefix('"').expect("a literal path");
+                &s[..s.find('"').expect("closing quote")]
+            })
             .collect();
         found.sort();
         let mut ours = BUILTIN_PATHS.to_vec();

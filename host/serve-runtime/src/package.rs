@@ -13,22 +13,15 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
-/// The contracts a package can implement. Only `finite` is served today; the others are rejected at
-/// registration with a clear error.
-pub const CONTRACTS: &[&str] = &["finite"];
-
-/// The roles a finite package can serve over HTTP.
-pub const FINITE_ROLES: &[&str] = &["embeddings", "decisions"];
-
 /// `model.json`, as written by package authors.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelDoc {
     /// Default model name (registration can override it).
     pub name: Option<String>,
-    /// `finite`, ...
+    /// The contract the package implements (`finite`, ...).
     pub contract: String,
-    /// For `finite`: `embeddings` or `decisions`.
+    /// The HTTP role it serves under its contract (for `finite`: `embeddings` or `decisions`).
     pub role: String,
     /// Program roles -> files (`.loom` or `.loombc`).
     pub programs: Programs,
@@ -330,7 +323,8 @@ impl PackageFiles {
     }
 }
 
-/// Parses and validates `model.json` bytes.
+/// Parses and validates `model.json` bytes. The `contract` and `role` fields are checked against the
+/// contracts the server serves by [`crate::contract::Contracts::for_doc`].
 pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
     check_io(file, bytes)?;
     let doc: ModelDoc = serde_json::from_slice(bytes).map_err(|e| Error::Package {
@@ -338,26 +332,6 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
         field: String::new(),
         message: e.to_string(),
     })?;
-    if !CONTRACTS.contains(&doc.contract.as_str()) {
-        return Err(Error::package(
-            file,
-            "contract",
-            format!(
-                "expected one of {CONTRACTS:?} (the contracts this server serves), found {:?}",
-                doc.contract
-            ),
-        ));
-    }
-    if doc.contract == "finite" && !FINITE_ROLES.contains(&doc.role.as_str()) {
-        return Err(Error::package(
-            file,
-            "role",
-            format!(
-                "a finite package's role is one of {FINITE_ROLES:?}, found {:?}",
-                doc.role
-            ),
-        ));
-    }
     if let Some(name) = &doc.name {
         check_model_name(name).map_err(|m| Error::package(file, "name", m))?;
     }
@@ -477,4 +451,107 @@ pub fn check_model_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"contract": "finite", "role": "embeddings",
+        "programs": {"prepare": "p.loom", "control": "c.loom", "kernel": "k.loom"}}"#;
+
+    /// `GOOD` with `edit` applied, parsed.
+    fn parse(edit: impl FnOnce(&mut serde_json::Value)) -> Result<ModelDoc, Error> {
+        let mut v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        edit(&mut v);
+        parse_model_doc("model.json", v.to_string().as_bytes())
+    }
+
+    fn err(edit: impl FnOnce(&mut serde_json::Value)) -> String {
+        parse(edit).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_minimal_package_gets_the_defaults() {
+        let d = parse(|_| {}).unwrap();
+        assert_eq!(d.programs.prepare, "p.loom");
+        assert_eq!(
+            d.programs.other.get("kernel").map(String::as_str),
+            Some("k.loom")
+        );
+        assert!(d.capacities.max_queue > 0 && d.specialization_cache > 0);
+        assert!(d.device.is_none() && !d.io.direct);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                Box::new(|v| v["capacities"] = serde_json::json!({"max_queue": 0})),
+                "model.json: field `capacities.max_queue`: expected a positive integer, found 0",
+            ),
+            (
+                Box::new(|v| v["specialization_cache"] = 0.into()),
+                "field `specialization_cache`",
+            ),
+            (
+                Box::new(|v| v["fuel"] = serde_json::json!({"run": 0})),
+                "field `fuel.run`: expected 1..=",
+            ),
+            (
+                Box::new(|v| v["memory"] = serde_json::json!({"state_bytes": 0})),
+                "field `memory.state_bytes`: expected a positive byte count",
+            ),
+            (
+                Box::new(|v| v["name"] = "a b".into()),
+                "field `name`: a model name is",
+            ),
+            (
+                Box::new(|v| v["device"] = "gpu:x".into()),
+                "field `device`: device \"gpu:x\": the index after `:` must be a number",
+            ),
+            (
+                Box::new(|v| v["device"] = serde_json::json!([])),
+                "field `device`: expected a device name or a non-empty preference list",
+            ),
+            (
+                Box::new(|v| v["io"] = serde_json::json!({"direct": "yes"})),
+                "field `io.direct`: expected true or false",
+            ),
+            (
+                Box::new(|v| v["io"] = serde_json::json!({"odirect": true})),
+                "field `io.odirect`: unknown field",
+            ),
+            (
+                Box::new(|v| v["assets"] = serde_json::json!({"tokenizer": "../t.json"})),
+                "assets.tokenizer",
+            ),
+            (Box::new(|v| v["typo"] = 1.into()), "unknown field `typo`"),
+            (
+                Box::new(|v| v["capacities"] = serde_json::json!({"max_queue": -1})),
+                "model.json",
+            ),
+        ];
+        for (edit, want) in cases {
+            let e = err(edit);
+            assert!(e.starts_with("model.json"), "{e}");
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn not_json_is_an_error_naming_the_file() {
+        let e = parse_model_doc("model.json", b"{\"contract\": ").unwrap_err();
+        assert!(matches!(e, Error::Package { .. }), "{e}");
+        assert!(e.to_string().starts_with("model.json"), "{e}");
+    }
+
+    #[test]
+    fn model_names_are_url_and_metric_safe() {
+        assert!(check_model_name("all-MiniLM_L6.v2").is_ok());
+        for bad in ["", "a/b", "a b", "é", "x\"y", &"n".repeat(129)] {
+            assert!(check_model_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,4 +1,6 @@
-//! The model registry: names -> prepared services, with Triton's re-registration rule.
+//! The model registry: names -> running services (one per model, of whichever contract its package names),
+//! with Triton's re-registration rule. The registry knows no contract: it prepares a package under the
+//! contracts it was given ([`Contracts`]) and asks the model's contract to start its service.
 //!
 //! # Protocol
 //!
@@ -11,9 +13,9 @@
 //! * `unregister` removes the name first (new requests get 404), then drains accepted work, then drops the
 //!   model.
 
+use crate::contract::{Contracts, Service};
 use crate::device::Devices;
-use crate::finite::FiniteService;
-use crate::model::{self, Overrides};
+use crate::model::{self, Model, Overrides};
 use crate::package::{PackageFiles, check_model_name};
 use crate::progress::{Phase as ProgressPhase, Progress, Snapshot};
 use crate::{Error, Result};
@@ -44,9 +46,9 @@ impl Status {
 #[derive(Debug)]
 struct Slot {
     status: Status,
-    service: Option<Arc<FiniteService>>,
+    service: Option<Arc<dyn Service>>,
     /// A deactivated model: compiled stages kept, parameters released.
-    parked: Option<Arc<crate::model::Model>>,
+    parked: Option<Arc<Model>>,
     error: Option<String>,
     source: String,
     /// The latest preparation's (registration's or activation's) progress.
@@ -71,13 +73,15 @@ pub struct ModelInfo {
 #[derive(Debug)]
 pub struct Registry {
     pub devices: Arc<Devices>,
+    pub contracts: Contracts,
     slots: Mutex<BTreeMap<String, Slot>>,
 }
 
 impl Registry {
-    pub fn new(devices: Arc<Devices>) -> Registry {
+    pub fn new(devices: Arc<Devices>, contracts: Contracts) -> Registry {
         Registry {
             devices,
+            contracts,
             slots: Mutex::new(BTreeMap::new()),
         }
     }
@@ -135,16 +139,22 @@ impl Registry {
             name,
             &files,
             &overrides,
+            &self.contracts,
             |prefs| devices.select(prefs),
             progress.clone(),
-        );
+        )
+        .and_then(|m| {
+            let m = Arc::new(m);
+            m.contract.clone().start(m)
+        });
         let mut slots = self.lock();
         let Some(slot) = slots.get_mut(name) else {
             // Unregistered while preparing: the new model is dropped.
             return Err(Error::UnknownModel(name.to_string()));
         };
         match r {
-            Ok(m) => {
+            Ok(svc) => {
+                let m = svc.model();
                 log::info!(
                     "model {name}: ready on {} ({} stage(s), {} parameter bytes, compiled in {:?}, prepared in {:?})",
                     m.device.name,
@@ -154,7 +164,6 @@ impl Registry {
                     m.report.total_time
                 );
                 progress.phase(ProgressPhase::Ready);
-                let svc = FiniteService::start(Arc::new(m));
                 let old = slot.service.replace(svc);
                 slot.status = Status::Ready;
                 slot.error = None;
@@ -210,16 +219,17 @@ impl Registry {
         };
         let svc = svc.ok_or_else(|| Error::Internal("a ready model without a service".into()))?;
         svc.drain();
-        svc.model.deactivate();
+        let model = svc.model().clone();
+        model.deactivate();
         log::info!(
             "model {name}: deactivated ({} device bytes held)",
-            svc.model.device_bytes()
+            model.device_bytes()
         );
         let mut slots = self.lock();
         let slot = slots
             .get_mut(name)
             .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
-        slot.parked = Some(svc.model.clone());
+        slot.parked = Some(model);
         slot.status = Status::Deactivated;
         Ok(info(name, slot))
     }
@@ -244,24 +254,29 @@ impl Registry {
         };
         let model =
             model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
-        let r = model.activate_params(progress.clone());
+        let r = model
+            .activate_params(progress.clone())
+            .and_then(|()| model.contract.clone().start(model.clone()));
         let mut slots = self.lock();
         let slot = slots
             .get_mut(name)
             .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
         match r {
-            Ok(()) => {
+            Ok(svc) => {
                 log::info!(
                     "model {name}: activated ({} device bytes)",
                     model.device_bytes()
                 );
                 progress.phase(ProgressPhase::Ready);
-                slot.service = Some(FiniteService::start(model));
+                slot.service = Some(svc);
                 slot.status = Status::Ready;
                 Ok(info(name, slot))
             }
             Err(e) => {
                 progress.failed(e.to_string());
+                // Nothing stays resident (activate_params released what it placed; a service that did not
+                // start leaves its parameters too).
+                model.deactivate();
                 slot.parked = Some(model);
                 slot.status = Status::Deactivated;
                 slot.error = Some(e.to_string());
@@ -270,8 +285,8 @@ impl Registry {
         }
     }
 
-    /// The serving model `name`.
-    pub fn service(&self, name: &str) -> Result<Arc<FiniteService>> {
+    /// The serving model `name` (the routes of its contract downcast it with [`Service::as_any`]).
+    pub fn service(&self, name: &str) -> Result<Arc<dyn Service>> {
         let slots = self.lock();
         let slot = slots
             .get(name)
@@ -298,7 +313,7 @@ impl Registry {
     }
 
     /// Every serving model (for metrics).
-    pub fn services(&self) -> Vec<Arc<FiniteService>> {
+    pub fn services(&self) -> Vec<Arc<dyn Service>> {
         self.lock()
             .values()
             .filter_map(|s| s.service.clone())
@@ -317,7 +332,7 @@ fn info(name: &str, s: &Slot) -> ModelInfo {
     let m = s
         .service
         .as_ref()
-        .map(|svc| &svc.model)
+        .map(|svc| svc.model())
         .or(s.parked.as_ref());
     ModelInfo {
         name: name.to_string(),

@@ -1,4 +1,10 @@
-//! Devices through the HAL: selection by name, buffers that free themselves, per-model memory budgets.
+//! Devices through the HAL: selection by name, buffers that free themselves, per-model memory budgets, and
+//! queued checkpoint reads ([`gather`]).
+//!
+//! This is the runtime's edge to the plugin ABI: the rest of the runtime speaks in [`DeviceBuffer`]s,
+//! [`Dispatch`]es and timeline points, and only this module builds `abi_stable` values (`RVec`, `RSlice`,
+//! `Submission`). The HAL drivers come from the plugin loader plus, when no plugin provides a CPU device,
+//! the built-in driver the binary injects ([`BuiltinHal`]); the runtime links no HAL itself.
 //!
 //! # File reads
 //!
@@ -16,14 +22,16 @@
 //! freed, so a model's parameters, workspace and cohort buffers draw from one budget, and an allocation that
 //! would exceed it fails *before* reaching the device (admission).
 
+pub mod gather;
+
 use crate::Error;
-use loom_plugin_api::abi_stable::std_types::RSlice;
-use loom_plugin_api::abi_stable::std_types::{ROption, RStr};
+use loom_plugin_api::abi_stable::std_types::{ROption, RSlice, RStr, RVec};
 use loom_plugin_api::{
-    BufferId, DeviceInfo, ExecutableId, FileId, FileInfo, FileOpenFlags, FileReadSubmission,
-    HalDeviceBox, HalDeviceWithFiles, HalFilesBox, Submission, TimelineId, TimelinePoint,
-    WaitStatus,
+    BufferId, Command, DeviceInfo, FileId, FileInfo, FileOpenFlags, FileReadSubmission,
+    HalDeviceBox, HalDeviceWithFiles, HalDriverBox, HalFilesBox, Submission, WaitStatus,
 };
+/// Plain-data handles the runtime uses as they are (`repr(C)` integers, no ABI containers).
+pub use loom_plugin_api::{ExecutableId, TimelineId, TimelinePoint};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -239,9 +247,29 @@ impl Device {
             .map_err(|e| dev_err("compile", e))
     }
 
-    pub fn submit(&self, s: Submission) -> Result<(), Error> {
+    /// Enqueues one stage dispatch that waits for `wait` and signals `signal`. The device holds the buffers
+    /// until the submission retires, so the caller may drop its handles at once.
+    pub fn dispatch(
+        &self,
+        d: &Dispatch<'_>,
+        wait: &[TimelinePoint],
+        signal: TimelinePoint,
+    ) -> Result<(), Error> {
+        let ids =
+            |b: &[DeviceBuffer]| -> RVec<BufferId> { b.iter().map(DeviceBuffer::id).collect() };
+        let cmd = Command::Dispatch {
+            exe: d.exe,
+            inputs: ids(d.inputs),
+            params: ids(d.params),
+            outputs: ids(d.outputs),
+            workspace: ids(d.workspace),
+        };
         self.hal
-            .submit(s)
+            .submit(Submission {
+                commands: RVec::from(vec![cmd]),
+                wait: RVec::from(wait.to_vec()),
+                signal,
+            })
             .into_result()
             .map_err(|e| dev_err("submit", e))
     }
@@ -417,6 +445,37 @@ impl DeviceBuffer {
     }
 }
 
+/// One stage dispatch in the runtime's terms ([`Device::dispatch`] turns it into the HAL's command).
+#[derive(Debug)]
+pub struct Dispatch<'a> {
+    pub exe: ExecutableId,
+    pub inputs: &'a [DeviceBuffer],
+    pub params: &'a [DeviceBuffer],
+    pub outputs: &'a [DeviceBuffer],
+    pub workspace: &'a [DeviceBuffer],
+}
+
+/// A HAL driver linked into the binary, opened when no plugin provides a device of its backend (the server
+/// binary injects the CPU driver this way).
+pub struct BuiltinHal {
+    /// The plugin id it would have as a plugin (`cpu-0001`).
+    pub id: String,
+    /// Its backend (`cpu`).
+    pub backend: String,
+    pub driver: HalDriverBox,
+    /// Opens device `i` with its queued file reads.
+    pub open_with_files: fn(u32) -> Result<HalDeviceWithFiles, String>,
+}
+
+impl fmt::Debug for BuiltinHal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BuiltinHal")
+            .field("id", &self.id)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The devices this server can place models on.
 #[derive(Debug, Default)]
 pub struct Devices {
@@ -424,9 +483,12 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// Opens every device of every HAL plugin in `plugins`, plus the built-in CPU HAL when no plugin provides a
-    /// `cpu` device. Problems are returned as log lines; a broken plugin never stops the others.
-    pub fn open(plugins: &[loom_plugins::LoadedPlugin]) -> (Devices, Vec<String>) {
+    /// Opens every device of every HAL plugin in `plugins`, plus each of `builtins` whose backend no plugin
+    /// provides. Problems are returned as log lines; a broken plugin never stops the others.
+    pub fn open(
+        plugins: &[loom_plugins::LoadedPlugin],
+        builtins: &[BuiltinHal],
+    ) -> (Devices, Vec<String>) {
         let mut out = Devices::default();
         let mut notes = Vec::new();
         for p in plugins {
@@ -449,14 +511,19 @@ impl Devices {
                 Err(e) => notes.push(format!("{}: {e}", p.path.display())),
             }
         }
-        if !out.devices.iter().any(|d| d.info.backend.as_str() == "cpu") {
-            let driver = hal_cpu::driver();
-            out.open_driver(
-                &driver,
-                &format!("builtin {}", hal_cpu::PLUGIN_ID),
-                &hal_cpu::open_with_files,
-                &mut notes,
-            );
+        for b in builtins {
+            if !out
+                .devices
+                .iter()
+                .any(|d| d.info.backend.as_str() == b.backend)
+            {
+                out.open_driver(
+                    &b.driver,
+                    &format!("builtin {}", b.id),
+                    &b.open_with_files,
+                    &mut notes,
+                );
+            }
         }
         (out, notes)
     }
@@ -465,7 +532,7 @@ impl Devices {
     /// through the driver alone (the host then reads files for it; the device's line says why).
     fn open_driver(
         &mut self,
-        driver: &loom_plugin_api::HalDriverBox,
+        driver: &HalDriverBox,
         plugin: &str,
         with_files: &dyn Fn(u32) -> Result<HalDeviceWithFiles, String>,
         notes: &mut Vec<String>,

@@ -1,0 +1,121 @@
+//! The finite contract's counters and the Prometheus series they export.
+
+use serve_runtime::contract::Series;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Counters the HTTP layer exports as Prometheus metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub failed: AtomicU64,
+    pub refused: AtomicU64,
+    pub cancelled_waiting: AtomicU64,
+    pub cohorts: AtomicU64,
+    pub cohort_members: AtomicU64,
+    pub cohort_max: AtomicU64,
+    pub cohorts_shared: AtomicU64,
+    pub retried_alone: AtomicU64,
+    pub device_ns: AtomicU64,
+    pub queue: AtomicUsize,
+    /// A moving average of `prepare_request`'s wall time (ns), for [`FiniteService::admits_inline`].
+    pub admit_ns: AtomicU64,
+    /// A moving average of a cohort's wall time (ns), for [`FiniteService::submit_one`].
+    pub cohort_ns: AtomicU64,
+    /// Cohorts run in place by the submitting thread (a subset of `cohorts`).
+    pub cohorts_in_place: AtomicU64,
+}
+
+impl Metrics {
+    /// The series the metrics route exports for this model (per-model labels are the exporter's).
+    pub fn series(&self) -> Vec<Series> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let s = |name, help, kind, value| Series {
+            name,
+            help,
+            kind,
+            value,
+        };
+        vec![
+            s(
+                "loom_requests_total",
+                "finite requests submitted",
+                "counter",
+                get(&self.requests),
+            ),
+            s(
+                "loom_requests_failed_total",
+                "finite requests that failed",
+                "counter",
+                get(&self.failed),
+            ),
+            s(
+                "loom_admission_refusals_total",
+                "requests refused because the queue was full",
+                "counter",
+                get(&self.refused),
+            ),
+            s(
+                "loom_cancelled_waiting_total",
+                "requests cancelled before joining a cohort",
+                "counter",
+                get(&self.cancelled_waiting),
+            ),
+            s(
+                "loom_cohorts_total",
+                "cohorts executed",
+                "counter",
+                get(&self.cohorts),
+            ),
+            s(
+                "loom_cohort_members_total",
+                "requests executed in cohorts",
+                "counter",
+                get(&self.cohort_members),
+            ),
+            s(
+                "loom_cohorts_shared_total",
+                "cohorts with more than one request",
+                "counter",
+                get(&self.cohorts_shared),
+            ),
+            s(
+                "loom_cohorts_in_place_total",
+                "cohorts run on the submitting thread (a lone request, quick cohorts, nothing waiting)",
+                "counter",
+                get(&self.cohorts_in_place),
+            ),
+            s(
+                "loom_cohort_max_members",
+                "largest cohort so far",
+                "gauge",
+                get(&self.cohort_max),
+            ),
+            s(
+                "loom_retried_alone_total",
+                "members of failed cohorts retried alone",
+                "counter",
+                get(&self.retried_alone),
+            ),
+            s(
+                "loom_queue_depth",
+                "requests waiting for a cohort",
+                "gauge",
+                self.queue.load(Ordering::Relaxed) as f64,
+            ),
+            s(
+                "loom_cohort_seconds_total",
+                "time spent executing cohorts (batch preparation, device, collection)",
+                "counter",
+                get(&self.device_ns) / 1e9,
+            ),
+        ]
+    }
+}
+
+/// Folds a sample into a moving average (weight 1/8).
+pub(crate) fn fold(avg: &AtomicU64, sample: Duration) {
+    let ns = sample.as_nanos().min(u64::MAX as u128) as u64;
+    let a = avg.load(Ordering::Relaxed);
+    avg.store(a - a / 8 + ns / 8, Ordering::Relaxed);
+}

@@ -1,0 +1,254 @@
+//! [`FiniteService`]: admission, the in-place path for a lone quick request, and the handle to the model's
+//! scheduler thread (see the module docs of [`super`]).
+
+use super::metrics::{Metrics, fold};
+use super::scheduler::{Cmd, Pending, scheduler};
+use super::{Limits, cohort};
+use serve_runtime::contract::{Series, Service};
+use serve_runtime::model::Model;
+use serve_runtime::{Error, Result};
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+/// A request after `prepare_request`.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub bytes: Arc<Vec<u8>>,
+    pub units: i64,
+    pub tag: i64,
+}
+
+/// One request's result: its rows of f32 values (an embedding, or a decision's probabilities).
+pub type Rows = Vec<Vec<f32>>;
+
+/// The reply callback of one request.
+pub type Reply = Box<dyn FnOnce(Result<Rows>) + Send>;
+
+/// A cohort runs in place on the submitting thread only while cohorts average below this (see
+/// [`FiniteService::submit_one`]).
+pub const IN_PLACE_COHORT_NS: u64 = 200_000;
+
+/// The largest `fuel.prepare_request` budget whose admission may run on an async worker (see
+/// [`FiniteService::admits_inline`]); about a millisecond of interpreted code at worst.
+pub const INLINE_ADMISSION_FUEL: u64 = 1_000_000;
+
+/// Admission runs inline while its moving average stays below this.
+pub const INLINE_ADMISSION_NS: u64 = 100_000;
+
+/// A model serving the finite contract.
+pub struct FiniteService {
+    pub model: Arc<Model>,
+    pub metrics: Arc<Metrics>,
+    /// What cold `prepare` declared.
+    pub limits: Limits,
+    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held while a cohort runs, by the scheduler thread or by a submitter running one in place: one cohort of
+    /// a model at a time.
+    exec: Arc<Mutex<()>>,
+}
+
+impl std::fmt::Debug for FiniteService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FiniteService")
+            .field("model", &self.model.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A handle the caller keeps to cancel its request.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    cancelled: Arc<AtomicBool>,
+    /// The units `prepare_request` counted (reported as usage).
+    pub units: i64,
+}
+
+impl Ticket {
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl FiniteService {
+    /// Starts the scheduler thread of `model`, whose cold `prepare` returned `limits`.
+    pub fn start(model: Arc<Model>, limits: Limits) -> Arc<FiniteService> {
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        // Nothing runs on the caller's thread until this model has shown its admissions and cohorts are quick:
+        // the averages start high and fall below the thresholds after a few dozen fast ones.
+        metrics
+            .admit_ns
+            .store(10 * INLINE_ADMISSION_NS, Ordering::Relaxed);
+        metrics
+            .cohort_ns
+            .store(50 * IN_PLACE_COHORT_NS, Ordering::Relaxed);
+        let m = model.clone();
+        let met = metrics.clone();
+        let exec = Arc::new(Mutex::new(()));
+        let ex = exec.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("sched-{}", model.name))
+            .spawn(move || scheduler(m, limits, met, rx, ex))
+            .expect("spawning a scheduler thread; this is a bug");
+        Arc::new(FiniteService {
+            model,
+            metrics,
+            limits,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            exec,
+        })
+    }
+
+    /// Whether a caller on an async worker may run [`submit`](Self::submit) in place instead of handing it to a
+    /// blocking thread: the package's `prepare_request` budget is small ([`INLINE_ADMISSION_FUEL`]) and recent
+    /// admissions were quick ([`INLINE_ADMISSION_NS`], a moving average). The hand-off costs a thread wake-up,
+    /// which is most of a small request's latency; a slow or hostile `prepare_request` still stalls an async
+    /// worker at most for its fuel budget, once, before the average sends its requests to the blocking pool.
+    pub fn admits_inline(&self) -> bool {
+        self.model.doc.fuel.prepare_request <= INLINE_ADMISSION_FUEL
+            && self.metrics.admit_ns.load(Ordering::Relaxed) < INLINE_ADMISSION_NS
+    }
+
+    /// Runs `prepare_request` here, then queues the request. `reply` is called exactly once, from the scheduler
+    /// thread, unless this returns an error (then it is not called).
+    pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        let prepared = self.admit(input)?;
+        let q = self.metrics.queue.fetch_add(1, Ordering::Relaxed);
+        if q >= self.model.doc.capacities.max_queue {
+            self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Overloaded(format!(
+                "model `{}` has {q} requests waiting (capacities.max_queue)",
+                self.model.name
+            )));
+        }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let units = prepared.units;
+        let p = Pending {
+            prepared,
+            reply,
+            cancelled: cancelled.clone(),
+            arrived: Instant::now(),
+        };
+        let sent = self
+            .tx
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|tx| tx.send(Cmd::Request(p)).is_ok()));
+        if sent != Some(true) {
+            self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            });
+        }
+        Ok(Ticket { cancelled, units })
+    }
+
+    /// Counts the request, checks its size and runs `prepare_request`.
+    fn admit(&self, input: Vec<u8>) -> Result<Prepared> {
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let max = self.model.doc.capacities.max_request_bytes;
+        if input.len() > max {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::BadRequest(format!(
+                "the input record is {} bytes; model `{}` accepts at most {max} (capacities.max_request_bytes)",
+                input.len(),
+                self.model.name
+            )));
+        }
+        let t0 = Instant::now();
+        let prepared = cohort::prepare_request(&self.model, &self.limits, input);
+        fold(&self.metrics.admit_ns, t0.elapsed());
+        let prepared = prepared.inspect_err(|_| {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        })?;
+        Ok(prepared)
+    }
+
+    /// [`submit`](Self::submit) for a request that arrives alone, from a caller that may block for a short
+    /// while (see [`admits_inline`](Self::admits_inline)). When nothing is waiting, no cohort is running and
+    /// this model's cohorts are quick ([`IN_PLACE_COHORT_NS`]), the request's cohort (itself: nothing else is
+    /// waiting to join it, and the scheduler never waits for arrivals) runs here and `reply` is called before
+    /// this returns: the hand-off to the scheduler thread and back would cost two thread wake-ups, more than
+    /// such a cohort runs for. Otherwise the request is queued as by `submit`. Order is kept: it runs in place
+    /// only when it is the oldest request of the model.
+    pub fn submit_one(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < IN_PLACE_COHORT_NS;
+        if !quick || self.metrics.queue.load(Ordering::Relaxed) != 0 {
+            return self.submit(input, reply);
+        }
+        let Ok(guard) = self.exec.try_lock() else {
+            return self.submit(input, reply);
+        };
+        if self.metrics.queue.load(Ordering::Relaxed) != 0
+            || self.tx.lock().map(|g| g.is_none()).unwrap_or(true)
+        {
+            drop(guard);
+            return self.submit(input, reply);
+        }
+        let prepared = self.admit(input)?;
+        let units = prepared.units;
+        self.metrics.cohorts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.cohort_members.fetch_add(1, Ordering::Relaxed);
+        self.metrics.cohort_max.fetch_max(1, Ordering::Relaxed);
+        self.metrics
+            .cohorts_in_place
+            .fetch_add(1, Ordering::Relaxed);
+        let t1 = Instant::now();
+        let r =
+            cohort::run_cohort(&self.model, &self.limits, &[&prepared]).map(|mut r| r.remove(0));
+        let took = t1.elapsed();
+        drop(guard);
+        fold(&self.metrics.cohort_ns, took);
+        self.metrics
+            .device_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        if r.is_err() {
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        reply(r);
+        Ok(Ticket {
+            cancelled: Arc::new(AtomicBool::new(false)),
+            units,
+        })
+    }
+
+    /// Stops accepting requests, finishes every accepted one, and joins the scheduler. Idempotent.
+    pub fn drain(&self) {
+        let tx = self.tx.lock().ok().and_then(|mut g| g.take());
+        if let Some(tx) = tx {
+            let (done_tx, done_rx) = mpsc::channel();
+            if tx.send(Cmd::Drain(done_tx)).is_ok() {
+                let _ = done_rx.recv();
+            }
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+            let _ = t.join();
+        }
+        // A cohort running in place (accepted before the drain) finishes too.
+        drop(self.exec.lock());
+    }
+}
+
+impl Service for FiniteService {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn drain(&self) {
+        FiniteService::drain(self)
+    }
+
+    fn series(&self) -> Vec<Series> {
+        self.metrics.series()
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}

@@ -1,0 +1,264 @@
+//! What every handler shares: the server's settings and registry, reading request bodies, finding the model
+//! a request names (with its role checked), and submitting protocol records to a finite model with
+//! cancellation when the client goes away. Used by the built-in routes and the profile routes alike.
+
+use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde_json::Value as Json;
+use serve_contracts::finite::{FiniteService, Reply, Rows, Ticket};
+use serve_runtime::registry::{Registry, Status};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+/// Server settings the routes need.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bearer keys; empty means no authentication.
+    pub api_keys: Vec<String>,
+    /// Largest request body.
+    pub body_limit: usize,
+    /// Where uploaded packages' parameter files resolve.
+    pub params_root: Option<PathBuf>,
+    /// Most inputs in one embeddings request.
+    pub max_inputs: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            api_keys: Vec::new(),
+            body_limit: 2 << 20,
+            params_root: None,
+            max_inputs: 2048,
+        }
+    }
+}
+
+/// Shared state of every handler.
+#[derive(Debug)]
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    pub config: Config,
+    /// False until start-up registrations are done (then `/health` is 200).
+    pub ready: AtomicBool,
+    pub(crate) requests: AtomicU64,
+    /// The HTTP profiles from plugins (`profiles.rs`).
+    pub(crate) profiles: crate::profiles::Profiles,
+}
+
+impl AppState {
+    pub fn new(registry: Arc<Registry>, config: Config) -> Arc<AppState> {
+        AppState::with_profiles(registry, config, Default::default())
+    }
+
+    /// With the profiles that [`crate::Profiles::mount`] kept; their routes are mounted by [`router`].
+    pub fn with_profiles(
+        registry: Arc<Registry>,
+        config: Config,
+        profiles: crate::profiles::Profiles,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            registry,
+            config,
+            ready: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            profiles,
+        })
+    }
+}
+
+pub(crate) type St = State<Arc<AppState>>;
+/// The request body, or the OpenAI-shaped error for a body that could not be read (413 over the limit).
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        ApiError::new(
+            status,
+            "invalid_request_error",
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "request_too_large"
+            } else {
+                "invalid_body"
+            },
+            r.body_text(),
+        )
+    })
+}
+
+pub(crate) fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Json, ApiError> {
+    let bytes = body_bytes(body)?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// The serving finite model `model` if it serves `role` (404 unknown, 503 not ready, 501 another role). An
+/// empty `model` means the only model serving `role` (for profile routes whose dialect names none).
+pub(crate) fn finite_service(
+    st: &AppState,
+    model: &str,
+    role: &str,
+) -> Result<Arc<FiniteService>, ApiError> {
+    let name = if model.is_empty() {
+        let serving: Vec<String> = st
+            .registry
+            .list()
+            .into_iter()
+            .filter(|m| m.role == role && m.status != Status::Failed)
+            .map(|m| m.name)
+            .collect();
+        match serving.as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "model_not_found",
+                    format!("no model serving {role} is registered"),
+                ));
+            }
+            many => {
+                return Err(ApiError::bad_request(format!(
+                    "the request names no model and {} models serve {role} ({}): name one",
+                    many.len(),
+                    many.join(", ")
+                )));
+            }
+        }
+    } else {
+        model.to_string()
+    };
+    let svc = st.registry.service(&name)?;
+    let served = &svc.model().doc.role;
+    if served != role {
+        return Err(ApiError::from(serve_runtime::Error::Unsupported(format!(
+            "model `{name}` serves {served}, not {role}"
+        ))));
+    }
+    svc.as_any().downcast::<FiniteService>().map_err(|_| {
+        ApiError::from(serve_runtime::Error::Unsupported(format!(
+            "model `{name}` is not a finite model"
+        )))
+    })
+}
+
+/// [`finite_service`] for the model a JSON body names in `model` (required).
+pub(crate) fn finite_service_of(
+    st: &AppState,
+    body: &Json,
+    role: &str,
+) -> Result<Arc<FiniteService>, ApiError> {
+    let model = body
+        .get("model")
+        .and_then(Json::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` (a string) is required"))?;
+    finite_service(st, model, role)
+}
+
+/// Cancels the tickets of a request whose handler future is dropped (the client went away).
+pub(crate) struct CancelOnDrop(Vec<Ticket>, bool);
+
+impl CancelOnDrop {
+    /// Every record finished: dropping cancels nothing.
+    pub(crate) fn disarm(&mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.1 {
+            for t in &self.0 {
+                t.cancel();
+            }
+        }
+    }
+}
+
+/// The records of one request, all admitted: one receiver per record (in record order) and the usage units;
+/// dropping `guard` before [`CancelOnDrop::disarm`] cancels the records that have not run.
+pub(crate) struct Submitted {
+    pub(crate) results: Vec<tokio::sync::oneshot::Receiver<serve_runtime::Result<Rows>>>,
+    pub(crate) units: i64,
+    pub(crate) guard: CancelOnDrop,
+}
+
+/// Submits each record as one finite request (all or none: a record the model refuses cancels the ones
+/// submitted before it). Shared by the built-in finite routes and the profile routes (`profiles.rs`).
+pub(crate) async fn submit_records(
+    svc: &Arc<FiniteService>,
+    records: Vec<Vec<u8>>,
+) -> Result<Submitted, ApiError> {
+    let n = records.len();
+    let mut rxs = Vec::with_capacity(n);
+    let mut txs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let svc2 = svc.clone();
+    // prepare_request runs VM code: off the async workers unless it is known to be quick.
+    let admit = move || {
+        let alone = records.len() == 1;
+        let mut tickets = Vec::with_capacity(records.len());
+        for (rec, tx) in records.into_iter().zip(txs) {
+            let reply: Reply = Box::new(move |r| {
+                let _ = tx.send(r);
+            });
+            // A request that arrives alone may run its cohort right here when cohorts are quick.
+            let submitted = if alone {
+                svc2.submit_one(rec, reply)
+            } else {
+                svc2.submit(rec, reply)
+            };
+            match submitted {
+                Ok(t) => tickets.push(t),
+                Err(e) => {
+                    for t in &tickets {
+                        t.cancel();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(tickets)
+    };
+    let tickets = if svc.admits_inline() {
+        admit()?
+    } else {
+        tokio::task::spawn_blocking(admit)
+            .await
+            .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??
+    };
+    Ok(Submitted {
+        results: rxs,
+        units: tickets.iter().map(|t| t.units).sum(),
+        guard: CancelOnDrop(tickets, false),
+    })
+}
+
+/// Submits each record as one finite request and waits for every result (in order).
+pub(crate) async fn run_records(
+    svc: Arc<FiniteService>,
+    records: Vec<Vec<u8>>,
+) -> Result<(Vec<Rows>, i64), ApiError> {
+    let Submitted {
+        results,
+        units,
+        mut guard,
+    } = submit_records(&svc, records).await?;
+    let mut out = Vec::with_capacity(results.len());
+    for rx in results {
+        let r = rx
+            .await
+            .map_err(|_| ApiError::from(serve_runtime::Error::Cancelled))?;
+        out.push(r.map_err(ApiError::from)?);
+    }
+    guard.disarm();
+    drop(svc);
+    Ok((out, units))
+}

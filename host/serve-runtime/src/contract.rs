@@ -1,0 +1,215 @@
+//! What a contract tells the runtime, and what the runtime asks of a contract's service.
+//!
+//! The runtime prepares every model the same way; a *contract* (the `serve-contracts` crate: `finite`, ...)
+//! supplies what differs, as data: its [`ContractInterface`] (the HTTP roles its packages may serve, the cold
+//! `prepare` results and how to read them, the control program's entries and their signatures, and the
+//! phase table: which capabilities each phase's invocations get), and a `start` that turns a prepared
+//! [`Model`] into a running [`Service`] (its scheduler, queue and metrics). The registry holds one service
+//! per model, of whichever contract it is, and knows none of them by name.
+
+use crate::model::Model;
+use crate::package::ModelDoc;
+use crate::{Error, Result};
+use loom_ir::{Signature, Type};
+use loom_vm::Value;
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// One capability a phase may grant (see `natives` for the calls each covers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Stage, source and parameter declarations (`prepare.*`).
+    Declare,
+    /// `prepare.memory_forecast` (a cold declaration).
+    Forecast,
+    /// Device work: `runner.*`, `parameters.gather`.
+    Run,
+}
+
+/// The capabilities of a phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grants {
+    pub declare: bool,
+    pub forecast: bool,
+    pub run: bool,
+}
+
+impl Grants {
+    /// Nothing beyond `options` and `input`.
+    pub const NONE: Grants = Grants {
+        declare: false,
+        forecast: false,
+        run: false,
+    };
+    /// Invocation-scoped declarations.
+    pub const DECLARE: Grants = Grants {
+        declare: true,
+        ..Grants::NONE
+    };
+    /// Device work.
+    pub const RUN: Grants = Grants {
+        run: true,
+        ..Grants::NONE
+    };
+
+    pub fn has(self, g: Grant) -> bool {
+        match g {
+            Grant::Declare => self.declare,
+            Grant::Forecast => self.forecast,
+            Grant::Run => self.run,
+        }
+    }
+}
+
+/// A phase: the kind of invocation an entry runs as, with what it may do.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Phase {
+    /// How messages name it (`prepare_batch`, `run`, ...).
+    pub name: &'static str,
+    pub grants: Grants,
+}
+
+/// Cold preparation (`prepare`), the same in every contract: declarations and the memory forecast.
+pub static COLD: Phase = Phase {
+    name: "cold preparation",
+    grants: Grants {
+        declare: true,
+        forecast: true,
+        run: false,
+    },
+};
+
+/// What cold `prepare(asset_root: str, options: str)` returns in a contract, and how to read it.
+#[derive(Debug, Clone)]
+pub struct ColdInterface {
+    pub results: Vec<Type>,
+    /// The result naming the tokenizer asset (an empty string: none).
+    pub tokenizer: Option<usize>,
+    /// The result holding the model's retained state, passed to the warm entries.
+    pub state: usize,
+    /// Checks the results (e.g. capacities must be positive); the message is prefixed with the program's file.
+    pub check: fn(&[Value]) -> std::result::Result<(), String>,
+}
+
+/// Everything the runtime needs to know of a contract to prepare and invoke its packages.
+#[derive(Debug, Clone)]
+pub struct ContractInterface {
+    /// The `contract` value of `model.json`.
+    pub name: &'static str,
+    /// The `role` values a package of this contract may declare (the HTTP roles that serve it).
+    pub roles: &'static [&'static str],
+    pub cold: ColdInterface,
+    /// The control program's entries: linked as roots and checked for exactly these signatures.
+    pub entries: Vec<(&'static str, Signature)>,
+    /// Every phase of the contract, [`COLD`] first.
+    pub phases: &'static [&'static Phase],
+}
+
+impl ContractInterface {
+    /// The cold `prepare` signature.
+    pub fn cold_signature(&self) -> Signature {
+        Signature {
+            params: vec![Type::Str, Type::Str],
+            results: self.cold.results.clone(),
+        }
+    }
+}
+
+/// One Prometheus sample a service exports, labelled with its model by the exporter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    pub value: f64,
+}
+
+/// A model being served under its contract: a running scheduler over a prepared [`Model`].
+pub trait Service: Send + Sync + fmt::Debug + 'static {
+    fn model(&self) -> &Arc<Model>;
+    /// Stops accepting work, finishes everything accepted, stops the scheduler. Idempotent.
+    fn drain(&self);
+    /// The service's own metrics (the registry's exporter adds the model's generic ones).
+    fn series(&self) -> Vec<Series>;
+    /// For the routes of the contract, which downcast to the service type they serve.
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// A contract: its interface, and how a prepared model starts serving under it.
+pub trait Contract: Send + Sync + fmt::Debug + 'static {
+    fn interface(&self) -> &ContractInterface;
+    /// Starts serving `model` (prepared with this contract's interface).
+    fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>>;
+}
+
+/// The contracts this server serves.
+#[derive(Debug, Clone, Default)]
+pub struct Contracts {
+    list: Vec<Arc<dyn Contract>>,
+}
+
+impl Contracts {
+    /// `list` in order; each contract's phase table must start with [`COLD`], and names must be distinct.
+    pub fn new(list: Vec<Arc<dyn Contract>>) -> Contracts {
+        for (i, c) in list.iter().enumerate() {
+            let ci = c.interface();
+            assert!(
+                ci.phases.first().is_some_and(|p| std::ptr::eq(*p, &COLD)),
+                "contract `{}`: the phase table starts with contract::COLD; this is a bug",
+                ci.name
+            );
+            assert!(
+                list[..i].iter().all(|o| o.interface().name != ci.name),
+                "contract `{}` is given twice; this is a bug",
+                ci.name
+            );
+        }
+        Contracts { list }
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.list.iter().map(|c| c.interface().name).collect()
+    }
+
+    /// The contract `doc` declares, with its role checked. Errors name `file` and the field.
+    pub fn for_doc(&self, file: &str, doc: &ModelDoc) -> Result<&Arc<dyn Contract>> {
+        let Some(c) = self
+            .list
+            .iter()
+            .find(|c| c.interface().name == doc.contract)
+        else {
+            return Err(Error::package(
+                file,
+                "contract",
+                format!(
+                    "expected one of {:?} (the contracts this server serves), found {:?}",
+                    self.names(),
+                    doc.contract
+                ),
+            ));
+        };
+        let ci = c.interface();
+        if !ci.roles.contains(&doc.role.as_str()) {
+            return Err(Error::package(
+                file,
+                "role",
+                format!(
+                    "a {} package's role is one of {:?}, found {:?}",
+                    ci.name, ci.roles, doc.role
+                ),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Every role of every contract (for HTTP profiles, whose routes name one).
+    pub fn roles(&self) -> Vec<&'static str> {
+        self.list
+            .iter()
+            .flat_map(|c| c.interface().roles.iter().copied())
+            .collect()
+    }
+}

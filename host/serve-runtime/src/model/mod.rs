@@ -1,0 +1,369 @@
+//! Preparing and invoking a model, whatever its contract. The result of preparation is a [`Model`]: immutable
+//! code and parameters that every request of the model shares, with a narrow API for the contract that serves
+//! it: invoke an entry in one of the contract's phases ([`Model::invoke`], [`Model::invoke_run`] then
+//! [`Model::settle`]), the stages of a declaration set ([`Model::stages_for`]), its device, its budget, and
+//! what cold `prepare` returned ([`Model::cold_results`], [`Model::state`]).
+//!
+//! Preparation ([`prepare`]) runs in this order, and a failure at any step leaves nothing behind (no device
+//! memory, no compiled code kept): read and validate `model.json` and find its contract; compile every program
+//! and `definition.sources` file into one catalog (with the server's reference types, [`crate::abi`]); link the
+//! `prepare` and `control` programs for their roles (the control program's roots are the contract's entries)
+//! and load them in the VM; check the entries' signatures; run cold `prepare` and check its results by the
+//! contract's rules; open and index every declared source once (a missing or invalid checkpoint fails here,
+//! before placement); specialize and reflect every declared stage, check workspace limits and every parameter
+//! binding against the checkpoint index; compile the stages on the shared compile queue; stream parameter
+//! payloads into device buffers (shared per parameter domain).
+
+mod prepare;
+mod stages;
+
+pub use prepare::{parse_config_text, prepare};
+
+use crate::checkpoint::Source;
+use crate::contract::{Contract, Phase};
+use crate::device::gather::GatherQueue;
+use crate::device::{Budget, Device, DeviceBuffer, ExecutableId, TimelineId, TimelinePoint};
+use crate::natives::{Ctx, Decls, RunCtx, StageDecl};
+use crate::package::{self, ModelDoc, PackageFiles};
+use crate::progress::{Phase as ProgressPhase, Progress};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use loom_compiler::Catalog;
+use loom_ir::kernel::Stage;
+use loom_kernel::Reflection;
+use loom_vm::{HostState, InvokeLimits, Loaded, Value};
+use stages::{Binding, SpecCache};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A compiled stage with its bound parameters.
+#[derive(Debug)]
+pub struct PreparedStage {
+    pub decl: StageDecl,
+    pub stage: Stage,
+    pub reflection: Reflection,
+    pub exe: ExecutableId,
+    /// One per `stage.params`, in order; empty while the model is deactivated.
+    pub params: Mutex<Vec<DeviceBuffer>>,
+    /// Where each parameter's bytes come from, to stream them again on reactivation.
+    pub(crate) bindings: Vec<Binding>,
+}
+
+/// What cold `prepare` returned, as the contract's interface describes it.
+#[derive(Debug, Clone)]
+pub struct ColdResults {
+    /// Every result, in order (the contract reads its own: capacities, limits, ...).
+    pub values: Vec<Value>,
+    /// The retained state passed to the warm entries.
+    pub state: Value,
+}
+
+/// Progress and timing of one preparation, for logs and the model detail route.
+#[derive(Debug, Clone, Default)]
+pub struct PrepareReport {
+    pub stages: usize,
+    pub parameter_bytes: u64,
+    pub compile_time: Duration,
+    pub total_time: Duration,
+}
+
+/// Resident parameter buffers of one domain: (ordered file lists per policy input, policy).
+type DomainKey = (Vec<Vec<PathBuf>>, String);
+
+/// A prepared model.
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub doc: ModelDoc,
+    /// The contract it is prepared for (it starts the model's service).
+    pub contract: Arc<dyn Contract>,
+    pub device: Arc<Device>,
+    pub budget: Arc<Budget>,
+    pub stages: Vec<Arc<PreparedStage>>,
+    pub report: PrepareReport,
+    /// The contract's phase table (cold preparation first).
+    pub(crate) phases: &'static [&'static Phase],
+    pub(crate) cold: ColdResults,
+    pub(crate) control: Loaded,
+    pub(crate) catalog: Catalog,
+    /// Where request-declared sources resolve (the package's files and the asset root given to `prepare`).
+    pub(crate) files: PackageFiles,
+    pub(crate) asset_root: String,
+    pub(crate) sources: Vec<Arc<Source>>,
+    pub(crate) cold_params: Vec<crate::natives::ParamDecl>,
+    pub(crate) domains: Mutex<HashMap<(DomainKey, String), DeviceBuffer>>,
+    pub(crate) spec_cache: Mutex<SpecCache>,
+    pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) tokenizer: Option<Arc<Tokenizer>>,
+    pub(crate) timeline: TimelineId,
+    pub(crate) timeline_value: Mutex<u64>,
+    pub(crate) gather: Arc<GatherQueue>,
+    /// The current preparation's progress (replaced by each activation).
+    pub(crate) progress: Mutex<Arc<Progress>>,
+}
+
+/// The stages an invocation may run: the cold ones, then those of its declaration set, with the sources
+/// `parameters.gather` may read ([`Model::stages_for`]).
+#[derive(Debug, Clone)]
+pub struct StageSet {
+    pub stages: Vec<Arc<PreparedStage>>,
+    pub sources: Vec<Arc<Source>>,
+}
+
+/// What an invocation in a running phase did ([`Model::invoke_run`]): its results, and the device work and
+/// gathers it submitted, which are collected ([`Model::settle`]) whatever the results.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub results: Result<Vec<Value>>,
+    /// Every point its submissions signal, in order.
+    pub signalled: Vec<TimelinePoint>,
+    /// Every point its gathers signal.
+    pub gathers: Vec<TimelinePoint>,
+    /// `runner.feedback` slots, in call order: (after this work, buffer, offset, length).
+    pub feedback: Vec<(TimelinePoint, DeviceBuffer, u64, u64)>,
+}
+
+/// How long [`Model::settle`] waits for an invocation's device work before failing it.
+pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Overrides a registration can apply on top of `model.json`.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub device: Option<Vec<String>>,
+    pub options: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+pub(crate) fn limits(fuel: u64, memory: u64) -> InvokeLimits {
+    InvokeLimits {
+        fuel: fuel.min(package::MAX_FUEL),
+        memory_bytes: memory,
+        call_depth: 256,
+        retained_bytes: None,
+    }
+}
+
+/// Runs one VM entry with `ctx` as the invocation's host state (see [`crate::natives`]). A trap becomes
+/// [`Error::Trap`]. Returns the context as the invocation left it.
+pub(crate) fn invoke(
+    loaded: &Loaded,
+    entry: &str,
+    args: &[Value],
+    limits: &InvokeLimits,
+    ctx: Ctx,
+) -> (Result<Vec<Value>>, Ctx) {
+    let mut host: Option<HostState> = Some(Box::new(ctx));
+    let r = match loaded.entry(entry) {
+        Some(id) => {
+            let mut out = Vec::new();
+            loaded
+                .invoke_hosted(id, args, limits, &mut out, &mut host)
+                .map(|_| out)
+        }
+        // The VM's own error names the exports.
+        None => loaded.invoke(entry, args, limits),
+    };
+    let ctx = host
+        .and_then(|h| h.downcast::<Ctx>().ok())
+        .expect("the VM gives the invocation's host state back; this is a bug");
+    (
+        r.map_err(|t| Error::Trap {
+            entry: entry.to_string(),
+            message: t.to_string(),
+        }),
+        *ctx,
+    )
+}
+
+impl Model {
+    /// A fresh invocation context in `phase`.
+    fn ctx(&self, phase: &'static Phase) -> Ctx {
+        let mut c = Ctx::new(phase, self.phases, self.options.clone());
+        c.tokenizer = self.tokenizer.clone();
+        if phase.grants.declare {
+            c.stage_base = self.stages.len();
+            c.source_base = self.sources.len();
+        }
+        c
+    }
+
+    /// What cold `prepare` returned, every result in order.
+    pub fn cold_results(&self) -> &[Value] {
+        &self.cold.values
+    }
+
+    /// The retained state cold `prepare` returned.
+    pub fn state(&self) -> &Value {
+        &self.cold.state
+    }
+
+    /// Runs control entry `entry` as an invocation of `phase` (which must not grant running: see
+    /// [`Model::invoke_run`]) with `fuel` and the model's per-invocation memory cap. Returns the results and
+    /// what the invocation declared (empty unless the phase grants declarations).
+    pub fn invoke(
+        &self,
+        entry: &str,
+        phase: &'static Phase,
+        args: &[Value],
+        fuel: u64,
+    ) -> (Result<Vec<Value>>, Decls) {
+        debug_assert!(!phase.grants.run, "Model::invoke_run runs device phases");
+        let lim = limits(fuel, self.doc.memory.invocation_bytes);
+        let (r, ctx) = invoke(&self.control, entry, args, &lim, self.ctx(phase));
+        (r, ctx.decls)
+    }
+
+    /// Runs control entry `entry` as an invocation of `phase` (one that grants running) over the stages of
+    /// `set`: its `runner.execute_N` calls enqueue on the model's device in order on the model's work
+    /// timeline. `feedback_limit` bounds the bytes of its `runner.feedback` slots. Invocations of one model
+    /// are ordered: this holds the model's timeline for the duration of the invocation.
+    pub fn invoke_run(
+        &self,
+        entry: &str,
+        phase: &'static Phase,
+        args: &[Value],
+        fuel: u64,
+        set: StageSet,
+        feedback_limit: u64,
+    ) -> RunOutcome {
+        let mut tl = self
+            .timeline_value
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut ctx = self.ctx(phase);
+        ctx.runner = Some(RunCtx {
+            device: self.device.clone(),
+            budget: self.budget.clone(),
+            stages: set.stages,
+            timeline: self.timeline,
+            value: *tl,
+            joins: Vec::new(),
+            signalled: Vec::new(),
+            sources: set.sources,
+            gather: self.gather.clone(),
+            gathers: Vec::new(),
+            feedback: Vec::new(),
+            feedback_limit,
+        });
+        let lim = limits(fuel, self.doc.memory.invocation_bytes);
+        let (results, ctx) = invoke(&self.control, entry, args, &lim, ctx);
+        let runner = ctx.runner.expect("the runner context stays; this is a bug");
+        *tl = runner.value;
+        RunOutcome {
+            results,
+            signalled: runner.signalled,
+            gathers: runner.gathers,
+            feedback: runner.feedback,
+        }
+    }
+
+    /// Collects what `run` submitted: waits for its last work point and every gather (accepted work is
+    /// collected even when the invocation trapped after submitting it), then returns the invocation's results.
+    /// The invocation's own error comes first; then a failed dispatch or gather (a client error: the work of
+    /// this input failed), then a timeout.
+    pub fn settle(&self, run: &mut RunOutcome) -> Result<Vec<Value>> {
+        let take = |run: &mut RunOutcome| {
+            std::mem::replace(
+                &mut run.results,
+                Err(Error::Internal("settled twice".into())),
+            )
+        };
+        let timeout = DEVICE_TIMEOUT.as_nanos() as u64;
+        if let Some(p) = run.signalled.last().copied() {
+            match self.device.wait(p, timeout) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::Device(format!(
+                        "model `{}`: device work did not finish within {DEVICE_TIMEOUT:?}",
+                        self.name
+                    )));
+                }
+                Err(e) => {
+                    take(run)?;
+                    return Err(Error::BadRequest(format!("device execution failed: {e}")));
+                }
+            }
+        }
+        for g in &run.gathers {
+            let _ = self.device.wait(*g, timeout);
+        }
+        for g in &run.gathers {
+            if let Some(e) = self.gather.failure(*g) {
+                take(run)?;
+                return Err(Error::BadRequest(e));
+            }
+        }
+        take(run)
+    }
+
+    /// Every stage with parameters: the cold ones and the cached invocation sets.
+    fn all_stages(&self) -> Vec<Arc<PreparedStage>> {
+        let mut v = self.stages.clone();
+        if let Ok(c) = self.spec_cache.lock() {
+            for (_, set) in &c.entries {
+                v.extend(set.stages.iter().cloned());
+            }
+        }
+        v
+    }
+
+    /// Releases every resident parameter buffer (the reloadable backing); compiled stages stay. The caller
+    /// makes sure no cohort is running (the registry drains the scheduler first).
+    pub fn deactivate(&self) {
+        for s in self.all_stages() {
+            if let Ok(mut p) = s.params.lock() {
+                p.clear();
+            }
+        }
+        if let Ok(mut d) = self.domains.lock() {
+            d.clear();
+        }
+    }
+
+    /// The current preparation's progress.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Streams every parameter again from its (already indexed) source; on failure nothing stays resident.
+    /// `progress` follows this activation from here on.
+    pub fn activate_params(&self, progress: Arc<Progress>) -> Result<()> {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress.clone();
+        progress.phase(ProgressPhase::Placing);
+        let stages = self.all_stages();
+        progress.bytes_declared(self.bytes_to_place(stages.iter().flat_map(|s| &s.bindings)));
+        for s in &stages {
+            let mut fresh = Vec::with_capacity(s.bindings.len());
+            for b in &s.bindings {
+                match self.activate(b) {
+                    Ok(buf) => fresh.push(buf),
+                    Err(e) => {
+                        self.deactivate();
+                        return Err(e);
+                    }
+                }
+            }
+            if let Ok(mut p) = s.params.lock() {
+                *p = fresh;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device bytes the model holds now.
+    pub fn device_bytes(&self) -> u64 {
+        self.budget.used()
+    }
+
+    /// (hits, misses, cached sets) of the specialization cache.
+    pub fn spec_cache_stats(&self) -> (u64, u64, usize) {
+        self.spec_cache
+            .lock()
+            .map(|c| (c.hits, c.misses, c.entries.len()))
+            .unwrap_or((0, 0, 0))
+    }
+}

@@ -1,0 +1,361 @@
+//! Preparation: `model.json`, the catalog, linking and loading the programs for their roles, cold `prepare`
+//! under the contract's interface, sources, and the cold stages (see the module docs of [`super`]).
+
+use super::stages::SpecCache;
+use super::{ColdResults, Model, Overrides, PrepareReport, invoke, limits};
+use crate::abi;
+use crate::checkpoint::Source;
+use crate::contract::{COLD, ContractInterface, Contracts};
+use crate::device::gather::GatherQueue;
+use crate::device::{Budget, Device};
+use crate::natives::{self, Ctx};
+use crate::package::{self, PackageFiles};
+use crate::progress::{Phase as ProgressPhase, Progress};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use loom_compiler::{Catalog, Role};
+use loom_ir::{Signature, TParamKind, TValue};
+use loom_vm::{LoadLimits, Loaded, Value, Vm};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+fn sig_text(s: &Signature) -> String {
+    let p: Vec<String> = s.params.iter().map(|t| t.to_string()).collect();
+    let r: Vec<String> = s.results.iter().map(|t| t.to_string()).collect();
+    format!("({}) -> ({})", p.join(", "), r.join(", "))
+}
+
+fn check_entry(loaded: &Loaded, file: &str, name: &str, want: &Signature) -> Result<()> {
+    match loaded.signature(name) {
+        None => Err(Error::Program(format!(
+            "{file}: the program exports no `{name}` (expected `export func @{name}{}`)",
+            sig_text(want)
+        ))),
+        Some(s) if &s != want => Err(Error::Program(format!(
+            "{file}: `{name}` has signature {}, expected {}",
+            sig_text(&s),
+            sig_text(want)
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The package's programs: the catalog (programs and `definition.sources`, each compiled once), and the
+/// `prepare` and `control` programs linked for their roles, loaded with their natives, entries checked.
+struct Programs {
+    catalog: Catalog,
+    prepare: Loaded,
+    prepare_file: String,
+    control: Loaded,
+}
+
+impl Programs {
+    fn build(
+        name: &str,
+        files: &PackageFiles,
+        doc: &package::ModelDoc,
+        interface: &ContractInterface,
+    ) -> Result<Programs> {
+        let mut catalog = Catalog::with_ref_types(abi::ref_types());
+        let add = |catalog: &mut Catalog, label: &str, bytes: Vec<u8>| -> Result<usize> {
+            catalog
+                .add_file(label, &bytes)
+                .map(|(i, warnings)| {
+                    for w in warnings {
+                        log::warn!("model {name}: {}", w.trim_end());
+                    }
+                    i
+                })
+                .map_err(|e| Error::Program(e.to_string()))
+        };
+        // Program references resolve from the package directory; a server-local package may name programs of
+        // another package or a shared library (`../arith-embed/control.loom`), an uploaded one only its own
+        // files.
+        let read_prog = |field: &str, path: &str| -> Result<(String, Vec<u8>)> {
+            let bytes = files.read_source("model.json", field, path)?;
+            Ok((path.to_string(), bytes))
+        };
+        let (prep_file, b) = read_prog("programs.prepare", &doc.programs.prepare)?;
+        let prep_idx = add(&mut catalog, &prep_file, b)?;
+        let (ctl_file, b) = read_prog("programs.control", &doc.programs.control)?;
+        let ctl_idx = if ctl_file == prep_file {
+            prep_idx
+        } else {
+            add(&mut catalog, &ctl_file, b)?
+        };
+        let mut seen = vec![prep_file.clone(), ctl_file.clone()];
+        for (role, path) in &doc.programs.other {
+            let (f, b) = read_prog(&format!("programs.{role}"), path)?;
+            if !seen.contains(&f) {
+                add(&mut catalog, &f, b)?;
+                seen.push(f);
+            }
+        }
+        for (i, path) in doc.definition.sources.iter().enumerate() {
+            let field = format!("definition.sources[{i}]");
+            let b = files.read_source("model.json", &field, path)?;
+            if !seen.contains(path) {
+                add(&mut catalog, path, b)?;
+                seen.push(path.clone());
+            }
+        }
+
+        let (prep_role, ctl_role) = (abi::prepare_role(), abi::control_role());
+        let roots: Vec<&str> = interface.entries.iter().map(|(n, _)| *n).collect();
+        let prepare = load(
+            &catalog,
+            prep_idx,
+            &prep_file,
+            &["prepare"],
+            &prep_role,
+            &natives::prepare_program_modules(),
+        )?;
+        let control = load(
+            &catalog,
+            ctl_idx,
+            &ctl_file,
+            &roots,
+            &ctl_role,
+            &natives::control_program_modules(),
+        )?;
+        check_entry(&prepare, &prep_file, "prepare", &interface.cold_signature())?;
+        for (n, s) in &interface.entries {
+            check_entry(&control, &ctl_file, n, s)?;
+        }
+        Ok(Programs {
+            catalog,
+            prepare,
+            prepare_file: prep_file,
+            control,
+        })
+    }
+}
+
+/// Links `roots` of catalog module `primary` for `role` and loads the program with `natives`.
+fn load(
+    catalog: &Catalog,
+    primary: usize,
+    file: &str,
+    roots: &[&str],
+    role: &Role,
+    natives: &[Arc<loom_vm::NativeModule>],
+) -> Result<Loaded> {
+    let program = loom_compiler::link(catalog, primary, roots, role).map_err(|errs| {
+        Error::Program(
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(""),
+        )
+    })?;
+    let grants: Vec<&str> = role.grants.iter().map(|s| s.as_str()).collect();
+    Vm::load(&program, natives, &grants, &LoadLimits::default())
+        .map_err(|e| Error::Program(format!("{file}: {e}")))
+}
+
+/// Prepares a package on the device `device_for` picks, under the contract its `model.json` names (one of
+/// `contracts`). `name` is the registered model name.
+pub fn prepare(
+    name: &str,
+    files: &PackageFiles,
+    overrides: &Overrides,
+    contracts: &Contracts,
+    device_for: impl FnOnce(&[String]) -> Result<Arc<Device>>,
+    progress: Arc<Progress>,
+) -> Result<Model> {
+    let start = Instant::now();
+    let doc_bytes = files
+        .read("model.json")
+        .map_err(|m| Error::package("model.json", "", m))?;
+    let doc = package::parse_model_doc("model.json", &doc_bytes)?;
+    let contract = contracts.for_doc("model.json", &doc)?.clone();
+    let interface = contract.interface().clone();
+    let prefs = overrides
+        .device
+        .clone()
+        .or_else(|| doc.device.as_ref().map(|d| d.preferences()))
+        .unwrap_or_else(|| vec!["cpu".to_string()]);
+    let device = device_for(&prefs)?;
+    let options = Arc::new(
+        overrides
+            .options
+            .clone()
+            .unwrap_or_else(|| doc.options.clone()),
+    );
+
+    let programs = Programs::build(name, files, &doc, &interface)?;
+    let prep_file = programs.prepare_file.clone();
+    let (prepare_loaded, control, catalog) = (programs.prepare, programs.control, programs.catalog);
+
+    // Cold preparation.
+    let asset_root = files.describe();
+    let options_text = serde_json::Value::Object((*options).clone()).to_string();
+    let mut lim = limits(doc.fuel.prepare, doc.memory.invocation_bytes);
+    lim.retained_bytes = Some(doc.memory.state_bytes);
+    let (r, ctx) = invoke(
+        &prepare_loaded,
+        "prepare",
+        &[Value::str(&asset_root), Value::str(&options_text)],
+        &lim,
+        Ctx::new(&COLD, interface.phases, options.clone()),
+    );
+    let values = r?;
+    (interface.cold.check)(&values).map_err(|m| Error::Program(format!("{prep_file}: {m}")))?;
+    let tokenizer_name = interface
+        .cold
+        .tokenizer
+        .and_then(|i| values.get(i))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let cold = ColdResults {
+        state: values
+            .get(interface.cold.state)
+            .cloned()
+            .ok_or_else(|| Error::Internal("the cold state result is missing".into()))?,
+        values,
+    };
+    let tokenizer = if tokenizer_name.is_empty() {
+        None
+    } else {
+        let path = doc
+            .assets
+            .get(&tokenizer_name)
+            .cloned()
+            .unwrap_or_else(|| tokenizer_name.clone());
+        let rel = package::relative(&prep_file, "prepare tokenizer result", &path)?;
+        let bytes = files
+            .read(&rel)
+            .map_err(|m| Error::package("model.json", "assets", m))?;
+        Some(Arc::new(
+            Tokenizer::from_bytes(&rel, &bytes).map_err(|m| Error::package(&rel, "", m))?,
+        ))
+    };
+    let decls = ctx.decls;
+    if decls.stages.is_empty() {
+        return Err(Error::Program(format!(
+            "{prep_file}: prepare declared no stage (call prepare.stage)"
+        )));
+    }
+
+    // Sources: each opened and indexed once, before any placement.
+    progress.phase(ProgressPhase::Sources);
+    let mut sources = Vec::with_capacity(decls.sources.len());
+    for (i, shards) in decls.sources.iter().enumerate() {
+        let mut paths = Vec::with_capacity(shards.len());
+        for (dir, path) in shards {
+            paths.push(resolve_source_path(files, &asset_root, dir, path, i)?);
+        }
+        sources.push(Arc::new(
+            Source::open(&paths).map_err(|m| Error::Checkpoint(format!("source {i}: {m}")))?,
+        ));
+    }
+
+    let budget = Budget::reserved(&device, name, doc.memory.device_bytes)?;
+    let timeline = device.timeline()?;
+    let gather = GatherQueue::start(device.clone(), name, doc.io.direct)?;
+    let mut model = Model {
+        name: name.to_string(),
+        doc,
+        contract,
+        phases: interface.phases,
+        device,
+        budget,
+        cold,
+        stages: Vec::new(),
+        report: PrepareReport::default(),
+        control,
+        catalog,
+        files: files.clone(),
+        asset_root: asset_root.clone(),
+        sources,
+        cold_params: decls.params.clone(),
+        domains: Mutex::new(HashMap::new()),
+        spec_cache: Mutex::new(SpecCache::default()),
+        options,
+        tokenizer,
+        timeline,
+        timeline_value: Mutex::new(0),
+        gather,
+        progress: Mutex::new(progress.clone()),
+    };
+    progress.phase(ProgressPhase::Compiling);
+    let compile_start = Instant::now();
+    let cold_sources = model.sources.clone();
+    let stages = model.build_stages(&decls.stages, &decls.params, 0, &cold_sources)?;
+    model.report.compile_time = compile_start.elapsed();
+    model.report.stages = stages.len();
+    model.report.parameter_bytes = model.budget.used();
+    model.stages = stages;
+    model.report.total_time = start.elapsed();
+    Ok(model)
+}
+
+pub(crate) fn resolve_source_path(
+    files: &PackageFiles,
+    asset_root: &str,
+    dir: &str,
+    path: &str,
+    ordinal: usize,
+) -> Result<PathBuf> {
+    if !dir.is_empty() && dir != asset_root {
+        return Err(Error::Checkpoint(format!(
+            "source {ordinal}: directory {dir:?} is not the asset root given to prepare ({asset_root:?})"
+        )));
+    }
+    let rel = package::relative("prepare.source", "path", path)
+        .map_err(|e| Error::Checkpoint(format!("source {ordinal}: {e}")))?;
+    let root = files.params_root().ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "source {ordinal}: {path}: this uploaded package has no parameter root (the server was \
+             started without --params-root)"
+        ))
+    })?;
+    Ok(root.join(rel))
+}
+
+/// Parses a `prepare.config` text value by the kind of the template parameter it binds.
+pub fn parse_config_text(kind: &TParamKind, text: &str) -> std::result::Result<TValue, String> {
+    let t = text.trim();
+    match kind {
+        TParamKind::I64 => t
+            .replace('_', "")
+            .parse::<i64>()
+            .map(TValue::I64)
+            .map_err(|_| format!("expected an i64, found {t:?}")),
+        TParamKind::Bool => match t {
+            "true" => Ok(TValue::Bool(true)),
+            "false" => Ok(TValue::Bool(false)),
+            _ => Err(format!("expected true or false, found {t:?}")),
+        },
+        TParamKind::Str => {
+            let inner = t
+                .strip_prefix('"')
+                .and_then(|s| s.strip_suffix('"'))
+                .ok_or_else(|| {
+                    format!("expected a string literal such as \"gelu\", found {t:?}")
+                })?;
+            Ok(TValue::Str(inner.to_string()))
+        }
+        TParamKind::DType => loom_ir::kernel::DType::from_name(t)
+            .map(|_| TValue::DType(t.to_string()))
+            .ok_or_else(|| format!("expected a dtype such as f32, found {t:?}")),
+        TParamKind::Shape => {
+            let inner = t
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+                .ok_or_else(|| format!("expected a shape such as [2, 3], found {t:?}"))?;
+            inner
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<i64>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(TValue::Shape)
+                .map_err(|_| format!("expected a shape such as [2, 3], found {t:?}"))
+        }
+        TParamKind::Func(_) => Err("a func template parameter cannot be configured".into()),
+    }
+}
