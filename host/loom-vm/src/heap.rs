@@ -89,6 +89,36 @@ fn oom(n: u64, used: u64, cap: u64) -> Fault {
     )
 }
 
+/// `n` zero bytes, or the out-of-memory trap when the system cannot give them (fallible, unlike `vec!`).
+pub(crate) fn zeroed(n: u64) -> Result<Vec<u8>, Fault> {
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok().map(|()| n))
+        .map(|n| {
+            v.resize(n, 0);
+            v
+        })
+        .ok_or_else(|| {
+            Fault::new(
+                TrapKind::OutOfMemory,
+                format!("the system could not allocate {n} bytes for a buffer"),
+            )
+        })
+}
+
+/// An empty vector with room for `n` items, or the out-of-memory trap.
+pub(crate) fn with_capacity<T>(n: usize) -> Result<Vec<T>, Fault> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Fault::new(
+            TrapKind::OutOfMemory,
+            format!("the system could not allocate room for {n} values"),
+        )
+    })?;
+    Ok(v)
+}
+
 pub(crate) fn charge(used: &mut u64, cap: u64, n: u64) -> Result<(), Fault> {
     match used.checked_add(n) {
         Some(t) if t <= cap => {
@@ -142,11 +172,19 @@ impl Heap {
     }
 
     /// Charges `bytes + overhead` then builds and adds the object (so nothing is allocated over the cap).
-    pub(crate) fn alloc(&mut self, bytes: u64, make: impl FnOnce() -> Obj) -> Result<u32, Fault> {
-        self.charge(bytes.saturating_add(OBJ_OVERHEAD))?;
+    /// A new zeroed buffer of `n` bytes, charged first; an allocation the system refuses is the program's
+    /// out-of-memory trap, never the process's end.
+    pub(crate) fn alloc_zeroed_buf(&mut self, n: u64) -> Result<u32, Fault> {
+        self.charge(n.saturating_add(OBJ_OVERHEAD))?;
         self.used -= OBJ_OVERHEAD; // `push` charges it again
-        let o = make();
-        self.push(o)
+        let v = match zeroed(n) {
+            Ok(v) => v,
+            Err(f) => {
+                self.used -= n;
+                return Err(f);
+            }
+        };
+        self.push(Obj::Buf(Buf::Owned(v)))
     }
 
     #[inline(always)]

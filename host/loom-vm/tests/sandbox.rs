@@ -114,6 +114,31 @@ fn oversized_buffer_new_traps_without_allocating() {
     );
 }
 
+/// A cap larger than the machine does not let a program abort the process: an allocation the system refuses
+/// is the program's out-of-memory trap (in both tiers), and the invocation's memory is not left charged.
+#[test]
+fn an_allocation_the_system_refuses_traps() {
+    let l = single(&[T::I64], &[T::I64], |b, p| {
+        let bf = b.op(O::BufferNew, vec![v(p[0])], T::Buffer);
+        let n = b.op(O::BufferLen, vec![v(bf)], T::I64);
+        b.ret(vec![v(n)]);
+    });
+    let lim = InvokeLimits {
+        memory_bytes: 1 << 62,
+        ..Default::default()
+    };
+    // 2^50 bytes: far over any machine's memory (and Linux's overcommit heuristic).
+    let inv = l.invoke_metered("main", &[V::I64(1 << 50)], &lim);
+    let t = inv.result.unwrap_err();
+    assert_eq!(t.kind, TrapKind::OutOfMemory, "{t}");
+    assert!(t.message.contains("could not allocate"), "{t}");
+    assert!(inv.memory_used < 1 << 20, "{}", inv.memory_used);
+    assert_eq!(
+        l.invoke("main", &[V::I64(4096)], &lim).unwrap(),
+        vec![V::I64(4096)]
+    );
+}
+
 #[test]
 fn allocating_in_a_loop_hits_the_cap() {
     let l = single(&[], &[T::I64], |b, _| {

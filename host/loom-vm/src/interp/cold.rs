@@ -343,7 +343,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
                     format!("buffer.new of negative length {n}")
                 ));
             }
-            let h = tri!(heap.alloc(n as u64, || Obj::Buf(Buf::Owned(vec![0u8; n as usize]))));
+            let h = tri!(heap.alloc_zeroed_buf(n as u64));
             r[d as usize] = h;
         }
         I::BufLen { d, b } => s[d as usize] = tri!(heap.buf(r[b as usize])).len() as u64,
@@ -456,7 +456,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
                 tri!(heap.buf(r[b as usize])).len(),
             );
             tri!(heap.charge((x + y) as u64));
-            let mut v = Vec::with_capacity(x + y);
+            let mut v = tri!(crate::heap::with_capacity(x + y));
             v.extend_from_slice(tri!(heap.buf(r[a as usize])));
             v.extend_from_slice(tri!(heap.buf(r[b as usize])));
             r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
@@ -577,7 +577,8 @@ fn list_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Result
                 / 8;
             let n = want.min(room).min(1 << 24);
             tri!(heap.charge(n * 8));
-            r[d as usize] = tri!(heap.push(Obj::List(Vec::with_capacity(n as usize))));
+            let items = tri!(crate::heap::with_capacity(n as usize));
+            r[d as usize] = tri!(heap.push(Obj::List(items)));
         }
         I::ListLen { d, l } => s[d as usize] = tri!(heap.list(r[l as usize])).len() as u64,
         I::ListGetS { d, l, i } | I::ListGetR { d, l, i } => {

@@ -57,7 +57,7 @@
 //! `Result`-returning accessors.
 
 use crate::code::*;
-use crate::heap::{Buf, Heap, Obj};
+use crate::heap::Heap;
 use crate::interp::WINDOW;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I8, I32, I64};
@@ -126,8 +126,7 @@ extern "C" fn loom_vm_jit_buf_new(ctx: *mut JitContext, n: i64) -> u32 {
     if n < 0 {
         return 0;
     }
-    heap.alloc(n as u64, || Obj::Buf(Buf::Owned(vec![0u8; n as usize])))
-        .unwrap_or(0)
+    heap.alloc_zeroed_buf(n as u64).unwrap_or(0)
 }
 
 /// The compiled functions of one program. Owns the machine code.
