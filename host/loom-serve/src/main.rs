@@ -2,8 +2,14 @@
 //!
 //! ```text
 //! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
-//!            [--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
+//!            [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N]
+//!            [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
 //! ```
+//!
+//! Server-local packages (start-up ones and JSON registrations) and every file they read must lie inside a
+//! `--package-root` (symlinks resolved); without one, inside the directories holding the start-up packages.
+//! `--max-invocation-bytes` (default 1 GiB) and `--max-state-bytes` (default 256 MiB) bound what a package may
+//! declare as `memory.invocation_bytes` and `memory.state_bytes`.
 //!
 //! A deployment file (`deploy/*.json`) names plugin directories and models with their device choice:
 //! `{"plugins": ["DIR"], "models": [{"base": "DIR", "name": "N", "device": "cpu" | ["vulkan:0", "cpu"],
@@ -20,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use serve_http::{AppState, Config};
 use serve_runtime::device::{BuiltinHal, Devices};
 use serve_runtime::model::Overrides;
-use serve_runtime::package::PackageFiles;
+use serve_runtime::package::{OperatorLimits, PackageFiles};
 use serve_runtime::registry::Registry;
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,7 +34,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
-[--params-root DIR] [--api-key KEY]... [--body-limit BYTES] [--log error|warn|info|debug|trace]";
+[--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--api-key KEY]... \
+[--body-limit BYTES] [--log error|warn|info|debug|trace]";
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -43,6 +50,7 @@ struct Args {
     plugins: Vec<PathBuf>,
     models: Vec<StartModel>,
     config: Config,
+    limits: OperatorLimits,
     log: log::LevelFilter,
 }
 
@@ -53,6 +61,7 @@ fn parse_args() -> Result<Args> {
         plugins: Vec::new(),
         models: Vec::new(),
         config: Config::default(),
+        limits: OperatorLimits::default(),
         log: log::LevelFilter::Info,
     };
     let mut it = std::env::args().skip(1);
@@ -87,6 +96,22 @@ fn parse_args() -> Result<Args> {
                 a.config.params_root =
                     Some(std::fs::canonicalize(&v).with_context(|| format!("--params-root {v}"))?);
             }
+            "--package-root" => {
+                let v = value()?;
+                a.limits.package_roots.push(
+                    std::fs::canonicalize(&v).with_context(|| format!("--package-root {v}"))?,
+                );
+            }
+            "--max-invocation-bytes" => {
+                a.limits.max_invocation_bytes = value()?
+                    .parse()
+                    .context("--max-invocation-bytes takes a byte count")?
+            }
+            "--max-state-bytes" => {
+                a.limits.max_state_bytes = value()?
+                    .parse()
+                    .context("--max-state-bytes takes a byte count")?
+            }
             "--api-key" => a.config.api_keys.push(value()?),
             "--body-limit" => {
                 a.config.body_limit = value()?
@@ -103,6 +128,17 @@ fn parse_args() -> Result<Args> {
                 std::process::exit(0);
             }
             other => bail!("unknown argument `{other}`\n{USAGE}"),
+        }
+    }
+    // Without --package-root, server-local packages may live beside the start-up ones (the directories that
+    // hold them, e.g. `packages/`), and nowhere else.
+    if a.limits.package_roots.is_empty() {
+        for m in &a.models {
+            if let Some(parent) = m.dir.parent() {
+                if !a.limits.package_roots.iter().any(|r| r == parent) {
+                    a.limits.package_roots.push(parent.to_path_buf());
+                }
+            }
         }
     }
     Ok(a)
@@ -147,7 +183,10 @@ fn main() -> Result<()> {
         log::info!("{n}");
     }
     let profiles = mount_profiles(&report);
-    let registry = Arc::new(Registry::new(Arc::new(devices), serve_contracts::builtin()));
+    let registry = Arc::new(
+        Registry::new(Arc::new(devices), serve_contracts::builtin())
+            .with_limits(args.limits.clone()),
+    );
     let state = AppState::with_profiles(registry.clone(), args.config.clone(), profiles);
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -7,7 +7,7 @@ use loom_plugin_api::records;
 use serve_contracts::finite::FiniteService;
 use serve_runtime::device::{BuiltinHal, Devices};
 use serve_runtime::model::Overrides;
-use serve_runtime::package::PackageFiles;
+use serve_runtime::package::{OperatorLimits, PackageFiles};
 use serve_runtime::registry::{Registry, Status};
 use serve_runtime::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -25,7 +25,15 @@ fn registry() -> Registry {
         open_with_files: hal_cpu::open_with_files,
     };
     let (devices, _) = Devices::open(&[], &[cpu]);
-    Registry::new(Arc::new(devices), serve_contracts::builtin())
+    // Packages are read from the repository's packages/ and from the temporary copies.
+    let roots = [packages(), std::env::temp_dir()]
+        .iter()
+        .map(|p| p.canonicalize().unwrap())
+        .collect();
+    Registry::new(Arc::new(devices), serve_contracts::builtin()).with_limits(OperatorLimits {
+        package_roots: roots,
+        ..OperatorLimits::default()
+    })
 }
 
 /// A copy of `packages/NAME` in a fresh temporary directory (`edit` may change its `model.json`).

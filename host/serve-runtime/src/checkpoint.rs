@@ -48,6 +48,8 @@ pub enum Meta {
 #[derive(Debug)]
 pub struct Source {
     pub files: Vec<PathBuf>,
+    /// How messages name each file (package-relative for package checkpoints).
+    pub names: Vec<String>,
     handles: Vec<Arc<File>>,
     pub entries: HashMap<String, Entry>,
     /// GGUF metadata (empty for safetensors).
@@ -55,48 +57,60 @@ pub struct Source {
 }
 
 impl Source {
-    /// Opens and indexes `files` in order. A key present in two shards is an error.
+    /// Opens and indexes `files` in order. A key present in two shards is an error. Messages name each file
+    /// by its path.
     pub fn open(files: &[PathBuf]) -> Result<Source, String> {
+        let named: Vec<(PathBuf, String)> = files
+            .iter()
+            .map(|p| (p.clone(), p.display().to_string()))
+            .collect();
+        Source::open_named(&named)
+    }
+
+    /// [`Source::open`] for (path, name) shards: messages name each file by `name` only (a package-relative
+    /// path, so that errors never show where the server keeps files).
+    pub fn open_named(files: &[(PathBuf, String)]) -> Result<Source, String> {
         let mut s = Source {
             files: Vec::new(),
+            names: Vec::new(),
             handles: Vec::new(),
             entries: HashMap::new(),
             meta: HashMap::new(),
         };
-        for path in files {
-            s.append(path)?;
+        for (path, name) in files {
+            s.append(path, name)?;
         }
         Ok(s)
     }
 
-    /// Indexes one more shard.
-    pub fn append(&mut self, path: &Path) -> Result<(), String> {
-        let file = File::open(path).map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+    /// Indexes one more shard, named `name` in messages.
+    pub fn append(&mut self, path: &Path, name: &str) -> Result<(), String> {
+        let file = File::open(path)
+            .map_err(|e| format!("checkpoint {name}: {}", crate::package::io_text(&e)))?;
         let len = file
             .metadata()
-            .map_err(|e| format!("checkpoint {}: {e}", path.display()))?
+            .map_err(|e| format!("checkpoint {name}: {}", crate::package::io_text(&e)))?
             .len();
         let mut magic = [0u8; 4];
-        read_exact_at(&file, &mut magic, 0, len)
-            .map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+        read_exact_at(&file, &mut magic, 0, len).map_err(|e| format!("checkpoint {name}: {e}"))?;
         let idx = self.files.len();
         let (entries, meta) = if &magic == b"GGUF" {
             gguf_index(&file, len, idx)
         } else {
             safetensors_index(&file, len, idx)
         }
-        .map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+        .map_err(|e| format!("checkpoint {name}: {e}"))?;
         for (k, e) in entries {
             if self.entries.contains_key(&k) {
                 return Err(format!(
-                    "checkpoint {}: tensor `{k}` is also in an earlier shard",
-                    path.display()
+                    "checkpoint {name}: tensor `{k}` is also in an earlier shard"
                 ));
             }
             self.entries.insert(k, e);
         }
         self.meta.extend(meta);
         self.files.push(path.to_path_buf());
+        self.names.push(name.to_string());
         self.handles.push(Arc::new(file));
         Ok(())
     }
@@ -122,8 +136,13 @@ impl Source {
             })?;
         let _ = end;
         let file = &self.handles[entry.file];
-        file.read_exact_at(buf, entry.offset + offset)
-            .map_err(|e| format!("{}: {e}", self.files[entry.file].display()))
+        file.read_exact_at(buf, entry.offset + offset).map_err(|e| {
+            format!(
+                "{}: {}",
+                self.names[entry.file],
+                crate::package::io_text(&e)
+            )
+        })
     }
 }
 

@@ -195,6 +195,90 @@ fn default_warm_fuel() -> u64 {
 /// The server-wide cap on any fuel budget a package asks for.
 pub const MAX_FUEL: u64 = 10_000_000_000;
 
+/// What the operator allows packages (the binary's flags). Checked at every registration.
+#[derive(Debug, Clone)]
+pub struct OperatorLimits {
+    /// Server-local packages, and every file they read (programs, `definition.sources`, assets, checkpoints),
+    /// resolve inside one of these directories, with symlinks resolved (canonical paths). Empty: each package
+    /// reads only inside its own directory.
+    pub package_roots: Vec<PathBuf>,
+    /// The largest `memory.invocation_bytes` a package may declare.
+    pub max_invocation_bytes: u64,
+    /// The largest `memory.state_bytes` a package may declare.
+    pub max_state_bytes: u64,
+}
+
+/// Default [`OperatorLimits::max_invocation_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_INVOCATION_BYTES: u64 = 1 << 30;
+/// Default [`OperatorLimits::max_state_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 256 << 20;
+/// The largest program or `definition.sources` file a package may name.
+pub const MAX_PROGRAM_BYTES: u64 = 16 << 20;
+
+impl Default for OperatorLimits {
+    fn default() -> Self {
+        OperatorLimits {
+            package_roots: Vec::new(),
+            max_invocation_bytes: DEFAULT_MAX_INVOCATION_BYTES,
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+        }
+    }
+}
+
+impl OperatorLimits {
+    /// The declared caps of `doc` within these limits (errors name the field and the limit).
+    pub fn check_doc(&self, file: &str, doc: &ModelDoc) -> Result<(), Error> {
+        for (field, v, max, flag) in [
+            (
+                "memory.invocation_bytes",
+                doc.memory.invocation_bytes,
+                self.max_invocation_bytes,
+                "--max-invocation-bytes",
+            ),
+            (
+                "memory.state_bytes",
+                doc.memory.state_bytes,
+                self.max_state_bytes,
+                "--max-state-bytes",
+            ),
+        ] {
+            if v > max {
+                return Err(Error::package(
+                    file,
+                    field,
+                    format!("{v} bytes is over this server's limit of {max} bytes ({flag})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `canonical` (a canonical path) is a place a server-local package based at `base` may read:
+    /// inside a package root, or inside `base` itself when no root is configured.
+    pub fn admits(&self, base: &Path, canonical: &Path) -> bool {
+        if self.package_roots.is_empty() {
+            return base.canonicalize().is_ok_and(|b| canonical.starts_with(b));
+        }
+        self.package_roots.iter().any(|r| canonical.starts_with(r))
+    }
+
+    /// Checks that a server-local package directory lies inside the package roots.
+    pub fn check_base(&self, base: &Path) -> Result<(), Error> {
+        let canon = base.canonicalize().map_err(|_| {
+            Error::BadRequest("the package directory does not exist or cannot be read".into())
+        })?;
+        if !self.package_roots.is_empty()
+            && !self.package_roots.iter().any(|r| canon.starts_with(r))
+        {
+            return Err(Error::BadRequest(
+                "the package directory is outside the package roots this server allows (--package-root)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Where a package's files are.
 #[derive(Debug, Clone)]
 pub enum PackageFiles {
@@ -245,21 +329,17 @@ impl PackageFiles {
         match self {
             PackageFiles::Dir(base) => {
                 let path = base.join(rel);
-                // Symlinks must not lead out of the base either.
+                // Symlinks must not lead out of the base either. Messages name the package-relative path only.
                 let canon = path
                     .canonicalize()
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(|e| format!("{rel}: {}", io_text(&e)))?;
                 let base_canon = base
                     .canonicalize()
-                    .map_err(|e| format!("{}: {e}", base.display()))?;
+                    .map_err(|e| format!("the package directory: {}", io_text(&e)))?;
                 if !canon.starts_with(&base_canon) {
-                    return Err(format!(
-                        "{}: resolves outside the package base {}",
-                        path.display(),
-                        base.display()
-                    ));
+                    return Err(format!("{rel}: resolves outside the package directory"));
                 }
-                std::fs::read(&canon).map_err(|e| format!("{}: {e}", path.display()))
+                std::fs::read(&canon).map_err(|e| format!("{rel}: {}", io_text(&e)))
             }
             PackageFiles::Uploaded { files, .. } => files
                 .get(rel)
@@ -268,9 +348,17 @@ impl PackageFiles {
         }
     }
 
-    /// Reads a `definition.sources` entry: for a server-local package, relative to its directory and allowed to
-    /// name shared libraries elsewhere (`../motifs/norm.loom`); for an uploaded package, only its own files.
-    pub fn read_source(&self, doc_file: &str, field: &str, path: &str) -> Result<Vec<u8>, Error> {
+    /// Reads a program or `definition.sources` entry: for a server-local package, relative to its directory and
+    /// allowed to name shared libraries elsewhere (`../motifs/norm.loom`) inside the operator's package roots
+    /// (symlinks resolved; see [`OperatorLimits::admits`]); for an uploaded package, only its own files. At most
+    /// [`MAX_PROGRAM_BYTES`]. Messages name the path as the package wrote it, never the server's.
+    pub fn read_source(
+        &self,
+        doc_file: &str,
+        field: &str,
+        path: &str,
+        limits: &OperatorLimits,
+    ) -> Result<Vec<u8>, Error> {
         match self {
             PackageFiles::Dir(base) => {
                 if Path::new(path).is_absolute() {
@@ -280,10 +368,25 @@ impl PackageFiles {
                         format!("path {path:?} must be relative to the package base"),
                     ));
                 }
-                let full = base.join(path);
-                std::fs::read(&full).map_err(|e| {
-                    Error::package(doc_file, field, format!("{}: {e}", full.display()))
-                })
+                let bad = |m: String| Error::package(doc_file, field, format!("{path}: {m}"));
+                let canon = base
+                    .join(path)
+                    .canonicalize()
+                    .map_err(|e| bad(io_text(&e)))?;
+                if !limits.admits(base, &canon) {
+                    return Err(bad(
+                        "resolves outside the package roots this server allows".into()
+                    ));
+                }
+                let len = std::fs::metadata(&canon)
+                    .map_err(|e| bad(io_text(&e)))?
+                    .len();
+                if len > MAX_PROGRAM_BYTES {
+                    return Err(bad(format!(
+                        "{len} bytes; a program or source file has at most {MAX_PROGRAM_BYTES}"
+                    )));
+                }
+                std::fs::read(&canon).map_err(|e| bad(io_text(&e)))
             }
             PackageFiles::Uploaded { .. } => {
                 let rel = relative(doc_file, field, path)?;
@@ -320,6 +423,16 @@ impl PackageFiles {
             PackageFiles::Dir(base) => base.display().to_string(),
             PackageFiles::Uploaded { .. } => "<uploaded package>".to_string(),
         }
+    }
+}
+
+/// An I/O error as a message that names no path (the caller names the file by its package-relative path).
+pub(crate) fn io_text(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        std::io::ErrorKind::IsADirectory => "is a directory".into(),
+        _ => e.kind().to_string(),
     }
 }
 

@@ -16,7 +16,7 @@
 use crate::contract::{Contracts, Service};
 use crate::device::Devices;
 use crate::model::{self, Model, Overrides};
-use crate::package::{PackageFiles, check_model_name};
+use crate::package::{OperatorLimits, PackageFiles, check_model_name};
 use crate::progress::{Phase as ProgressPhase, Progress, Snapshot};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -74,6 +74,8 @@ pub struct ModelInfo {
 pub struct Registry {
     pub devices: Arc<Devices>,
     pub contracts: Contracts,
+    /// What the operator allows packages.
+    pub limits: OperatorLimits,
     slots: Mutex<BTreeMap<String, Slot>>,
 }
 
@@ -82,8 +84,15 @@ impl Registry {
         Registry {
             devices,
             contracts,
+            limits: OperatorLimits::default(),
             slots: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// With the operator's `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: OperatorLimits) -> Registry {
+        self.limits = limits;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
@@ -140,6 +149,7 @@ impl Registry {
             &files,
             &overrides,
             &self.contracts,
+            &self.limits,
             |prefs| devices.select(prefs),
             progress.clone(),
         )

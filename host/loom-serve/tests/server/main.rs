@@ -7,6 +7,7 @@ mod support;
 mod http_embed;
 mod http_lifecycle;
 mod http_minilm;
+mod http_packages;
 mod http_robustness;
 mod plugins;
 mod profiles;

@@ -90,6 +90,8 @@ pub struct Model {
     pub(crate) catalog: Catalog,
     /// Where request-declared sources resolve (the package's files and the asset root given to `prepare`).
     pub(crate) files: PackageFiles,
+    /// The operator's limits it was prepared under (request-time sources are checked against them too).
+    pub(crate) limits: package::OperatorLimits,
     pub(crate) asset_root: String,
     pub(crate) sources: Vec<Arc<Source>>,
     pub(crate) cold_params: Vec<crate::natives::ParamDecl>,

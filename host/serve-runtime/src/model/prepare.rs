@@ -2,14 +2,14 @@
 //! under the contract's interface, sources, and the cold stages (see the module docs of [`super`]).
 
 use super::stages::SpecCache;
-use super::{ColdResults, Model, Overrides, PrepareReport, invoke, limits};
+use super::{ColdResults, Model, Overrides, PrepareReport, invoke};
 use crate::abi;
 use crate::checkpoint::Source;
 use crate::contract::{COLD, ContractInterface, Contracts};
 use crate::device::gather::GatherQueue;
 use crate::device::{Budget, Device};
 use crate::natives::{self, Ctx};
-use crate::package::{self, PackageFiles};
+use crate::package::{self, OperatorLimits, PackageFiles};
 use crate::progress::{Phase as ProgressPhase, Progress};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -55,6 +55,7 @@ impl Programs {
     fn build(
         name: &str,
         files: &PackageFiles,
+        limits: &OperatorLimits,
         doc: &package::ModelDoc,
         interface: &ContractInterface,
     ) -> Result<Programs> {
@@ -74,7 +75,7 @@ impl Programs {
         // another package or a shared library (`../arith-embed/control.loom`), an uploaded one only its own
         // files.
         let read_prog = |field: &str, path: &str| -> Result<(String, Vec<u8>)> {
-            let bytes = files.read_source("model.json", field, path)?;
+            let bytes = files.read_source("model.json", field, path, limits)?;
             Ok((path.to_string(), bytes))
         };
         let (prep_file, b) = read_prog("programs.prepare", &doc.programs.prepare)?;
@@ -95,7 +96,7 @@ impl Programs {
         }
         for (i, path) in doc.definition.sources.iter().enumerate() {
             let field = format!("definition.sources[{i}]");
-            let b = files.read_source("model.json", &field, path)?;
+            let b = files.read_source("model.json", &field, path, limits)?;
             if !seen.contains(path) {
                 add(&mut catalog, path, b)?;
                 seen.push(path.clone());
@@ -162,15 +163,20 @@ pub fn prepare(
     files: &PackageFiles,
     overrides: &Overrides,
     contracts: &Contracts,
+    limits: &OperatorLimits,
     device_for: impl FnOnce(&[String]) -> Result<Arc<Device>>,
     progress: Arc<Progress>,
 ) -> Result<Model> {
     let start = Instant::now();
+    if let PackageFiles::Dir(base) = files {
+        limits.check_base(base)?;
+    }
     let doc_bytes = files
         .read("model.json")
         .map_err(|m| Error::package("model.json", "", m))?;
     let doc = package::parse_model_doc("model.json", &doc_bytes)?;
     let contract = contracts.for_doc("model.json", &doc)?.clone();
+    limits.check_doc("model.json", &doc)?;
     let interface = contract.interface().clone();
     let prefs = overrides
         .device
@@ -185,14 +191,14 @@ pub fn prepare(
             .unwrap_or_else(|| doc.options.clone()),
     );
 
-    let programs = Programs::build(name, files, &doc, &interface)?;
+    let programs = Programs::build(name, files, limits, &doc, &interface)?;
     let prep_file = programs.prepare_file.clone();
     let (prepare_loaded, control, catalog) = (programs.prepare, programs.control, programs.catalog);
 
     // Cold preparation.
     let asset_root = files.describe();
     let options_text = serde_json::Value::Object((*options).clone()).to_string();
-    let mut lim = limits(doc.fuel.prepare, doc.memory.invocation_bytes);
+    let mut lim = super::limits(doc.fuel.prepare, doc.memory.invocation_bytes);
     lim.retained_bytes = Some(doc.memory.state_bytes);
     let (r, ctx) = invoke(
         &prepare_loaded,
@@ -246,10 +252,18 @@ pub fn prepare(
     for (i, shards) in decls.sources.iter().enumerate() {
         let mut paths = Vec::with_capacity(shards.len());
         for (dir, path) in shards {
-            paths.push(resolve_source_path(files, &asset_root, dir, path, i)?);
+            paths.push(resolve_source_path(
+                files,
+                limits,
+                &asset_root,
+                dir,
+                path,
+                i,
+            )?);
         }
         sources.push(Arc::new(
-            Source::open(&paths).map_err(|m| Error::Checkpoint(format!("source {i}: {m}")))?,
+            Source::open_named(&paths)
+                .map_err(|m| Error::Checkpoint(format!("source {i}: {m}")))?,
         ));
     }
 
@@ -269,6 +283,7 @@ pub fn prepare(
         control,
         catalog,
         files: files.clone(),
+        limits: limits.clone(),
         asset_root: asset_root.clone(),
         sources,
         cold_params: decls.params.clone(),
@@ -293,16 +308,21 @@ pub fn prepare(
     Ok(model)
 }
 
+/// Where source shard `path` (declared with directory `dir`) of source `ordinal` is: its canonical path and its
+/// name for messages (the package-relative path). Checkpoints resolve against the package's parameter root (a
+/// server-local package's directory, an uploaded package's `--params-root`) and, symlinks resolved, must stay
+/// inside it (a server-local package: inside the operator's package roots, [`OperatorLimits::admits`]).
 pub(crate) fn resolve_source_path(
     files: &PackageFiles,
+    limits: &OperatorLimits,
     asset_root: &str,
     dir: &str,
     path: &str,
     ordinal: usize,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, String)> {
     if !dir.is_empty() && dir != asset_root {
         return Err(Error::Checkpoint(format!(
-            "source {ordinal}: directory {dir:?} is not the asset root given to prepare ({asset_root:?})"
+            "source {ordinal}: directory {dir:?} is not the asset root given to prepare"
         )));
     }
     let rel = package::relative("prepare.source", "path", path)
@@ -313,7 +333,21 @@ pub(crate) fn resolve_source_path(
              started without --params-root)"
         ))
     })?;
-    Ok(root.join(rel))
+    let bad = |m: String| Error::Checkpoint(format!("source {ordinal}: checkpoint {rel}: {m}"));
+    let canon = root
+        .join(&rel)
+        .canonicalize()
+        .map_err(|e| bad(package::io_text(&e)))?;
+    let inside = match files {
+        PackageFiles::Dir(base) => limits.admits(base, &canon),
+        PackageFiles::Uploaded { .. } => root.canonicalize().is_ok_and(|r| canon.starts_with(r)),
+    };
+    if !inside {
+        return Err(bad(
+            "resolves outside the places this server reads checkpoints from".into(),
+        ));
+    }
+    Ok((canon, rel))
 }
 
 /// Parses a `prepare.config` text value by the kind of the template parameter it binds.

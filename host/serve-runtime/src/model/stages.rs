@@ -290,11 +290,7 @@ impl Model {
                     "{at}: binding `{}`: key {:?} is not in source {src_ord} ({})",
                     b.name,
                     b.key,
-                    src.files
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    src.names.join(", ")
                 ))
             })?;
             // The resident layout: the checkpoint's, or `layout(transpose)` of a 2-D element-typed tensor
@@ -464,6 +460,7 @@ impl Model {
             for (dir, path) in shards {
                 paths.push(super::prepare::resolve_source_path(
                     &self.files,
+                    &self.limits,
                     &self.asset_root,
                     dir,
                     path,
@@ -471,7 +468,7 @@ impl Model {
                 )?);
             }
             sources
-                .push(Arc::new(Source::open(&paths).map_err(|m| {
+                .push(Arc::new(Source::open_named(&paths).map_err(|m| {
                     Error::Checkpoint(format!("source {ordinal}: {m}"))
                 })?));
         }
