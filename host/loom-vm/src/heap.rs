@@ -172,11 +172,23 @@ impl Heap {
     }
 
     /// Charges `bytes + overhead` then builds and adds the object (so nothing is allocated over the cap).
-    /// A new zeroed buffer of `n` bytes, charged first; an allocation the system refuses is the program's
-    /// out-of-memory trap, never the process's end.
-    pub(crate) fn alloc_zeroed_buf(&mut self, n: u64) -> Result<u32, Fault> {
+    /// A new zeroed buffer of `n` bytes: the memory is charged first (over the cap: the out-of-memory trap),
+    /// then `fuel`'s bulk cost when given (the interpreter's; JIT code charges its own), then the bytes are
+    /// allocated; an allocation the system refuses is the program's out-of-memory trap, never the process's
+    /// end. Nothing stays charged on failure.
+    pub(crate) fn alloc_zeroed_buf(
+        &mut self,
+        n: u64,
+        fuel: Option<&mut u64>,
+    ) -> Result<u32, Fault> {
         self.charge(n.saturating_add(OBJ_OVERHEAD))?;
         self.used -= OBJ_OVERHEAD; // `push` charges it again
+        if let Some(fuel) = fuel {
+            if let Err(f) = crate::interp::bulk_fuel(fuel, n) {
+                self.used -= n;
+                return Err(f);
+            }
+        }
         let v = match zeroed(n) {
             Ok(v) => v,
             Err(f) => {

@@ -135,6 +135,22 @@ fn div0(what: &str) -> Fault {
     Fault::new(TrapKind::DivisionByZero, format!("{what} by zero"))
 }
 
+/// Bulk operations (`buffer.new`, `slice`, `copy`, `fill`, `concat`, string building and conversions) cost one
+/// fuel unit per `2^BULK_FUEL_SHIFT` bytes they touch, on top of the instruction's own unit, so that fuel bounds
+/// their time as it bounds any loop's: a megabyte costs 16,384 units.
+pub(crate) const BULK_FUEL_SHIFT: u32 = 6;
+
+/// Charges the bulk fuel of an operation touching `bytes` bytes (see [`BULK_FUEL_SHIFT`]).
+#[inline]
+pub(crate) fn bulk_fuel(fuel: &mut u64, bytes: u64) -> Result<(), Fault> {
+    let cost = bytes >> BULK_FUEL_SHIFT;
+    if *fuel < cost {
+        return Err(out_of_fuel());
+    }
+    *fuel -= cost;
+    Ok(())
+}
+
 #[cold]
 fn out_of_fuel() -> Fault {
     Fault::new(TrapKind::OutOfFuel, "out of fuel")
@@ -527,7 +543,7 @@ fn run(
                         call_native(p, fc, site, &mut s[..], &mut r[..], heap, fuel, types)
                             .map(|f| fuel = f)
                     }
-                    _ => cold(ins, p, fc, &mut s[..], &mut r[..], heap),
+                    _ => cold(ins, p, fc, &mut s[..], &mut r[..], heap, &mut fuel),
                 };
                 if let Err(f) = res {
                     *fuel_out = fuel;

@@ -23,7 +23,10 @@
 //! (`if`/`for`/`while`, counted in the block) or a terminator; its cost is its op count, charged before it runs.
 //! Loop back-edges charge the body's (or condition's) first block each iteration; the block after an `if`
 //! (the join) is charged together with the branch that leads to it. Calls charge the callee's first block, native
-//! imports their declared `fuel_cost` (and whatever they charge through [`NativeCtx::charge_fuel`]). Charges do not
+//! imports their declared `fuel_cost` (and whatever they charge through [`NativeCtx::charge_fuel`]). Bulk
+//! operations (`buffer.new`, `slice`, `copy`, `fill`, `concat`, `str.concat`, `str.to_buffer`,
+//! `str.from_buffer`) also charge one unit per 64 bytes they touch, before touching them, so fuel bounds their
+//! time too (a megabyte is 16,384 units). Charges do not
 //! depend on lowering details, so the same program with the same fuel traps with [`TrapKind::OutOfFuel`] at the
 //! same pc every time; after that trap the fuel used equals the budget.
 //!

@@ -844,3 +844,41 @@ fn random_buffer_loops_agree() {
         }
     }
 }
+
+/// Bulk fuel (`buffer.new` charged by its bytes) agrees between the tiers at every budget around the points
+/// where a loop of allocations runs out: the JIT checks and charges the same units, or leaves the instruction
+/// to the interpreter, which then traps exactly where it would have alone.
+#[test]
+fn bulk_fuel_agrees_at_every_budget() {
+    let pb = prog(&[T::I64], &[T::I64], |b, p| {
+        let r = b.for_(
+            i64_(0),
+            i64_(20),
+            i64_(1),
+            vec![(i64_(0), T::I64)],
+            |b, _, it| {
+                let buf = b.op(O::BufferNew, vec![v(p[0])], T::Buffer);
+                let l = b.op(O::BufferLen, vec![v(buf)], T::I64);
+                vec![v(b.op(O::Add, vec![v(it[0]), v(l)], T::I64))]
+            },
+        );
+        b.ret(vec![v(r[0])]);
+    });
+    let (i, j) = tiers(&pb);
+    let unlimited = InvokeLimits {
+        memory_bytes: 1 << 26,
+        ..Default::default()
+    };
+    let full = same(&i, &j, &[V::I64(4096)], &unlimited);
+    assert_eq!(full.result.unwrap(), vec![V::I64(20 * 4096)]);
+    // 20 allocations of 4096 bytes: 64 units each beyond the instructions' own.
+    let plain = same(&i, &j, &[V::I64(0)], &unlimited).fuel_used;
+    assert_eq!(full.fuel_used - plain, 20 * 64);
+    for fuel in (full.fuel_used.saturating_sub(200)..=full.fuel_used).chain([1, 50, 64, 65, 100]) {
+        let lim = InvokeLimits {
+            fuel,
+            ..unlimited.clone()
+        };
+        same(&i, &j, &[V::I64(4096)], &lim);
+    }
+}

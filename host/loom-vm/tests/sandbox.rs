@@ -125,6 +125,7 @@ fn an_allocation_the_system_refuses_traps() {
     });
     let lim = InvokeLimits {
         memory_bytes: 1 << 62,
+        fuel: u64::MAX,
         ..Default::default()
     };
     // 2^50 bytes: far over any machine's memory (and Linux's overcommit heuristic).
@@ -137,6 +138,36 @@ fn an_allocation_the_system_refuses_traps() {
         l.invoke("main", &[V::I64(4096)], &lim).unwrap(),
         vec![V::I64(4096)]
     );
+}
+
+/// Bulk operations cost fuel by the bytes they touch (one unit per 64), so fuel bounds their time: a megabyte
+/// buffer costs 16,384 units more than an empty one, and a budget too small for the bytes stops the program
+/// before it allocates them.
+#[test]
+fn bulk_operations_cost_fuel_by_bytes() {
+    let l = single(&[T::I64], &[T::I64], |b, p| {
+        let bf = b.op(O::BufferNew, vec![v(p[0])], T::Buffer);
+        let n = b.op(O::BufferLen, vec![v(bf)], T::I64);
+        b.ret(vec![v(n)]);
+    });
+    let lim = InvokeLimits {
+        memory_bytes: 1 << 24,
+        ..Default::default()
+    };
+    let empty = l.invoke_metered("main", &[V::I64(0)], &lim);
+    let mib = l.invoke_metered("main", &[V::I64(1 << 20)], &lim);
+    assert_eq!(mib.result.unwrap(), vec![V::I64(1 << 20)]);
+    assert_eq!(mib.fuel_used - empty.fuel_used, 16_384);
+    let short = l.invoke_metered(
+        "main",
+        &[V::I64(1 << 20)],
+        &InvokeLimits {
+            fuel: 16_000,
+            ..lim
+        },
+    );
+    assert_eq!(short.result.unwrap_err().kind, TrapKind::OutOfFuel);
+    assert_eq!(short.memory_used, 0, "nothing stays charged");
 }
 
 #[test]

@@ -187,3 +187,41 @@ fn package_files_stay_inside_the_package_roots() {
     no_leak(&s, &r.text());
     still_serving(&s);
 }
+
+/// Fuel bounds bulk work: a `prepare_request` that copies a megabyte 40,000 times (40 GB of copying, which
+/// one fuel unit per copy let run for many seconds on the HTTP worker) now runs out of fuel after a few
+/// copies, and the server keeps answering.
+#[test]
+fn bulk_copies_are_charged_by_their_bytes() {
+    let s = TestServer::start("pkg-bulk", &[]);
+    let base = s.dir.join("bulk");
+    arith_copy(&s, &base, |_| {});
+    let ctl = std::fs::read_to_string(base.join("control.loom")).unwrap();
+    let head =
+        "export func @prepare_request(%state: !opaque, %input: buffer) -> (buffer, i64, i64) {";
+    assert!(
+        ctl.contains(head),
+        "the fixture's control has the expected entry"
+    );
+    let ctl = ctl.replacen(
+        head,
+        &format!(
+            "{head}\n    %big = buffer.new 1048576\n    %dst = buffer.new 1048576\n    \
+             for %k = 0 to 40000 {{\n      buffer.copy %dst, 0, %big, 0, 1048576\n    }}"
+        ),
+        1,
+    );
+    std::fs::write(base.join("control.loom"), ctl).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "bulk", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "bulk", "input": [[1, 2, 3]]}),
+    );
+    assert!(r.status == 400 || r.status == 422, "{}", r.text());
+    assert!(r.text().contains("out of fuel"), "{}", r.text());
+    still_serving(&s);
+}

@@ -27,6 +27,7 @@ pub(super) fn cold(
     s: &mut [u64],
     r: &mut [u32],
     heap: &mut Heap,
+    fuel: &mut u64,
 ) -> Result<(), Fault> {
     use Instr as I;
     let types = &p.types[..];
@@ -56,7 +57,7 @@ pub(super) fn cold(
         | I::BufSlice { .. }
         | I::BufCopy { .. }
         | I::BufFill { .. }
-        | I::BufConcat { .. } => buffer_ops(ins, s, r, heap),
+        | I::BufConcat { .. } => buffer_ops(ins, s, r, heap, fuel),
         I::StrLen { .. }
         | I::StrConcat { .. }
         | I::StrEq { .. }
@@ -64,7 +65,7 @@ pub(super) fn cold(
         | I::StrFromF64 { .. }
         | I::StrToBuf { .. }
         | I::StrFromBuf { .. }
-        | I::StrParse { .. } => string_ops(ins, s, r, heap),
+        | I::StrParse { .. } => string_ops(ins, s, r, heap, fuel),
         I::ListNew { .. }
         | I::ListLen { .. }
         | I::ListGetS { .. }
@@ -322,7 +323,14 @@ fn float_ops(ins: Instr, s: &mut [u64]) -> Result<(), Fault> {
 }
 
 /// Buffer allocation, length, record fields, slices, copies, fills and concatenation.
-fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Result<(), Fault> {
+/// Buffer operations; the bulk ones charge [`bulk_fuel`] for the bytes they touch before touching them.
+fn buffer_ops(
+    ins: Instr,
+    s: &mut [u64],
+    r: &mut [u32],
+    heap: &mut Heap,
+    fuel: &mut u64,
+) -> Result<(), Fault> {
     use Instr as I;
     macro_rules! s {
         ($x:expr) => {
@@ -343,7 +351,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
                     format!("buffer.new of negative length {n}")
                 ));
             }
-            let h = tri!(heap.alloc_zeroed_buf(n as u64));
+            let h = tri!(heap.alloc_zeroed_buf(n as u64, Some(fuel)));
             r[d as usize] = h;
         }
         I::BufLen { d, b } => s[d as usize] = tri!(heap.buf(r[b as usize])).len() as u64,
@@ -418,6 +426,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
             let bytes = tri!(heap.buf(r[b as usize]));
             let rg = tri!(range("buffer.slice", s!(off), s!(len), bytes.len()));
             let n = rg.len() as u64;
+            tri!(bulk_fuel(fuel, n));
             tri!(heap.charge(n));
             let v = tri!(heap.buf(r[b as usize]))[rg].to_vec();
             r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(v))));
@@ -433,6 +442,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
             let srg = tri!(range("buffer.copy source", s!(soff), s!(len), sb.len()));
             let db_len = tri!(heap.buf(r[dst as usize])).len();
             let drg = tri!(range("buffer.copy destination", s!(doff), s!(len), db_len));
+            tri!(bulk_fuel(fuel, drg.len() as u64));
             if r[src as usize] == r[dst as usize] {
                 let db = tri!(heap.buf_mut(r[dst as usize]));
                 db.copy_within(srg, drg.start);
@@ -448,6 +458,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
             let (o, l) = (s!(off), s!(len));
             let bytes = tri!(heap.buf_mut(r[b as usize]));
             let rg = tri!(range("buffer.fill", o, l, bytes.len()));
+            tri!(bulk_fuel(fuel, rg.len() as u64));
             bytes[rg].fill(x);
         }
         I::BufConcat { d, a, b } => {
@@ -455,6 +466,7 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
                 tri!(heap.buf(r[a as usize])).len(),
                 tri!(heap.buf(r[b as usize])).len(),
             );
+            tri!(bulk_fuel(fuel, (x + y) as u64));
             tri!(heap.charge((x + y) as u64));
             let mut v = tri!(crate::heap::with_capacity(x + y));
             v.extend_from_slice(tri!(heap.buf(r[a as usize])));
@@ -467,7 +479,14 @@ fn buffer_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
 }
 
 /// String operations.
-fn string_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Result<(), Fault> {
+/// String operations; those that build or convert strings charge [`bulk_fuel`] for their bytes.
+fn string_ops(
+    ins: Instr,
+    s: &mut [u64],
+    r: &mut [u32],
+    heap: &mut Heap,
+    fuel: &mut u64,
+) -> Result<(), Fault> {
     use Instr as I;
     macro_rules! s {
         ($x:expr) => {
@@ -496,6 +515,7 @@ fn string_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
                 tri!(heap.str(r[a as usize])).clone(),
                 tri!(heap.str(r[b as usize])).clone(),
             );
+            tri!(bulk_fuel(fuel, (x.len() + y.len()) as u64));
             tri!(heap.charge((x.len() + y.len()) as u64));
             let st: Arc<str> = Arc::from(format!("{x}{y}"));
             r[d as usize] = tri!(heap.push(Obj::Str(st)));
@@ -515,12 +535,14 @@ fn string_ops(ins: Instr, s: &mut [u64], r: &mut [u32], heap: &mut Heap) -> Resu
         }
         I::StrToBuf { d, a } => {
             let st = tri!(heap.str(r[a as usize])).clone();
+            tri!(bulk_fuel(fuel, st.len() as u64));
             tri!(heap.charge(st.len() as u64));
             r[d as usize] = tri!(heap.push(Obj::Buf(Buf::Owned(st.as_bytes().to_vec()))));
         }
         I::StrFromBuf { d, b, off, len } => {
             let bytes = tri!(heap.buf(r[b as usize]));
             let rg = tri!(range("str.from_buffer", s!(off), s!(len), bytes.len()));
+            tri!(bulk_fuel(fuel, rg.len() as u64));
             let st: Arc<str> = match std::str::from_utf8(&bytes[rg.clone()]) {
                 Ok(t) => Arc::from(t),
                 Err(e) => fault!(Fault::new(

@@ -1,6 +1,7 @@
 //! Translation of buffer allocation, length and the load/store forms.
 
 use super::*;
+use crate::interp::BULK_FUEL_SHIFT;
 
 impl JitTranslator<'_, '_> {
     /// `buffer.new`, `buffer.len` and the buffer load/store forms (plain, indexed, record fields). False: not one of
@@ -10,11 +11,20 @@ impl JitTranslator<'_, '_> {
         use IntCC::*;
         match ins {
             I::BufNew { d, len } => {
+                // Bulk fuel (`interp::bulk_fuel`): checked before the allocation and charged after it, so a bail
+                // (no fuel, a negative length, no memory) leaves the fuel for the interpreter to charge itself.
                 let n = self.g(len);
+                let cost = self.b.ins().ushr_imm_s(n, BULK_FUEL_SHIFT as i64);
+                let f = self.b.use_var(self.fuel);
+                let short = self.b.ins().icmp(UnsignedLessThan, f, cost);
+                self.bail_if(short, pc);
                 let call = self.b.ins().call(self.h_new, &[self.ctx, n]);
                 let h = self.b.inst_results(call)[0];
                 let c = self.b.ins().icmp_imm_s(Equal, h, 0);
                 self.bail_if(c, pc);
+                let f = self.b.use_var(self.fuel);
+                let f2 = self.b.ins().isub(f, cost);
+                self.b.def_var(self.fuel, f2);
                 self.rstore(d, h)
             }
             I::BufLen { d, b } => {

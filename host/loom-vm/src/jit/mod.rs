@@ -126,7 +126,7 @@ extern "C" fn loom_vm_jit_buf_new(ctx: *mut JitContext, n: i64) -> u32 {
     if n < 0 {
         return 0;
     }
-    heap.alloc_zeroed_buf(n as u64).unwrap_or(0)
+    heap.alloc_zeroed_buf(n as u64, None).unwrap_or(0)
 }
 
 /// The compiled functions of one program. Owns the machine code.
