@@ -174,7 +174,8 @@ impl Contracts {
         self.list.iter().map(|c| c.interface().name).collect()
     }
 
-    /// The contract `doc` declares, with its role checked. Errors name `file` and the field.
+    /// The contract `doc` declares, with its role and its fuel budgets' entries checked. Errors name `file`
+    /// and the field.
     pub fn for_doc(&self, file: &str, doc: &ModelDoc) -> Result<&Arc<dyn Contract>> {
         let Some(c) = self
             .list
@@ -201,6 +202,20 @@ impl Contracts {
                     ci.name, ci.roles, doc.role
                 ),
             ));
+        }
+        for entry in doc.fuel.0.keys() {
+            if entry != "prepare" && !ci.entries.iter().any(|(n, _)| n == entry) {
+                let names: Vec<&str> = ci.entries.iter().map(|(n, _)| *n).collect();
+                return Err(Error::package(
+                    file,
+                    &format!("fuel.{entry}"),
+                    format!(
+                        "not an entry of a {} package (fuel is given per entry: prepare, {})",
+                        ci.name,
+                        names.join(", ")
+                    ),
+                ));
+            }
         }
         Ok(c)
     }

@@ -160,28 +160,24 @@ pub struct Io {
     pub direct: bool,
 }
 
-/// Fuel budgets per entry; the server caps each at [`MAX_FUEL`].
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Fuel {
-    #[serde(default = "default_cold_fuel")]
-    pub prepare: u64,
-    #[serde(default = "default_warm_fuel")]
-    pub prepare_request: u64,
-    #[serde(default = "default_warm_fuel")]
-    pub prepare_batch: u64,
-    #[serde(default = "default_warm_fuel")]
-    pub run: u64,
-}
+/// Fuel budgets per entry (`prepare` and the contract's entries, checked against the contract when the package
+/// is prepared); an entry without one gets the default. The server caps each at [`MAX_FUEL`].
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct Fuel(pub BTreeMap<String, u64>);
 
-impl Default for Fuel {
-    fn default() -> Self {
-        Fuel {
-            prepare: default_cold_fuel(),
-            prepare_request: default_warm_fuel(),
-            prepare_batch: default_warm_fuel(),
-            run: default_warm_fuel(),
-        }
+impl Fuel {
+    /// The budget of cold `prepare`.
+    pub fn prepare(&self) -> u64 {
+        self.0
+            .get("prepare")
+            .copied()
+            .unwrap_or_else(default_cold_fuel)
+    }
+
+    /// The budget of control entry `entry`.
+    pub fn entry(&self, entry: &str) -> u64 {
+        self.0.get(entry).copied().unwrap_or_else(default_warm_fuel)
     }
 }
 
@@ -469,16 +465,11 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
             "expected a positive integer, found 0",
         ));
     }
-    for (field, v) in [
-        ("fuel.prepare", doc.fuel.prepare),
-        ("fuel.prepare_request", doc.fuel.prepare_request),
-        ("fuel.prepare_batch", doc.fuel.prepare_batch),
-        ("fuel.run", doc.fuel.run),
-    ] {
+    for (entry, &v) in &doc.fuel.0 {
         if v == 0 || v > MAX_FUEL {
             return Err(Error::package(
                 file,
-                field,
+                &format!("fuel.{entry}"),
                 format!("expected 1..={MAX_FUEL}, found {v}"),
             ));
         }

@@ -17,7 +17,7 @@ pub(crate) fn prepare_request(model: &Model, limits: &Limits, input: Vec<u8>) ->
         "prepare_request",
         &REQUEST,
         &[model.state().clone(), Value::buffer(input)],
-        model.doc.fuel.prepare_request,
+        model.doc.fuel.entry("prepare_request"),
     );
     let out = r.map_err(|e| match e {
         Error::Trap { entry, message } => Error::BadRequest(format!("{entry}: {message}")),
@@ -72,7 +72,7 @@ pub(crate) fn run_cohort(
             Value::buffer(ranges),
             Value::buffer(bytes),
         ],
-        model.doc.fuel.prepare_batch,
+        model.doc.fuel.entry("prepare_batch"),
     );
     let out = r?;
     let stage_index = out[0].as_i64().unwrap_or(-1);
@@ -118,7 +118,7 @@ pub(crate) fn run_cohort(
             Value::native("hal.buffer", input.clone()),
             Value::native("hal.buffer", output.clone()),
         ],
-        model.doc.fuel.run,
+        model.doc.fuel.entry("run"),
         set,
         plan.live_bytes,
     );

@@ -109,7 +109,7 @@ impl FiniteService {
     /// which is most of a small request's latency; a slow or hostile `prepare_request` still stalls an async
     /// worker at most for its fuel budget, once, before the average sends its requests to the blocking pool.
     pub fn admits_inline(&self) -> bool {
-        self.model.doc.fuel.prepare_request <= INLINE_ADMISSION_FUEL
+        self.model.doc.fuel.entry("prepare_request") <= INLINE_ADMISSION_FUEL
             && self.metrics.admit_ns.load(Ordering::Relaxed) < INLINE_ADMISSION_NS
     }
 

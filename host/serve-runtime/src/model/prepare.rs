@@ -198,7 +198,7 @@ pub fn prepare(
     // Cold preparation.
     let asset_root = files.describe();
     let options_text = serde_json::Value::Object((*options).clone()).to_string();
-    let mut lim = super::limits(doc.fuel.prepare, doc.memory.invocation_bytes);
+    let mut lim = super::limits(doc.fuel.prepare(), doc.memory.invocation_bytes);
     lim.retained_bytes = Some(doc.memory.state_bytes);
     let (r, ctx) = invoke(
         &prepare_loaded,

@@ -421,7 +421,7 @@ impl Model {
         if decls.stages.is_empty() {
             if !decls.params.is_empty() || !decls.sources.is_empty() {
                 return Err(Error::Program(
-                    "prepare_batch declared sources or parameters but no stage".into(),
+                    "the invocation declared sources or parameters but no stage".into(),
                 ));
             }
             return Ok(StageSet {

@@ -20,7 +20,7 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             .cloned()
             .ok_or_else(|| {
                 NativeError::failed(format!(
-                    "{what}: stage {si} does not exist (this cohort has {} stages)",
+                    "{what}: stage {si} does not exist (this invocation has {} stages)",
                     r.stages.len()
                 ))
             })?;
