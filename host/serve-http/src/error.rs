@@ -23,6 +23,11 @@ impl ApiError {
             message: message.into(),
         }
     }
+    /// The same error with its message prefixed by `what` (`input 3: ...`).
+    pub fn within(mut self, what: &str) -> ApiError {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
     pub fn new(
         status: StatusCode,
         kind: &'static str,
@@ -55,6 +60,17 @@ impl From<Error> for ApiError {
                 "program_trap",
             ),
             Error::BadRequest(_) => (S::BAD_REQUEST, "invalid_request_error", "invalid_request"),
+            Error::TooLarge(_) => (
+                S::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "input_too_large",
+            ),
+            Error::RoleChanged(_) => (S::CONFLICT, "invalid_request_error", "role_changed"),
+            Error::DeviceAbsent(_) => (
+                S::UNPROCESSABLE_ENTITY,
+                "invalid_request_error",
+                "device_not_present",
+            ),
             Error::UnknownModel(_) => (S::NOT_FOUND, "invalid_request_error", "model_not_found"),
             Error::NotReady { .. } => (S::SERVICE_UNAVAILABLE, "server_error", "model_not_ready"),
             Error::Overloaded(_) => (S::TOO_MANY_REQUESTS, "server_error", "overloaded"),

@@ -22,6 +22,17 @@ pub enum Error {
     /// The request itself is invalid (the client's fault).
     #[error("{0}")]
     BadRequest(String),
+    /// An input is larger than the model accepts (the client's fault; the message quotes both sizes).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A re-registration would change what an existing model serves (its contract or role) and the request did
+    /// not say to replace it.
+    #[error("{0}")]
+    RoleChanged(String),
+    /// None of the devices a registration chose is present (the message names the chosen and the present
+    /// ones).
+    #[error("{0}")]
+    DeviceAbsent(String),
     /// A checkpoint is missing or invalid.
     #[error("{0}")]
     Checkpoint(String),

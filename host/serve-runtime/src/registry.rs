@@ -10,6 +10,8 @@
 //!   retires) and dropped, which releases its device memory.
 //! * On failure a previous version keeps serving (its slot records the failed attempt's error); a first
 //!   registration becomes *failed* with the error, visible in the model list, and holds no device memory.
+//! * A re-registration whose package serves another contract or role than the serving version is refused
+//!   ([`Error::RoleChanged`]) unless the caller says to replace it ([`Registry::register_replacing`]).
 //! * `unregister` removes the name first (new requests get 404), then drains accepted work, then drops the
 //!   model.
 
@@ -99,17 +101,44 @@ impl Registry {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Prepares `files` as model `name` (blocking: call it from a worker thread).
+    /// Prepares `files` as model `name` (blocking: call it from a worker thread). A re-registration that
+    /// would change what `name` serves is refused ([`Registry::register_replacing`]).
     pub fn register(
         &self,
         name: &str,
         files: PackageFiles,
         overrides: Overrides,
     ) -> Result<ModelInfo> {
+        self.register_replacing(name, files, overrides, false)
+    }
+
+    /// [`Registry::register`]; a re-registration of a serving model whose package names another contract or
+    /// role is refused with [`Error::RoleChanged`] unless `replace` (clients of the old role would silently
+    /// be served by a model of another kind).
+    pub fn register_replacing(
+        &self,
+        name: &str,
+        files: PackageFiles,
+        overrides: Overrides,
+        replace: bool,
+    ) -> Result<ModelInfo> {
         check_model_name(name).map_err(Error::BadRequest)?;
+        // What the new package says it serves; a model.json that cannot be read is preparation's to report.
+        let serves = (!replace).then(|| declared_role(&files)).flatten();
         let progress = Arc::new(Progress::new());
         {
             let mut slots = self.lock();
+            if let (Some((contract, role)), Some(slot)) = (&serves, slots.get(name)) {
+                if let Some(m) = slot.service.as_ref().map(|s| s.model()) {
+                    if (&m.doc.contract, &m.doc.role) != (contract, role) {
+                        return Err(Error::RoleChanged(format!(
+                            "model `{name}` serves {} ({}); the new package serves {role} ({contract}): \
+                             unregister it first or register with \"replace\": true",
+                            m.doc.role, m.doc.contract
+                        )));
+                    }
+                }
+            }
             match slots.get_mut(name) {
                 Some(s) if s.status == Status::Preparing => {
                     return Err(Error::Overloaded(format!(
@@ -336,6 +365,18 @@ impl Registry {
             s.drain();
         }
     }
+}
+
+/// The `contract` and `role` a package's `model.json` declares, if it can be read.
+fn declared_role(files: &PackageFiles) -> Option<(String, String)> {
+    let bytes = files.read("model.json").ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    Some((field("contract")?, field("role")?))
 }
 
 fn info(name: &str, s: &Slot) -> ModelInfo {

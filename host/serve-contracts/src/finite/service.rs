@@ -155,10 +155,13 @@ impl FiniteService {
         let max = self.model.doc.capacities.max_request_bytes;
         if input.len() > max {
             self.metrics.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::BadRequest(format!(
-                "the input record is {} bytes; model `{}` accepts at most {max} (capacities.max_request_bytes)",
-                input.len(),
-                self.model.name
+            let header = record_header_bytes(&self.model.doc.role, &input);
+            return Err(Error::TooLarge(format!(
+                "the input is {} bytes; model `{}` accepts inputs of at most {} bytes \
+                 (capacities.max_request_bytes is {max} bytes per record, including its {header}-byte header)",
+                input.len() - header,
+                self.model.name,
+                max.saturating_sub(header),
             )));
         }
         let t0 = Instant::now();
@@ -233,6 +236,23 @@ impl FiniteService {
         // A cohort running in place (accepted before the drain) finishes too.
         drop(self.exec.lock());
     }
+}
+
+/// The bytes of a protocol record that are its framing, not the client's input (`loom_plugin_api::records`):
+/// an embeddings record's kind and reserved word (8); a decision record's choice count and instruction length
+/// (8) and each choice's length (4). Never more than the record.
+fn record_header_bytes(role: &str, record: &[u8]) -> usize {
+    let header = match role {
+        "decisions" => {
+            let choices = record
+                .get(..4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).max(0) as usize)
+                .unwrap_or(0);
+            choices.saturating_mul(4).saturating_add(8)
+        }
+        _ => 8,
+    };
+    header.min(record.len())
 }
 
 impl Service for FiniteService {

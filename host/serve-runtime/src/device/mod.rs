@@ -599,8 +599,8 @@ impl Devices {
             }
         }
         let present: Vec<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
-        Err(Error::Device(format!(
-            "none of the chosen devices {preferences:?} is present (present: {present:?})"
+        Err(Error::DeviceAbsent(format!(
+            "none of the chosen devices {preferences:?} is present on this server (present: {present:?})"
         )))
     }
 }
