@@ -3,7 +3,7 @@
 //! ```text
 //! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
 //!            [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N]
-//!            [--api-key KEY]... [--body-limit BYTES] [--log LEVEL]
+//!            [--api-key KEY]... [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--log LEVEL]
 //! ```
 //!
 //! Server-local packages (start-up ones and JSON registrations) and every file they read must lie inside a
@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
 [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--api-key KEY]... \
-[--body-limit BYTES] [--log error|warn|info|debug|trace]";
+[--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--log error|warn|info|debug|trace]";
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -117,6 +117,16 @@ fn parse_args() -> Result<Args> {
                 a.config.body_limit = value()?
                     .parse()
                     .context("--body-limit takes a byte count")?
+            }
+            "--admin-key" => a.config.admin_keys.push(value()?),
+            "--idle-timeout" => {
+                let secs: f64 = value()?
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                    .context("--idle-timeout takes a number of seconds (0: no limit)")?;
+                a.config.idle_timeout =
+                    (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs));
             }
             "--log" => {
                 a.log = value()?
@@ -229,7 +239,7 @@ fn main() -> Result<()> {
         });
 
         let app = serve_http::router(state.clone());
-        axum_serve(listener, app).await?;
+        axum_serve(listener, app, state.config.idle_timeout).await?;
         log::info!("shutting down: draining accepted work");
         let reg = registry.clone();
         tokio::task::spawn_blocking(move || reg.drain_all()).await?;

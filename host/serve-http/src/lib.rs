@@ -23,12 +23,50 @@ pub use profiles::{ProfilePlugin, Profiles, RejectedProfile};
 pub use router::router;
 pub use state::{AppState, Config};
 
-/// Serves `app` on `listener` until SIGINT or SIGTERM; then stops accepting and lets in-flight requests
-/// finish (the caller drains the models afterwards).
-pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+/// Serves `app` over HTTP/1.1 on `listener` until SIGINT or SIGTERM; then stops accepting, closes idle
+/// connections and lets in-flight requests finish (the caller drains the models afterwards).
+///
+/// `idle_timeout` bounds how long a connection may take to send a request's headers, counted from when the
+/// server starts waiting for them: from the accept, and after each response on a keep-alive connection. A
+/// connection over it is closed (a client that sends half a request line and stops holds nothing for long).
+/// It does not bound request bodies or responses. `None`: no limit.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    idle_timeout: Option<std::time::Duration>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(idle_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    log::warn!("accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                log::debug!("connection {peer}: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 async fn shutdown_signal() {

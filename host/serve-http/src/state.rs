@@ -17,8 +17,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 /// Server settings the routes need.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Bearer keys; empty means no authentication.
+    /// Inference bearer keys: every route except the ones that change the set of served models. With no
+    /// inference and no admin keys, nothing is authenticated.
     pub api_keys: Vec<String>,
+    /// Admin bearer keys: every route, including registration, upload, unregistration, activation and
+    /// deactivation.
+    pub admin_keys: Vec<String>,
+    /// How long a connection may take to send a request's headers, and stay idle between keep-alive
+    /// requests, before it is closed; `None`: no limit.
+    pub idle_timeout: Option<std::time::Duration>,
     /// Largest request body.
     pub body_limit: usize,
     /// Where uploaded packages' parameter files resolve.
@@ -31,6 +38,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             api_keys: Vec::new(),
+            admin_keys: Vec::new(),
+            idle_timeout: Some(std::time::Duration::from_secs(60)),
             body_limit: 2 << 20,
             params_root: None,
             max_inputs: 2048,
