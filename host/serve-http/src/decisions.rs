@@ -59,13 +59,13 @@ pub(crate) async fn decisions(
         choice_lists.push(choices);
     }
     let model = svc.model.name.clone();
-    let (rows, _) = run_records(svc, recs).await?;
+    let (rows, _) = run_records(svc, recs, Some(&ids)).await?;
     let mut answers = serde_json::Map::new();
     for ((id, choices), r) in ids.into_iter().zip(choice_lists).zip(rows) {
         let p = r.into_iter().next().unwrap_or_default();
         if p.len() != choices.len() {
             return Err(ApiError::from(serve_runtime::Error::Program(format!(
-                "model `{model}` returned {} probabilities for {} choices",
+                "question `{id}`: model `{model}` returned {} probabilities for {} choices",
                 p.len(),
                 choices.len()
             ))));

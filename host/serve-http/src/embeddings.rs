@@ -102,7 +102,7 @@ pub(crate) async fn embeddings(
     };
     let model = svc.model.name.clone();
     let recs = embedding_records(input, st.config.max_inputs)?;
-    let (rows, units) = run_records(svc, recs).await?;
+    let (rows, units) = run_records(svc, recs, None).await?;
     let vectors: Vec<Vec<f32>> = rows
         .into_iter()
         .map(|r| r.into_iter().next().unwrap_or_default())

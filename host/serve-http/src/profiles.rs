@@ -34,7 +34,9 @@
 //! in one line, and the others keep loading (profiles are checked in the loader's order: file name order).
 
 use crate::error::ApiError;
-use crate::state::{AppState, Submitted, body_bytes, finite_service, run_records, submit_records};
+use crate::state::{
+    AppState, Submitted, body_bytes, finite_service, in_record, run_records, submit_records,
+};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -423,7 +425,7 @@ async fn handle(
     if route.stream.is_some() {
         return stream_response(route, svc, model, parsed.state, records).await;
     }
-    let (rows, units) = run_records(svc, records).await?;
+    let (rows, units) = run_records(svc, records, None).await?;
     let request = EncodeRequest {
         model: model.into(),
         state: parsed.state,
@@ -487,7 +489,7 @@ async fn stream_response(
         results,
         units,
         mut guard,
-    } = submit_records(&svc, records).await?;
+    } = submit_records(&svc, records, None).await?;
     drop(svc);
     let base = ProfileEvent {
         model: model.into(),
@@ -530,7 +532,7 @@ async fn stream_response(
                     };
                 }
                 Err(e) => {
-                    let e = ApiError::from(e);
+                    let e = in_record(ApiError::from(e), None, total as usize, index);
                     event.kind = EventKind::ERROR;
                     event.error_status = e.status.as_u16();
                     event.error_code = e.code.into();

@@ -195,11 +195,31 @@ pub(crate) struct Submitted {
     pub(crate) guard: CancelOnDrop,
 }
 
+/// What an error message calls record `i` of a request of `n` records: nothing when the request has one
+/// input, else `input 3`, or the name the route gives it (`question `q1``).
+pub(crate) fn label(names: Option<&[String]>, n: usize, i: usize) -> Option<String> {
+    (n > 1).then(|| match names.and_then(|names| names.get(i)) {
+        Some(name) => format!("question `{name}`"),
+        None => format!("input {i}"),
+    })
+}
+
+/// `e` prefixed with [`label`]'s name for record `i`.
+pub(crate) fn in_record(e: ApiError, names: Option<&[String]>, n: usize, i: usize) -> ApiError {
+    match label(names, n, i) {
+        Some(l) => e.within(&l),
+        None => e,
+    }
+}
+
 /// Submits each record as one finite request (all or none: a record the model refuses cancels the ones
-/// submitted before it). Shared by the built-in finite routes and the profile routes (`profiles.rs`).
+/// submitted before it; its error names the record when there are several, see [`label`], with `names`
+/// when the route has names for them). Shared by the built-in finite routes and the profile routes
+/// (`profiles.rs`).
 pub(crate) async fn submit_records(
     svc: &Arc<FiniteService>,
     records: Vec<Vec<u8>>,
+    names: Option<&[String]>,
 ) -> Result<Submitted, ApiError> {
     let n = records.len();
     let mut rxs = Vec::with_capacity(n);
@@ -214,7 +234,7 @@ pub(crate) async fn submit_records(
     let admit = move || {
         let alone = records.len() == 1;
         let mut tickets = Vec::with_capacity(records.len());
-        for (rec, tx) in records.into_iter().zip(txs) {
+        for (i, (rec, tx)) in records.into_iter().zip(txs).enumerate() {
             let reply: Reply = Box::new(move |r| {
                 let _ = tx.send(r);
             });
@@ -230,19 +250,20 @@ pub(crate) async fn submit_records(
                     for t in &tickets {
                         t.cancel();
                     }
-                    return Err(e);
+                    return Err((i, e));
                 }
             }
         }
         Ok(tickets)
     };
-    let tickets = if svc.admits_inline() {
-        admit()?
+    let admitted = if svc.admits_inline() {
+        admit()
     } else {
         tokio::task::spawn_blocking(admit)
             .await
-            .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??
+            .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))?
     };
+    let tickets = admitted.map_err(|(i, e)| in_record(ApiError::from(e), names, n, i))?;
     Ok(Submitted {
         results: rxs,
         units: tickets.iter().map(|t| t.units).sum(),
@@ -250,22 +271,25 @@ pub(crate) async fn submit_records(
     })
 }
 
-/// Submits each record as one finite request and waits for every result (in order).
+/// Submits each record as one finite request and waits for every result (in order). An error names the
+/// record that failed when there are several ([`label`]).
 pub(crate) async fn run_records(
     svc: Arc<FiniteService>,
     records: Vec<Vec<u8>>,
+    names: Option<&[String]>,
 ) -> Result<(Vec<Rows>, i64), ApiError> {
+    let n = records.len();
     let Submitted {
         results,
         units,
         mut guard,
-    } = submit_records(&svc, records).await?;
+    } = submit_records(&svc, records, names).await?;
     let mut out = Vec::with_capacity(results.len());
-    for rx in results {
+    for (i, rx) in results.into_iter().enumerate() {
         let r = rx
             .await
             .map_err(|_| ApiError::from(serve_runtime::Error::Cancelled))?;
-        out.push(r.map_err(ApiError::from)?);
+        out.push(r.map_err(|e| in_record(ApiError::from(e), names, n, i))?);
     }
     guard.disarm();
     drop(svc);
