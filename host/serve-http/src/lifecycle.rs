@@ -103,6 +103,22 @@ pub(crate) async fn model_events(
         .into_response())
 }
 
+/// The largest `options` object a registration may send, serialized (a package's own options live in its
+/// `model.json`; these are a deployment's overrides).
+pub(crate) const MAX_OPTIONS_BYTES: usize = 64 << 10;
+/// The most device names a registration's `device` preference list may hold, and the longest name.
+pub(crate) const MAX_DEVICES: usize = 16;
+pub(crate) const MAX_DEVICE_NAME_BYTES: usize = 64;
+
+fn too_large(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "field_too_large",
+        message,
+    )
+}
+
 fn overrides(body: &Json) -> Result<Overrides, ApiError> {
     let device = match body.get("device") {
         None | Some(Json::Null) => None,
@@ -121,12 +137,45 @@ fn overrides(body: &Json) -> Result<Overrides, ApiError> {
             ));
         }
     };
+    if let Some(d) = &device {
+        if d.len() > MAX_DEVICES {
+            return Err(too_large(format!(
+                "`device` lists {} devices; at most {MAX_DEVICES}",
+                d.len()
+            )));
+        }
+        if let Some(n) = d.iter().find(|n| n.len() > MAX_DEVICE_NAME_BYTES) {
+            return Err(too_large(format!(
+                "`device`: a device name of {} bytes; at most {MAX_DEVICE_NAME_BYTES}",
+                n.len()
+            )));
+        }
+    }
     let options = match body.get("options") {
         None | Some(Json::Null) => None,
-        Some(Json::Object(o)) => Some(o.clone()),
+        Some(Json::Object(o)) => {
+            let size = serde_json::to_vec(o).map(|v| v.len()).unwrap_or(usize::MAX);
+            if size > MAX_OPTIONS_BYTES {
+                return Err(too_large(format!(
+                    "`options` is {size} bytes of JSON; at most {MAX_OPTIONS_BYTES}"
+                )));
+            }
+            Some(o.clone())
+        }
         Some(_) => return Err(ApiError::bad_request("`options` must be an object")),
     };
     Ok(Overrides { device, options })
+}
+
+/// The registration's `replace` (default false): whether a model of this name that serves another role may be
+/// replaced.
+fn replace_flag(body: &Json) -> Result<bool, ApiError> {
+    match body.get("replace") {
+        None | Some(Json::Null) => Ok(false),
+        Some(Json::Bool(b)) => Ok(*b),
+        Some(Json::String(s)) if s == "true" || s == "false" => Ok(s == "true"),
+        Some(_) => Err(ApiError::bad_request("`replace` must be true or false")),
+    }
 }
 
 async fn register_files(
@@ -134,15 +183,17 @@ async fn register_files(
     name: String,
     files: PackageFiles,
     ov: Overrides,
+    replace: bool,
 ) -> Result<Response, ApiError> {
     let reg = st.registry.clone();
-    let info = tokio::task::spawn_blocking(move || reg.register(&name, files, ov))
-        .await
-        .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
+    let info =
+        tokio::task::spawn_blocking(move || reg.register_replacing(&name, files, ov, replace))
+            .await
+            .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
     Ok((StatusCode::CREATED, axum::Json(model_json(&info))).into_response())
 }
 
-/// `POST /v1/models {name, base, device?, options?}`: a server-local package directory.
+/// `POST /v1/models {name, base, device?, options?, replace?}`: a server-local package directory.
 pub(crate) async fn register(
     State(st): St,
     body: Result<Bytes, BytesRejection>,
@@ -165,22 +216,63 @@ pub(crate) async fn register(
         )));
     }
     let ov = overrides(&body)?;
+    let replace = replace_flag(&body)?;
     let name = match body.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
         None => PackageFiles::Dir(base.clone())
             .default_name()
             .map_err(ApiError::bad_request)?,
     };
-    register_files(&st, name, PackageFiles::Dir(base), ov).await
+    register_files(&st, name, PackageFiles::Dir(base), ov, replace).await
 }
 
-/// `POST /v1/models/upload` (multipart): text fields `name`, `device`, `options` (JSON); every file part's
-/// file name is its package-relative path. Parameter files are not uploaded: they resolve under the server's
-/// `--params-root`.
+/// The text fields an upload may carry.
+const UPLOAD_FIELDS: &[&str] = &["name", "device", "options", "replace"];
+
+/// The package-relative paths an uploaded `model.json` names: itself, its programs, `definition.sources` and
+/// assets. `None` when it is not a JSON object (registration reports what is wrong with it). Entries that are
+/// not strings or do not normalise are left out (registration reports them too).
+fn named_files(model_json: &[u8]) -> Option<std::collections::BTreeSet<String>> {
+    let doc: Json = serde_json::from_slice(model_json).ok()?;
+    let mut named = std::collections::BTreeSet::from(["model.json".to_string()]);
+    let strings = |v: Option<&Json>| -> Vec<String> {
+        match v {
+            Some(Json::Object(o)) => o
+                .values()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect(),
+            Some(Json::Array(a)) => a
+                .iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let paths = strings(doc.get("programs"))
+        .into_iter()
+        .chain(strings(
+            doc.get("definition").and_then(|d| d.get("sources")),
+        ))
+        .chain(strings(doc.get("assets")));
+    for p in paths {
+        if let Ok(rel) = serve_runtime::package::relative("model.json", "", &p) {
+            named.insert(rel);
+        }
+    }
+    Some(named)
+}
+
+/// `POST /v1/models/upload` (multipart): text fields `name`, `device`, `options` (JSON), `replace`
+/// (`true`/`false`); every file part's file name is its package-relative path. Parameter files are not
+/// uploaded: they resolve under the server's `--params-root`. Refused with a 400: a file path or text field
+/// sent twice, an unknown text field, and a file that `model.json` does not name as a program,
+/// `definition.sources` entry or asset (the server would never read it: a checkpoint sent along would
+/// otherwise be silently ignored).
 pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response, ApiError> {
     let mut files = BTreeMap::new();
     let mut meta = serde_json::Map::new();
-    let mut total = 0usize;
     while let Some(field) = mp.next_field().await.map_err(|e| {
         ApiError::new(
             e.status(),
@@ -199,7 +291,6 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
                 e.body_text(),
             )
         })?;
-        total += data.len();
         if files.len() > 256 {
             return Err(ApiError::bad_request("an upload holds at most 256 files"));
         }
@@ -207,9 +298,25 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
             Some(f) => {
                 let rel =
                     serve_runtime::package::relative("upload", &f, &f).map_err(ApiError::from)?;
+                if files.contains_key(&rel) {
+                    return Err(ApiError::bad_request(format!(
+                        "the upload has two file parts for `{rel}`"
+                    )));
+                }
                 files.insert(rel, data.to_vec());
             }
             None => {
+                if !UPLOAD_FIELDS.contains(&name.as_str()) {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown upload field `{name}` (text fields: {}; files are parts with a file name)",
+                        UPLOAD_FIELDS.join(", ")
+                    )));
+                }
+                if meta.contains_key(&name) {
+                    return Err(ApiError::bad_request(format!(
+                        "the upload has two `{name}` fields"
+                    )));
+                }
                 let text = String::from_utf8(data.to_vec())
                     .map_err(|_| ApiError::bad_request(format!("field `{name}` is not UTF-8")))?;
                 let v = if name == "options" {
@@ -222,11 +329,28 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
             }
         }
     }
-    let _ = total;
-    if !files.contains_key("model.json") {
+    let Some(doc) = files.get("model.json") else {
         return Err(ApiError::bad_request(
             "the upload has no model.json file part",
         ));
+    };
+    if let Some(named) = named_files(doc) {
+        let unused: Vec<&str> = files
+            .keys()
+            .filter(|f| !named.contains(*f))
+            .map(String::as_str)
+            .collect();
+        if let Some(first) = unused.first() {
+            return Err(ApiError::bad_request(format!(
+                "the uploaded file `{first}`{} is not a program, definition source or asset that model.json \
+                 names, so the server would never read it (parameter files are not uploaded: they are read \
+                 under the server's --params-root)",
+                match unused.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more)", n - 1),
+                }
+            )));
+        }
     }
     let pf = PackageFiles::Uploaded {
         files,
@@ -234,11 +358,12 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
     };
     let meta = Json::Object(meta);
     let ov = overrides(&meta)?;
+    let replace = replace_flag(&meta)?;
     let name = match meta.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
         None => pf.default_name().map_err(ApiError::bad_request)?,
     };
-    register_files(&st, name, pf, ov).await
+    register_files(&st, name, pf, ov, replace).await
 }
 
 pub(crate) async fn unregister(
@@ -273,4 +398,44 @@ pub(crate) async fn activate(
         .await
         .map_err(|e| ApiError::from(serve_runtime::Error::Internal(e.to_string())))??;
     Ok(axum::Json(model_json(&info)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_files_are_programs_sources_and_assets_normalised() {
+        let doc =
+            br#"{"programs": {"prepare": "p.loom", "control": "./c.loom", "kernel": "k/../k.loom"},
+            "definition": {"sources": ["lib/a.loom", 3]}, "assets": {"tokenizer": "tok.json"}}"#;
+        let named: Vec<String> = named_files(doc).unwrap().into_iter().collect();
+        assert_eq!(
+            named,
+            [
+                "c.loom",
+                "k.loom",
+                "lib/a.loom",
+                "model.json",
+                "p.loom",
+                "tok.json"
+            ]
+        );
+        assert!(named_files(b"not json").is_none());
+    }
+
+    #[test]
+    fn registration_fields_are_bounded() {
+        let big = json!({"options": {"pad": "x".repeat(MAX_OPTIONS_BYTES)}});
+        assert_eq!(
+            overrides(&big).unwrap_err().status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let many: Vec<String> = (0..=MAX_DEVICES).map(|i| format!("cpu:{i}")).collect();
+        assert!(overrides(&json!({"device": many})).is_err());
+        assert!(overrides(&json!({"device": ["cpu"], "options": {"a": 1}})).is_ok());
+        assert!(!replace_flag(&json!({})).unwrap());
+        assert!(replace_flag(&json!({"replace": true})).unwrap());
+        assert!(replace_flag(&json!({"replace": 1})).is_err());
+    }
 }
