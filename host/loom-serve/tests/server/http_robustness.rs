@@ -124,7 +124,7 @@ fn invalid_packages_and_escaping_paths_are_rejected() {
         "/v1/models",
         &json!({"name": "gpu", "base": s.dir.join("arith-embed").display().to_string(), "device": "cuda:0"}),
     );
-    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.status, 422, "{}", r.text());
     assert!(
         error_of(&r).contains("cuda:0") && error_of(&r).contains("cpu:0"),
         "{}",

@@ -5,6 +5,7 @@
 mod support;
 
 mod http_embed;
+mod http_hardening;
 mod http_lifecycle;
 mod http_minilm;
 mod http_packages;

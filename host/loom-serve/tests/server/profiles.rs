@@ -13,12 +13,17 @@ use std::path::PathBuf;
 /// A plugins directory holding the profile cdylibs of this build (dev-dependencies of `loom-serve`, built
 /// into `target/<profile>/deps/`, next to this test binary).
 fn plugins_dir() -> PathBuf {
+    plugins_dir_tagged("")
+}
+
+/// [`plugins_dir`] in a directory of its own for each `tag` (tests run in parallel in one process).
+pub(crate) fn plugins_dir_tagged(tag: &str) -> PathBuf {
     let deps = std::env::current_exe()
         .unwrap()
         .parent()
         .unwrap()
         .to_path_buf();
-    let dir = std::env::temp_dir().join(format!("loom-profiles-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("loom-profiles-{}{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for lib in [

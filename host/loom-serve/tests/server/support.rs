@@ -105,7 +105,11 @@ impl TestServer {
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = dir.join("server.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loom-serve"))
+        // LOOM_SERVE_BIN runs the tests against another build of the server (say, one from before a fix).
+        let bin = std::env::var_os("LOOM_SERVE_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_loom-serve")));
+        let mut child = Command::new(bin)
             .args(&args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
