@@ -107,10 +107,11 @@ fn assert_embeds(svc: &FiniteService, ids: &[i64]) {
 #[test]
 fn register_serves_and_a_failed_reregistration_keeps_the_old_version() {
     let reg = registry();
-    let (_d, files) = package("arith-embed", |_| {});
+    let (first_dir, files) = package("arith-embed", |_| {});
     let info = reg
         .register("m", files, Overrides::default())
         .expect("registers");
+    assert_eq!(info.source, first_dir.display().to_string());
     assert_eq!(info.status, Status::Ready);
     assert_eq!(
         (info.contract.as_str(), info.role.as_str()),
@@ -121,7 +122,7 @@ fn register_serves_and_a_failed_reregistration_keeps_the_old_version() {
     assert_embeds(&old, &[5, 70000, 3]);
 
     // A broken package (a program that does not exist) under the same name.
-    let (_d2, broken) = package("arith-embed", |d| {
+    let (broken_dir, broken) = package("arith-embed", |d| {
         d["programs"]["control"] = "missing.loom".into();
     });
     let e = reg.register("m", broken, Overrides::default()).unwrap_err();
@@ -129,13 +130,21 @@ fn register_serves_and_a_failed_reregistration_keeps_the_old_version() {
     let info = reg.get("m").unwrap();
     assert_eq!(info.status, Status::Ready, "the old version keeps serving");
     assert!(info.error.as_deref().unwrap_or("").contains("missing.loom"));
+    // The detail names where the serving version came from, and separately the attempt that failed.
+    assert_eq!(info.source, first_dir.display().to_string());
+    assert_eq!(
+        info.failed_source.as_deref(),
+        Some(broken_dir.display().to_string().as_str())
+    );
     let now = finite(&reg, "m").unwrap();
     assert!(Arc::ptr_eq(&old, &now), "the same service still serves");
     assert_embeds(&now, &[1, 2, 3, 4]);
 
     // A good re-registration replaces it; the old one is drained (refuses new work).
-    let (_d3, files) = package("arith-embed", |_| {});
-    reg.register("m", files, Overrides::default()).unwrap();
+    let (third_dir, files) = package("arith-embed", |_| {});
+    let info = reg.register("m", files, Overrides::default()).unwrap();
+    assert_eq!(info.source, third_dir.display().to_string());
+    assert!(info.error.is_none() && info.failed_source.is_none());
     let new = finite(&reg, "m").unwrap();
     assert!(!Arc::ptr_eq(&old, &new));
     assert!(matches!(

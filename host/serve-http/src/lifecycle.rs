@@ -28,6 +28,7 @@ fn model_json(m: &ModelInfo) -> Json {
         "stages": m.stages,
         "device_bytes": m.device_bytes,
         "error": m.error,
+        "failed_source": m.failed_source,
     })
 }
 

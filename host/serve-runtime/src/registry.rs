@@ -52,7 +52,11 @@ struct Slot {
     /// A deactivated model: compiled stages kept, parameters released.
     parked: Option<Arc<Model>>,
     error: Option<String>,
+    /// Where the serving version came from (for a model that never became ready: the latest attempt).
     source: String,
+    /// Where the latest registration attempt came from, while it prepares or after it failed beside a serving
+    /// version.
+    attempt: Option<String>,
     /// The latest preparation's (registration's or activation's) progress.
     progress: Arc<Progress>,
 }
@@ -65,8 +69,13 @@ pub struct ModelInfo {
     pub contract: String,
     pub role: String,
     pub device: String,
+    /// Where the serving version came from.
     pub source: String,
+    /// The latest error (a failed registration or activation); a failed re-registration's beside a serving
+    /// version.
     pub error: Option<String>,
+    /// Where a failed re-registration (the one `error` is about) came from, while the old version serves.
+    pub failed_source: Option<String>,
     pub device_bytes: u64,
     pub stages: usize,
 }
@@ -153,7 +162,12 @@ impl Registry {
                 }
                 Some(s) => {
                     s.status = Status::Preparing;
-                    s.source = files.describe();
+                    if s.service.is_some() {
+                        s.attempt = Some(files.describe());
+                    } else {
+                        s.source = files.describe();
+                        s.attempt = None;
+                    }
                     s.progress = progress.clone();
                 }
                 None => {
@@ -165,6 +179,7 @@ impl Registry {
                             parked: None,
                             error: None,
                             source: files.describe(),
+                            attempt: None,
                             progress: progress.clone(),
                         },
                     );
@@ -206,6 +221,9 @@ impl Registry {
                 let old = slot.service.replace(svc);
                 slot.status = Status::Ready;
                 slot.error = None;
+                if let Some(a) = slot.attempt.take() {
+                    slot.source = a;
+                }
                 let info = info(name, slot);
                 drop(slots);
                 if let Some(old) = old {
@@ -309,6 +327,7 @@ impl Registry {
                 progress.phase(ProgressPhase::Ready);
                 slot.service = Some(svc);
                 slot.status = Status::Ready;
+                slot.error = None;
                 Ok(info(name, slot))
             }
             Err(e) => {
@@ -393,6 +412,10 @@ fn info(name: &str, s: &Slot) -> ModelInfo {
         device: m.map(|m| m.device.name.clone()).unwrap_or_default(),
         source: s.source.clone(),
         error: s.error.clone(),
+        failed_source: s
+            .attempt
+            .clone()
+            .filter(|_| s.status != Status::Preparing && s.error.is_some()),
         device_bytes: m.map(|m| m.device_bytes()).unwrap_or(0),
         stages: m.map(|m| m.stages.len()).unwrap_or(0),
     }
