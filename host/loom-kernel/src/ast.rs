@@ -63,19 +63,59 @@ pub struct BufDecl {
 pub struct ParamBlock {
     pub domain: Name,
     pub inputs: Expr,
-    pub bindings: Vec<Binding>,
+    pub bindings: Vec<ParamItem>,
 }
 
-/// `%w: f32[H, H] = weights(0, "proj.weight") layout(packed_b)`
+/// One entry of a `params` block: a binding, or a `static.for` repeating bindings.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamItem {
+    Binding(Binding),
+    For {
+        header: StaticFor,
+        body: Vec<ParamItem>,
+    },
+}
+
+/// `static.for %l = LO to HI step S`: the header of a compile-time loop (stage bodies and `params` blocks).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticFor {
+    pub var: Name,
+    pub lo: Expr,
+    pub hi: Expr,
+    pub step: Option<Expr>,
+    pub span: Span,
+}
+
+/// `%w: f32[H, H] = weights(0, "proj.weight") layout(packed_b)`; `%wq[%l]: ... = weights(0, "l.{%l}.q")`
+/// defines member `%l` of the family `%wq`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Binding {
     pub name: Name,
+    /// The family index of `%name[index]`.
+    pub index: Option<Expr>,
     pub dtype: Expr,
     pub dims: Vec<Expr>,
     pub input: Expr,
-    pub key: String,
+    pub key: KeyTemplate,
     pub layout: Option<String>,
     pub span: Span,
+}
+
+/// A checkpoint key: literal text and `{%var}` / `{NAME}` holes filled with compile-time integers (`{{` and
+/// `}}` are literal braces).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyTemplate {
+    pub parts: Vec<KeyPart>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyPart {
+    Text(String),
+    /// `{%l}`: a `static.for` variable (or any compile-time integer value in scope).
+    Value(String),
+    /// `{N}`: an integer template parameter.
+    Word(String),
 }
 
 /// A written type: a scalar dtype, or `tile<SHAPE, DTYPE>` (SHAPE a list or a `shape` parameter).
@@ -106,9 +146,11 @@ pub struct Block {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
-    /// `%a, %b = op` or a bare `op`.
+    /// `%a, %b = op` or a bare `op`; in stage bodies `%h[INDEX] = op` defines member INDEX of the family `%h`
+    /// (`index` is then set and `results` is that one name).
     Let {
         results: Vec<Name>,
+        index: Option<Expr>,
         op: Op,
         span: Span,
     },
@@ -166,6 +208,8 @@ pub enum Op {
         body: Block,
         span: Span,
     },
+    /// Stage bodies: `static.for %l = 0 to L { ... }`, the body repeated once per index (compile-time).
+    StaticFor { header: StaticFor, body: Block },
     /// Stage bodies: `alloc f32[B * T, H]`.
     Alloc {
         dtype: Expr,
@@ -191,6 +235,7 @@ impl Op {
             | Op::For { span, .. }
             | Op::Alloc { span, .. }
             | Op::Dispatch { span, .. } => *span,
+            Op::StaticFor { header, .. } => header.span,
         }
     }
 }

@@ -19,7 +19,7 @@ pub use parse::{ItemSource, MAX_DEPTH, parse_item};
 pub use reflect::{
     BufferInfo, DispatchInfo, ParamInfo, Reflection, WORKSPACE_ALIGN, WorkspaceInfo, reflect,
 };
-pub use spec::{MAX_INLINE_DEPTH, MAX_KERNEL_OPS};
+pub use spec::{MAX_INLINE_DEPTH, MAX_KERNEL_OPS, MAX_STATIC_ITERATIONS, MAX_STATIC_TRIPS};
 
 use loom_compiler::Catalog;
 use loom_ir::TValue;

@@ -106,6 +106,7 @@ pub fn parse_item(
     let mut p = Parser {
         lines: &lines,
         depth: 0,
+        stage: d.kind == sx::DeviceKind::Stage,
     };
     match p.item(d) {
         Ok(item) => Ok((item, src)),
@@ -361,6 +362,8 @@ fn inner(trees: &[TokenTree], span: Span) -> Cursor<'_> {
 struct Parser<'a> {
     lines: &'a SourceFile,
     depth: u32,
+    /// Parsing a stage: `%h[i] = op` defines a family member (in kernels it is index notation).
+    stage: bool,
 }
 
 impl Parser<'_> {
@@ -514,12 +517,28 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    fn bindings(&mut self, trees: &[TokenTree], span: Span) -> R<Vec<Binding>> {
+    fn bindings(&mut self, trees: &[TokenTree], span: Span) -> R<Vec<ParamItem>> {
+        self.enter(span)?;
+        let r = self.bindings_inner(trees, span);
+        self.leave();
+        r
+    }
+
+    fn bindings_inner(&mut self, trees: &[TokenTree], span: Span) -> R<Vec<ParamItem>> {
         let mut c = inner(trees, span);
         let mut out = Vec::new();
         while !c.at_end() {
+            let start = c.span();
+            if c.eat_word("static.for") {
+                let header = self.static_for(&mut c, start)?;
+                let (b, bs) = c.group('{', "the loop body '{ ... }'")?;
+                let body = self.bindings(b, bs)?;
+                out.push(ParamItem::For { header, body });
+                continue;
+            }
             let name =
                 c.value("a parameter binding '%name: dtype[dims] = weights(input, \"key\")'")?;
+            let index = self.family_index(&mut c)?;
             c.expect_punct(':', "and the binding's type")?;
             let dtype = Expr::Word(c.word("an element type")?);
             let (d, ds) = c.group('[', "the binding's dims '[...]'")?;
@@ -533,7 +552,7 @@ impl Parser<'_> {
             let input = self.expr(&mut wc)?;
             wc.expect_punct(',', "between the input ordinal and the key")?;
             let key = match wc.bump() {
-                Some((Classified::Str(s), _)) => s,
+                Some((Classified::Str(s), ks)) => key_template(&s, ks)?,
                 _ => {
                     return Err(Diagnostic::error(
                         wc.prev_span(),
@@ -549,17 +568,58 @@ impl Parser<'_> {
                 layout = Some(lc.word("a layout name")?.text);
                 lc.done("after the layout")?;
             }
-            out.push(Binding {
+            out.push(ParamItem::Binding(Binding {
                 span: name.span.to(c.prev_span()),
                 name,
+                index,
                 dtype,
                 dims,
                 input,
                 key,
                 layout,
-            });
+            }));
         }
         Ok(out)
+    }
+
+    /// `[INDEX]` after a defined name: the member of a family (one compile-time index).
+    fn family_index(&mut self, c: &mut Cursor<'_>) -> R<Option<Expr>> {
+        let Some(Classified::Group('[', trees)) = c.peek() else {
+            return Ok(None);
+        };
+        let gs = c.span();
+        c.bump();
+        let mut idx = self.expr_list(trees, gs)?;
+        if idx.len() != 1 {
+            return Err(Diagnostic::error(
+                gs,
+                "a family member has one index: `%name[INDEX]`",
+            ));
+        }
+        Ok(idx.pop())
+    }
+
+    /// `%l = LO to HI (step S)?` after `static.for`.
+    fn static_for(&mut self, c: &mut Cursor<'_>, start: Span) -> R<StaticFor> {
+        let var = c.value("the loop variable '%l' after 'static.for'")?;
+        c.expect_punct('=', "after the loop variable")?;
+        let lo = self.expr(c)?;
+        if !c.eat_word("to") {
+            return Err(c.expected("'to'"));
+        }
+        let hi = self.expr(c)?;
+        let step = if c.eat_word("step") {
+            Some(self.expr(c)?)
+        } else {
+            None
+        };
+        Ok(StaticFor {
+            var,
+            lo,
+            hi,
+            step,
+            span: start.to(c.prev_span()),
+        })
     }
 
     fn type_expr(&mut self, c: &mut Cursor<'_>) -> R<TypeExpr> {
@@ -650,6 +710,19 @@ impl Parser<'_> {
         if let (Some(Classified::Value(_)), Some(Classified::Group('[', _))) =
             (c.peek(), c.peek_at(1))
         {
+            if self.stage && matches!(c.peek_at(2), Some(Classified::Punct('='))) {
+                let name = c.value("a family member '%name[INDEX]'")?;
+                let index = self.family_index(c)?;
+                c.expect_punct('=', "after the family member")?;
+                let op = self.op(c)?;
+                c.done("at the end of the statement (statements are separated by line breaks)")?;
+                return Ok(Stmt::Let {
+                    results: vec![name],
+                    index,
+                    span: start.to(c.prev_span()),
+                    op,
+                });
+            }
             if matches!(
                 c.peek_at(2),
                 Some(Classified::Punct('=' | '+' | '-' | '*' | '/'))
@@ -673,6 +746,7 @@ impl Parser<'_> {
         c.done("at the end of the statement (statements are separated by line breaks)")?;
         Ok(Stmt::Let {
             results,
+            index: None,
             span: start.to(c.prev_span()),
             op,
         })
@@ -764,6 +838,12 @@ impl Parser<'_> {
                     else_block,
                     span: start.to(c.prev_span()),
                 })
+            }
+            "static.for" => {
+                let header = self.static_for(c, start)?;
+                let (b, bs) = c.group('{', "the loop body '{ ... }'")?;
+                let body = self.block(b, bs)?;
+                Ok(Op::StaticFor { header, body })
             }
             "static.match" => {
                 let scrutinee = self.expr(c)?;
@@ -1102,4 +1182,77 @@ impl Parser<'_> {
             }
         })
     }
+}
+
+/// Parses a checkpoint key: `{%var}` and `{NAME}` are holes, `{{` and `}}` literal braces.
+fn key_template(key: &str, span: Span) -> R<KeyTemplate> {
+    let mut parts = Vec::new();
+    let mut text = String::new();
+    let mut cs = key.chars().peekable();
+    while let Some(ch) = cs.next() {
+        match ch {
+            '{' if cs.peek() == Some(&'{') => {
+                cs.next();
+                text.push('{');
+            }
+            '}' if cs.peek() == Some(&'}') => {
+                cs.next();
+                text.push('}');
+            }
+            '}' => {
+                return Err(Diagnostic::error(
+                    span,
+                    "a lone `}` in the checkpoint key (write `}}` for a literal brace)",
+                ));
+            }
+            '{' => {
+                let mut hole = String::new();
+                loop {
+                    match cs.next() {
+                        Some('}') => break,
+                        Some(c) => hole.push(c),
+                        None => {
+                            return Err(Diagnostic::error(
+                                span,
+                                "an unclosed `{` in the checkpoint key (write `{{` for a literal brace)",
+                            ));
+                        }
+                    }
+                }
+                let word = |w: &str| {
+                    w.chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                };
+                let part = match hole.strip_prefix('%') {
+                    Some(v)
+                        if !v.is_empty()
+                            && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    {
+                        KeyPart::Value(v.to_string())
+                    }
+                    None if word(&hole) => KeyPart::Word(hole),
+                    _ => {
+                        let shown: String = hole.chars().take(32).collect();
+                        return Err(Diagnostic::error(
+                            span,
+                            format!(
+                                "`{{{shown}}}` in a checkpoint key: a hole names a compile-time integer, `{{%l}}` (a `static.for` variable) or `{{N}}` (a template parameter)"
+                            ),
+                        ));
+                    }
+                };
+                if !text.is_empty() {
+                    parts.push(KeyPart::Text(std::mem::take(&mut text)));
+                }
+                parts.push(part);
+            }
+            c => text.push(c),
+        }
+    }
+    if !text.is_empty() || parts.is_empty() {
+        parts.push(KeyPart::Text(text));
+    }
+    Ok(KeyTemplate { parts, span })
 }

@@ -19,6 +19,9 @@ impl<'s, 'c> KernelBuilder<'s, 'c> {
             params: Vec::new(),
             inline_depth: 0,
             nops: 0,
+            families: HashMap::new(),
+            members: HashMap::new(),
+            unrolled: 0,
         }
     }
 

@@ -20,7 +20,18 @@ impl KernelBuilder<'_, '_> {
                     }
                     return Ok(Some((vals, *span)));
                 }
-                Stmt::Let { results, op, span } => {
+                Stmt::Let {
+                    results,
+                    index,
+                    op,
+                    span,
+                } => {
+                    if let Some(i) = index {
+                        return Err(self.err(
+                                i.span(),
+                                "an indexed definition `%name[INDEX]` defines a stage value, not a kernel value",
+                            ));
+                    }
                     let names: Vec<String> = results.iter().map(|n| n.text.clone()).collect();
                     let vals = self.op(op, &names)?;
                     if vals.len() != results.len() {
@@ -110,6 +121,10 @@ impl KernelBuilder<'_, '_> {
             Op::Alloc { span, .. } | Op::Dispatch { span, .. } => Err(self.err(
                 *span,
                 "`alloc` and `dispatch` are stage statements, not kernel operations",
+            )),
+            Op::StaticFor { header, .. } => Err(self.err(
+                header.span,
+                "`static.for` is a stage statement (kernels loop with `for`)",
             )),
         }
     }

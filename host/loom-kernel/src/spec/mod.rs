@@ -38,6 +38,10 @@ pub(crate) use stages::stage;
 pub const MAX_INLINE_DEPTH: usize = 32;
 /// Most IR ops one kernel may have after inlining.
 pub const MAX_KERNEL_OPS: usize = 1 << 16;
+/// Most iterations of one `static.for` (a bound is a specialization error above it).
+pub const MAX_STATIC_TRIPS: i64 = 4096;
+/// Most `static.for` iterations one stage unrolls in all (nested loops multiply).
+pub const MAX_STATIC_ITERATIONS: u64 = 1 << 16;
 
 /// A compile-time value.
 #[derive(Clone, Debug, PartialEq)]
@@ -455,6 +459,12 @@ struct KernelBuilder<'s, 'c> {
     params: Vec<KParam>,
     inline_depth: usize,
     nops: usize,
+    /// Stages: the indices defined of each family (`%h[0]`, `%h[1]`: `h` -> {0, 1}).
+    families: HashMap<String, std::collections::BTreeSet<i64>>,
+    /// Stages: member name -> (family, index), `h1` -> (`h`, 1), for diagnostics.
+    members: HashMap<String, (String, i64)>,
+    /// Stages: `static.for` iterations unrolled so far.
+    unrolled: u64,
 }
 
 /// The elementwise binary operation named `opn`.

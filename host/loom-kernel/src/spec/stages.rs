@@ -1,4 +1,10 @@
-//! Stage specialization: buffers, workspace allocations and dispatches.
+//! Stage specialization: buffers, parameter bindings, workspace allocations and dispatches, with
+//! compile-time `if`, `static.match` and `static.for` (unrolled here: the IR never sees a loop).
+//!
+//! A `static.for` body runs once per index with the loop variable bound to that integer in a scope of its
+//! own; everything the body defines goes to the stage's scope (stages are SSA as a whole), so a value defined
+//! in a loop is a *family member* `%h[INDEX]`, which is the value named `%h` followed by INDEX's decimal digits
+//! (`%h[3]` is `%h3`): the unrolled text and the loop define the same names, and give the same stage.
 
 use super::*;
 
@@ -88,34 +94,7 @@ pub(crate) fn stage(
                 )]);
             }
         };
-        for b in &pb.bindings {
-            let (dtype, shape) = cx.buffer_type(&b.dtype, &b.dims).map_err(one)?;
-            let input = match cx.const_of(&b.input).map_err(one)? {
-                ConstValue::Int(i) if i >= 0 && i < inputs => i as u32,
-                other => {
-                    return Err(vec![cx.err(
-                        b.input.span(),
-                        format!(
-                            "the input ordinal must be 0..{inputs}, found {}",
-                            other.describe()
-                        ),
-                    )]);
-                }
-            };
-            st.params.push(ParamBinding {
-                name: b.name.text.clone(),
-                dtype,
-                shape,
-                input,
-                key: b.key.clone(),
-                layout: b.layout.clone(),
-            });
-            cx.bind(
-                &b.name,
-                SpecValue::Stage(BufRef::Param(st.params.len() as u32 - 1)),
-            )
-            .map_err(one)?;
-        }
+        param_items(&mut cx, &pb.bindings, inputs, &mut st).map_err(one)?;
     }
     let mut errors = Vec::new();
     stage_block(&mut cx, &p.item.body, &mut st, &mut errors);
@@ -124,6 +103,292 @@ pub(crate) fn stage(
     } else {
         Err(errors)
     }
+}
+
+/// The bindings of a `params` block, `static.for` unrolled.
+fn param_items(
+    cx: &mut KernelBuilder<'_, '_>,
+    items: &[ParamItem],
+    inputs: i64,
+    st: &mut Stage,
+) -> R<()> {
+    for it in items {
+        let b = match it {
+            ParamItem::Binding(b) => b,
+            ParamItem::For { header, body } => {
+                for k in cx.static_range(header)? {
+                    cx.scopes.push(HashMap::from([(
+                        header.var.text.clone(),
+                        SpecValue::Const(ConstValue::Int(k)),
+                    )]));
+                    let r = param_items(cx, body, inputs, st);
+                    cx.scopes.pop();
+                    r?;
+                }
+                continue;
+            }
+        };
+        let (dtype, shape) = cx.buffer_type(&b.dtype, &b.dims)?;
+        let input = match cx.const_of(&b.input)? {
+            ConstValue::Int(i) if i >= 0 && i < inputs => i as u32,
+            other => {
+                return Err(cx.err(
+                    b.input.span(),
+                    format!(
+                        "the input ordinal must be 0..{inputs}, found {}",
+                        other.describe()
+                    ),
+                ));
+            }
+        };
+        let key = cx.key_text(&b.key)?;
+        let name = cx.define(
+            &b.name,
+            b.index.as_ref(),
+            SpecValue::Stage(BufRef::Param(st.params.len() as u32)),
+        )?;
+        st.params.push(ParamBinding {
+            name,
+            dtype,
+            shape,
+            input,
+            key,
+            layout: b.layout.clone(),
+        });
+    }
+    Ok(())
+}
+
+impl KernelBuilder<'_, '_> {
+    /// The indices a `static.for` runs over (bounds and step compile-time integers, at most
+    /// [`MAX_STATIC_TRIPS`] of them, at most [`MAX_STATIC_ITERATIONS`] in the whole stage). The loop variable
+    /// may not shadow a value.
+    fn static_range(&mut self, h: &StaticFor) -> R<Vec<i64>> {
+        let int = |cx: &mut Self, e: &Expr, what: &str| -> R<i64> {
+            match cx.const_of(e)? {
+                ConstValue::Int(v) => Ok(v),
+                other => Err(cx.err(
+                    e.span(),
+                    format!(
+                        "the {what} of `static.for %{}` must be a compile-time integer, found {}",
+                        h.var.text,
+                        other.describe()
+                    ),
+                )),
+            }
+        };
+        let lo = int(self, &h.lo, "lower bound")?;
+        let hi = int(self, &h.hi, "upper bound")?;
+        let step = match &h.step {
+            Some(e) => {
+                let s = int(self, e, "step")?;
+                if s <= 0 {
+                    return Err(self.err(
+                        e.span(),
+                        format!(
+                            "the step of `static.for %{}` must be positive, found {s}",
+                            h.var.text
+                        ),
+                    ));
+                }
+                s
+            }
+            None => 1,
+        };
+        let trips = if hi <= lo {
+            0
+        } else {
+            (i128::from(hi) - i128::from(lo) + i128::from(step) - 1) / i128::from(step)
+        };
+        if trips > i128::from(MAX_STATIC_TRIPS) {
+            return Err(self.err(
+                h.span,
+                format!(
+                    "`static.for %{} = {lo} to {hi}` would run {trips} iterations; the limit is {MAX_STATIC_TRIPS}",
+                    h.var.text
+                ),
+            ));
+        }
+        self.unrolled += trips as u64;
+        if self.unrolled > MAX_STATIC_ITERATIONS {
+            return Err(self.err(
+                h.span,
+                format!(
+                    "the stage's `static.for` loops unroll to more than {MAX_STATIC_ITERATIONS} iterations in all"
+                ),
+            ));
+        }
+        if self.scopes.iter().any(|s| s.contains_key(&h.var.text)) {
+            return Err(self.err(
+                h.var.span,
+                format!("the loop variable %{} is already defined", h.var.text),
+            ));
+        }
+        Ok((0..trips as i64).map(|i| lo + i * step).collect())
+    }
+
+    /// The index of a family member `%name[INDEX]`: a non-negative compile-time integer.
+    fn member_index(&mut self, family: &Name, index: &Expr) -> R<i64> {
+        match self.const_of(index)? {
+            ConstValue::Int(k) if k >= 0 => Ok(k),
+            other => Err(self.err(
+                index.span(),
+                format!(
+                    "the index of `%{}[...]` must be a non-negative compile-time integer, found {}",
+                    family.text,
+                    other.describe()
+                ),
+            )),
+        }
+    }
+
+    /// Defines a stage value (`%name`, or the family member `%name[index]`, which is `%name` followed by the
+    /// index's digits) in the stage's scope; returns its name. A name is defined once in a stage.
+    fn define(&mut self, n: &Name, index: Option<&Expr>, v: SpecValue) -> R<String> {
+        let (name, member) = match index {
+            None => (n.text.clone(), None),
+            Some(e) => {
+                let k = self.member_index(n, e)?;
+                (format!("{}{k}", n.text), Some(k))
+            }
+        };
+        if self.scopes.iter().any(|s| s.contains_key(&name)) {
+            let written = match member {
+                Some(k) => format!("`%{}[{k}]` (the value %{name})", n.text),
+                None => format!("%{name}"),
+            };
+            let earlier = match self.members.get(&name) {
+                Some((f, k)) if member != Some(*k) || *f != n.text => {
+                    format!(", already defined as `%{f}[{k}]`")
+                }
+                _ => String::new(),
+            };
+            let hint = if member.is_none() && self.scopes.len() > 1 {
+                format!(
+                    "; a value defined in a `static.for` body is defined once per iteration: index it by the loop variable, `%{}[%l]`",
+                    n.text
+                )
+            } else {
+                String::new()
+            };
+            return Err(self.err(
+                n.span,
+                format!("{written} is defined twice{earlier} (values are SSA{hint})"),
+            ));
+        }
+        if let Some(k) = member {
+            self.families.entry(n.text.clone()).or_default().insert(k);
+            self.members.insert(name.clone(), (n.text.clone(), k));
+        }
+        self.scopes[0].insert(name.clone(), v);
+        Ok(name)
+    }
+
+    /// A stage buffer named by a dispatch argument: `%name` or a family member `%name[INDEX]`.
+    fn stage_buffer(&mut self, a: &Expr) -> R<(BufRef, String)> {
+        let (n, v, shown) = match a {
+            Expr::Value(n) => (n, self.lookup(n)?, format!("%{}", n.text)),
+            Expr::Index { buf, indices, span } => {
+                let [i] = indices.as_slice() else {
+                    return Err(self.err(*span, "a family member has one index: `%name[INDEX]`"));
+                };
+                let k = self.member_index(buf, i)?;
+                let name = format!("{}{k}", buf.text);
+                let found = self.scopes.iter().rev().find_map(|s| s.get(&name)).cloned();
+                let Some(v) = found else {
+                    let have = match self.families.get(&buf.text) {
+                        Some(ks) if !ks.is_empty() => {
+                            format!("%{} is defined here for indices {}", buf.text, ranges(ks))
+                        }
+                        _ => format!("no member of the family %{} is defined here", buf.text),
+                    };
+                    return Err(self.err(
+                        *span,
+                        format!("`%{}[{k}]` is not defined ({have})", buf.text),
+                    ));
+                };
+                (buf, v, format!("%{}[{k}]", buf.text))
+            }
+            _ => {
+                return Err(self.err(
+                    a.span(),
+                    "a dispatch argument must be a stage buffer `%name` or `%family[INDEX]`",
+                ));
+            }
+        };
+        match v {
+            SpecValue::Stage(r) => Ok((r, shown)),
+            _ => Err(self.err(n.span, format!("{shown} is not a stage buffer"))),
+        }
+    }
+
+    /// A checkpoint key with its holes filled: `{%l}` a compile-time integer value in scope (a `static.for`
+    /// variable), `{N}` an integer template parameter.
+    fn key_text(&mut self, k: &KeyTemplate) -> R<String> {
+        let mut out = String::new();
+        for p in &k.parts {
+            let (v, shown) = match p {
+                KeyPart::Text(t) => {
+                    out.push_str(t);
+                    continue;
+                }
+                KeyPart::Value(v) => (
+                    self.scopes.iter().rev().find_map(|s| s.get(v)).cloned(),
+                    format!("{{%{v}}}"),
+                ),
+                KeyPart::Word(w) => (
+                    self.env.get(w).cloned().map(SpecValue::Const),
+                    format!("{{{w}}}"),
+                ),
+            };
+            match v {
+                Some(SpecValue::Const(ConstValue::Int(i))) => out.push_str(&i.to_string()),
+                Some(SpecValue::Const(c)) => {
+                    return Err(self.err(
+                        k.span,
+                        format!(
+                            "`{shown}` in the checkpoint key is {}, not an integer",
+                            c.describe()
+                        ),
+                    ));
+                }
+                Some(_) => {
+                    return Err(self.err(
+                        k.span,
+                        format!("`{shown}` in the checkpoint key is a buffer, not a compile-time integer"),
+                    ));
+                }
+                None => {
+                    return Err(self.err(
+                        k.span,
+                        format!(
+                            "the checkpoint key names `{shown}`, which is not defined here (a hole is a `static.for` variable `{{%l}}` or an integer template parameter `{{N}}`)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `0..=6`, `0, 2..=4`: a set of indices as ranges.
+fn ranges(ks: &std::collections::BTreeSet<i64>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut it = ks.iter().copied().peekable();
+    while let Some(a) = it.next() {
+        let mut b = a;
+        while it.peek() == Some(&(b + 1)) {
+            b += 1;
+            it.next();
+        }
+        out.push(if a == b {
+            a.to_string()
+        } else {
+            format!("{a}..={b}")
+        });
+    }
+    out.join(", ")
 }
 
 pub(super) fn stage_block(
@@ -139,8 +404,13 @@ pub(super) fn stage_block(
                     errors.push(cx.err(*span, "a stage yields nothing"));
                 }
             }
-            Stmt::Let { results, op, span } => {
-                if let Err(e) = stage_stmt(cx, results, op, *span, st, errors) {
+            Stmt::Let {
+                results,
+                index,
+                op,
+                span,
+            } => {
+                if let Err(e) = stage_stmt(cx, results, index.as_ref(), op, *span, st, errors) {
                     errors.push(e);
                 }
             }
@@ -155,6 +425,7 @@ pub(super) fn stage_block(
 pub(super) fn stage_stmt(
     cx: &mut KernelBuilder<'_, '_>,
     results: &[Name],
+    index: Option<&Expr>,
     op: &Op,
     span: Span,
     st: &mut Stage,
@@ -169,15 +440,32 @@ pub(super) fn stage_stmt(
                 ));
             };
             let (dtype, shape) = cx.buffer_type(dtype, dims)?;
-            st.workspace.push(StageBuffer {
-                name: r.text.clone(),
-                dtype,
-                shape,
-            });
-            cx.bind(
+            let name = cx.define(
                 r,
-                SpecValue::Stage(BufRef::Workspace(st.workspace.len() as u32 - 1)),
-            )
+                index,
+                SpecValue::Stage(BufRef::Workspace(st.workspace.len() as u32)),
+            )?;
+            st.workspace.push(StageBuffer { name, dtype, shape });
+            Ok(())
+        }
+        Op::StaticFor { header, body } => {
+            if !results.is_empty() {
+                return Err(cx.err(span, "a `static.for` has no results"));
+            }
+            for k in cx.static_range(header)? {
+                cx.scopes.push(HashMap::from([(
+                    header.var.text.clone(),
+                    SpecValue::Const(ConstValue::Int(k)),
+                )]));
+                let before = errors.len();
+                stage_block(cx, body, st, errors);
+                cx.scopes.pop();
+                if errors.len() > before {
+                    // why stop: the next iterations would only repeat the error
+                    break;
+                }
+            }
+            Ok(())
         }
         Op::If {
             cond,
@@ -256,15 +544,7 @@ pub(super) fn stage_stmt(
             }
             let mut refs = Vec::new();
             for (a, kp) in args.iter().zip(&k.params) {
-                let Expr::Value(n) = a else {
-                    return Err(cx.err(
-                        a.span(),
-                        "a dispatch argument must be a stage buffer `%name`",
-                    ));
-                };
-                let SpecValue::Stage(r) = cx.lookup(n)? else {
-                    return Err(cx.err(n.span, format!("%{} is not a stage buffer", n.text)));
-                };
+                let (r, shown) = cx.stage_buffer(a)?;
                 let b = match r {
                     BufRef::Input(i) => &st.inputs[i as usize],
                     BufRef::Output(i) => &st.outputs[i as usize],
@@ -280,12 +560,12 @@ pub(super) fn stage_stmt(
                 };
                 if b.dtype != kp.dtype || b.shape != kp.shape {
                     return Err(cx.err(a.span(), format!(
-                        "wrong buffer for parameter %{} of @{kname}: %{} is {}{:?}, the kernel expects {}{:?}",
-                        kp.name, n.text, b.dtype, b.shape, kp.dtype, kp.shape
+                        "wrong buffer for parameter %{} of @{kname}: {shown} is {}{:?}, the kernel expects {}{:?}",
+                        kp.name, b.dtype, b.shape, kp.dtype, kp.shape
                     )));
                 }
                 if kp.access != Access::Read && matches!(r, BufRef::Input(_) | BufRef::Param(_)) {
-                    return Err(cx.err(a.span(), format!("@{kname} writes parameter %{}, but %{} is a read-only stage input or parameter", kp.name, n.text)));
+                    return Err(cx.err(a.span(), format!("@{kname} writes parameter %{}, but {shown} is a read-only stage input or parameter", kp.name)));
                 }
                 refs.push(r);
             }
@@ -304,7 +584,7 @@ pub(super) fn stage_stmt(
         }
         other => Err(cx.err(
             other.span(),
-            "a stage body holds `alloc`, `dispatch` and compile-time `if` only",
+            "a stage body holds `alloc`, `dispatch`, compile-time `if`, `static.match` and `static.for` only",
         )),
     }
 }
