@@ -587,7 +587,7 @@ impl Devices {
 
     /// The first device of `preferences` that is present, or an error naming what is present.
     pub fn select(&self, preferences: &[String]) -> Result<Arc<Device>, Error> {
-        for p in preferences {
+        for (i, p) in preferences.iter().enumerate() {
             let (backend, index) = parse_device_name(p).map_err(Error::BadRequest)?;
             if let Some(d) = self
                 .devices
@@ -595,6 +595,16 @@ impl Devices {
                 .filter(|d| d.info.backend.as_str() == backend)
                 .nth(index as usize)
             {
+                if i > 0 {
+                    // A preference list fell back: say which choices were absent (an operator expecting a GPU
+                    // should see it in the log, not only in throughput).
+                    log::warn!(
+                        "device preference {:?}: {} absent, using {}",
+                        preferences,
+                        preferences[..i].join(", "),
+                        d.name
+                    );
+                }
                 return Ok(d.clone());
             }
         }

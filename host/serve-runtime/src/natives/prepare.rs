@@ -34,6 +34,13 @@ pub fn prepare_module() -> NativeModule {
             };
             ctx(nc, what, |c| {
                 need_grant(c, what, Grant::Declare)?;
+                if dispatch {
+                    // Refused where it is declared, with the reason, rather than failing preparation later.
+                    return Err(NativeError::failed(
+                        "prepare.dispatch: direct-dispatch roots need a device plugin that runs them, and no \
+                         HAL of this server does yet; declare a stage with prepare.stage",
+                    ));
+                }
                 if c.decls.stages.len() >= MAX_DECLS {
                     return Err(NativeError::failed(format!(
                         "{what}: more than {MAX_DECLS} stages"
