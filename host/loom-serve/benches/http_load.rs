@@ -4,7 +4,7 @@
 //! generator runs in this process with keep-alive connections. Then 100,000 requests against loom-serve with
 //! its resident memory sampled along the way.
 //!
-//! `cargo bench -p loom-serve --bench http_load` (env: `LOAD_SECONDS`, default 4; `MEMORY_REQUESTS`, default
+//! `cargo bench -p loom-serve --bench http_load` (env: `SERVER_ARGS`, extra server flags; `LOAD_SECONDS`, default 4; `MEMORY_REQUESTS`, default
 //! 100000).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -174,8 +174,11 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
     let pkg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packages/arith-embed");
+    // SERVER_ARGS: extra server flags for an A/B run (e.g. `--idle-timeout 0`).
+    let extra = std::env::var("SERVER_ARGS").unwrap_or_default();
     let mut child = Command::new(env!("CARGO_BIN_EXE_loom-serve"))
         .args(["--port", "0", "--log", "warn", "--model", pkg])
+        .args(extra.split_whitespace())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
