@@ -62,6 +62,7 @@ mod qdot;
 mod quant;
 mod rows;
 mod rt;
+pub mod trim;
 mod vmath;
 
 use std::sync::Mutex;

@@ -175,6 +175,9 @@ impl Executable for Exe {
 struct State {
     /// Buffers and executables; timelines take their ids from the same counter.
     objects: Objects<Buf, Exe>,
+    /// Each live buffer's size, so that `free` can report it without taking the buffer's lock (a running
+    /// dispatch may hold it).
+    buffer_bytes: std::collections::HashMap<BufferId, u64>,
     files: files::FileTable,
     timelines: Timelines,
     closed: bool,
@@ -485,12 +488,23 @@ impl HalDevice for CpuDevice {
             v.try_reserve_exact(n)
                 .map_err(|_| format!("alloc: out of memory for {bytes} bytes"))?;
             v.resize(n, 0u8);
-            Ok::<_, String>(self.state().objects.add_buffer(Arc::new(Mutex::new(v))))
+            let mut st = self.state();
+            let id = st.objects.add_buffer(Arc::new(Mutex::new(v)));
+            st.buffer_bytes.insert(id, bytes);
+            Ok::<_, String>(id)
         })
     }
 
     fn free(&self, buffer: BufferId) -> RResult<(), RBoxError> {
-        guard("free", || self.state().objects.free(buffer))
+        guard("free", || {
+            let mut st = self.state();
+            st.objects.free(buffer)?;
+            let bytes = st.buffer_bytes.remove(&buffer).unwrap_or(0);
+            drop(st);
+            // After a burst, freed memory goes back to the system (see `loom_cpu::trim`).
+            loom_cpu::trim::note_freed(bytes);
+            Ok::<_, String>(())
+        })
     }
 
     fn write(&self, buffer: BufferId, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RBoxError> {
