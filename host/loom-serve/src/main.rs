@@ -3,7 +3,8 @@
 //! ```text
 //! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
 //!            [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N]
-//!            [--api-key KEY]... [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--log LEVEL]
+//!            [--api-key KEY]... [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES]
+//!            [--drain-timeout SECONDS] [--log LEVEL]
 //! ```
 //!
 //! Server-local packages (start-up ones and JSON registrations) and every file they read must lie inside a
@@ -19,7 +20,8 @@
 //! Loads plugins (a bad plugin is one log line), opens devices (the built-in CPU HAL when no plugin gives a
 //! CPU device), mounts the routes of HTTP profile plugins (a profile whose route collides with a built-in
 //! route or an earlier profile's is one "plugin rejected" line), starts listening, registers the `--model` packages, then reports ready on `/health`. On
-//! SIGINT/SIGTERM it stops accepting connections, drains accepted work and exits. With `--port 0` it prints the
+//! SIGINT/SIGTERM it stops accepting connections, drains accepted work and exits 0; if that takes longer than
+//! `--drain-timeout` (default 30 s; 0: no deadline) it exits 1, failing the work still in flight. With `--port 0` it prints the
 //! bound address on stdout (`listening on http://127.0.0.1:PORT`) for tests.
 
 use anyhow::{Context, Result, bail};
@@ -35,7 +37,7 @@ use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
 [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--api-key KEY]... \
-[--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--log error|warn|info|debug|trace]";
+[--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--drain-timeout SECONDS] [--log error|warn|info|debug|trace]";
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -51,6 +53,8 @@ struct Args {
     models: Vec<StartModel>,
     config: Config,
     limits: OperatorLimits,
+    /// How long accepted work may take to finish after SIGTERM/SIGINT (`None`: for ever).
+    drain_timeout: Option<std::time::Duration>,
     log: log::LevelFilter,
 }
 
@@ -62,6 +66,7 @@ fn parse_args() -> Result<Args> {
         models: Vec::new(),
         config: Config::default(),
         limits: OperatorLimits::default(),
+        drain_timeout: Some(std::time::Duration::from_secs(30)),
         log: log::LevelFilter::Info,
     };
     let mut it = std::env::args().skip(1);
@@ -127,6 +132,14 @@ fn parse_args() -> Result<Args> {
                     .context("--idle-timeout takes a number of seconds (0: no limit)")?;
                 a.config.idle_timeout =
                     (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs));
+            }
+            "--drain-timeout" => {
+                let secs: f64 = value()?
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                    .context("--drain-timeout takes a number of seconds (0: wait for ever)")?;
+                a.drain_timeout = (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs));
             }
             "--log" => {
                 a.log = value()?
@@ -238,6 +251,27 @@ fn main() -> Result<()> {
             log::info!("ready");
         });
 
+        // The drain deadline: from the shutdown signal, accepted work (HTTP requests in flight, then the models'
+        // queues) has `--drain-timeout` to finish; past it the process exits with status 1, failing what is
+        // left, so that a runaway kernel cannot keep a stopping server (or a pod's termination) waiting forever.
+        if let Some(deadline) = args.drain_timeout {
+            tokio::spawn(async move {
+                shutdown_requested().await;
+                let spawned = std::thread::Builder::new()
+                    .name("drain-deadline".into())
+                    .spawn(move || {
+                        std::thread::sleep(deadline);
+                        log::error!(
+                            "shutdown: accepted work did not finish within the drain deadline of {deadline:?} \
+                             (--drain-timeout); exiting, failing what is still in flight"
+                        );
+                        std::process::exit(1);
+                    });
+                if let Err(e) = spawned {
+                    log::warn!("shutdown: no drain deadline ({e})");
+                }
+            });
+        }
         let app = serve_http::router(state.clone());
         axum_serve(listener, app, state.config.idle_timeout).await?;
         log::info!("shutting down: draining accepted work");
@@ -246,6 +280,22 @@ fn main() -> Result<()> {
         log::info!("stopped");
         Ok::<(), anyhow::Error>(())
     })
+}
+
+/// Resolves when SIGINT or SIGTERM arrives (each listener gets every signal: this one starts the drain deadline,
+/// `serve_http::serve`'s own stops accepting).
+async fn shutdown_requested() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }
 
 /// Reads a deployment file into `a` (plugin directories and start-up models).

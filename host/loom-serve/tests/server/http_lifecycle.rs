@@ -556,3 +556,57 @@ fn model_budgets_are_admitted_against_the_device_capacity() {
     assert_eq!(embed_status(&s, "big-b"), 200);
     s.healthy();
 }
+
+/// A stage that never finishes cannot keep a stopping server waiting: past `--drain-timeout` after SIGTERM
+/// the process exits with status 1 (before, it waited for ever), and the log says why.
+#[test]
+fn sigterm_has_a_drain_deadline() {
+    let s = TestServer::start("drain-deadline", &["--drain-timeout", "2"]);
+    // slow-embed's spin kernel, made to spin for 2^40 iterations: it does not finish in this test's life.
+    let base = s.dir.join("runaway");
+    std::fs::create_dir_all(&base).unwrap();
+    for e in std::fs::read_dir(s.dir.join("slow-embed")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), base.join(e.file_name())).unwrap();
+    }
+    let k = std::fs::read_to_string(base.join("kernel.loom")).unwrap();
+    assert!(
+        k.contains("SPIN: i64 = 8000000"),
+        "the fixture's spin default"
+    );
+    std::fs::write(
+        base.join("kernel.loom"),
+        k.replace("SPIN: i64 = 8000000", "SPIN: i64 = 1099511627776"),
+    )
+    .unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "runaway", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // A request whose cohort never finishes, left waiting on its own connection.
+    let addr = s.addr.clone();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        if let Ok(mut c) = std::net::TcpStream::connect(&addr) {
+            let body = r#"{"model": "runaway", "input": "spin"}"#;
+            let _ = write!(
+                c,
+                "POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut sink = Vec::new();
+            let _ = c.read_to_end(&mut sink);
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let t0 = std::time::Instant::now();
+    let st = s.terminate();
+    assert_eq!(st.code(), Some(1), "{st:?}");
+    // Not before the deadline (the runaway cohort was waited for that long), and not much after it.
+    let took = t0.elapsed();
+    assert!(
+        took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(20),
+        "exited {took:?} after SIGTERM"
+    );
+}
