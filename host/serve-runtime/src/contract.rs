@@ -219,12 +219,4 @@ impl Contracts {
         }
         Ok(c)
     }
-
-    /// Every role of every contract (for HTTP profiles, whose routes name one).
-    pub fn roles(&self) -> Vec<&'static str> {
-        self.list
-            .iter()
-            .flat_map(|c| c.interface().roles.iter().copied())
-            .collect()
-    }
 }

@@ -94,12 +94,6 @@ impl Model {
         for (i, d) in decls.iter().enumerate() {
             let ordinal = base + i;
             let at = format!("stage {ordinal} (`{}`)", d.root);
-            if d.dispatch {
-                return Err(Error::Program(format!(
-                    "{at}: prepare.dispatch roots (direct-dispatch stages) need a device plugin that runs them; \
-                     no HAL of this server does yet"
-                )));
-            }
             let root = d.root.trim_start_matches('@');
             let (module_name, stage_name) = root.rsplit_once('.').ok_or_else(|| {
                 Error::Program(format!(

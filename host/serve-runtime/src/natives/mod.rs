@@ -51,12 +51,11 @@ pub enum ConfigValue {
     I64(i64),
 }
 
-/// One `prepare.stage` / `prepare.dispatch` declaration.
+/// One `prepare.stage` declaration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StageDecl {
     pub root: String,
     pub tag: i64,
-    pub dispatch: bool,
     pub config: Vec<(String, ConfigValue)>,
     pub workspace_limit: Option<u64>,
 }
@@ -79,16 +78,6 @@ pub struct Decls {
     pub sources: Vec<Vec<(String, String)>>,
     pub params: Vec<ParamDecl>,
     pub memory_forecast: Option<String>,
-}
-
-impl Decls {
-    /// Nothing was declared.
-    pub fn is_empty(&self) -> bool {
-        self.stages.is_empty()
-            && self.sources.is_empty()
-            && self.params.is_empty()
-            && self.memory_forecast.is_none()
-    }
 }
 
 /// Runner state of an invocation whose phase grants running.

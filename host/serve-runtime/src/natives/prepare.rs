@@ -25,22 +25,11 @@ fn stage_ordinal(c: &Ctx, what: &str, s: i64) -> Result<usize, NativeError> {
 /// `prepare`: cold and invocation-scoped declarations.
 pub fn prepare_module() -> NativeModule {
     use Type::*;
-    let declare = |dispatch: bool| {
-        move |nc: &mut loom_vm::NativeCtx<'_>, args: &[Value]| {
-            let what = if dispatch {
-                "prepare.dispatch"
-            } else {
-                "prepare.stage"
-            };
+    NativeModule::new("prepare")
+        .func("stage", sig(vec![Str, I64], vec![I64]), 10, |nc, args| {
+            let what = "prepare.stage";
             ctx(nc, what, |c| {
                 need_grant(c, what, Grant::Declare)?;
-                if dispatch {
-                    // Refused where it is declared, with the reason, rather than failing preparation later.
-                    return Err(NativeError::failed(
-                        "prepare.dispatch: direct-dispatch roots need a device plugin that runs them, and no \
-                         HAL of this server does yet; declare a stage with prepare.stage",
-                    ));
-                }
                 if c.decls.stages.len() >= MAX_DECLS {
                     return Err(NativeError::failed(format!(
                         "{what}: more than {MAX_DECLS} stages"
@@ -55,7 +44,6 @@ pub fn prepare_module() -> NativeModule {
                 c.decls.stages.push(StageDecl {
                     root,
                     tag: arg_i64(args, 1),
-                    dispatch,
                     config: Vec::new(),
                     workspace_limit: None,
                 });
@@ -63,16 +51,17 @@ pub fn prepare_module() -> NativeModule {
                     (c.stage_base + c.decls.stages.len() - 1) as i64,
                 )])
             })
-        }
-    };
-    NativeModule::new("prepare")
-        .func("stage", sig(vec![Str, I64], vec![I64]), 10, declare(false))
-        .func(
-            "dispatch",
-            sig(vec![Str, I64], vec![I64]),
-            10,
-            declare(true),
-        )
+        })
+        // Refused where it is called, with the reason, rather than failing preparation later.
+        .func("dispatch", sig(vec![Str, I64], vec![I64]), 10, |nc, _| {
+            ctx(nc, "prepare.dispatch", |c| {
+                need_grant(c, "prepare.dispatch", Grant::Declare)?;
+                Err(NativeError::failed(
+                    "prepare.dispatch: direct-dispatch roots need a device plugin that runs them, and no HAL \
+                     of this server does yet; declare a stage with prepare.stage",
+                ))
+            })
+        })
         .func("config", sig(vec![I64, Str, Str], vec![]), 10, |nc, a| {
             ctx(nc, "prepare.config", |c| {
                 need_grant(c, "prepare.config", Grant::Declare)?;
