@@ -256,7 +256,7 @@ fn main() -> Result<()> {
         // left, so that a runaway kernel cannot keep a stopping server (or a pod's termination) waiting forever.
         if let Some(deadline) = args.drain_timeout {
             tokio::spawn(async move {
-                shutdown_requested().await;
+                serve_http::shutdown_requested().await;
                 let spawned = std::thread::Builder::new()
                     .name("drain-deadline".into())
                     .spawn(move || {
@@ -280,22 +280,6 @@ fn main() -> Result<()> {
         log::info!("stopped");
         Ok::<(), anyhow::Error>(())
     })
-}
-
-/// Resolves when SIGINT or SIGTERM arrives (each listener gets every signal: this one starts the drain deadline,
-/// `serve_http::serve`'s own stops accepting).
-async fn shutdown_requested() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 /// Reads a deployment file into `a` (plugin directories and start-up models).

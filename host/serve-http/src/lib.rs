@@ -70,6 +70,13 @@ pub async fn serve(
 }
 
 async fn shutdown_signal() {
+    shutdown_requested().await;
+    log::info!("shutdown signal received");
+}
+
+/// Resolves when SIGINT or SIGTERM arrives. Every caller gets every signal: [`serve`] stops accepting on it, the
+/// binary starts its drain deadline on it.
+pub async fn shutdown_requested() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
@@ -83,5 +90,4 @@ async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term.recv() => {}
     }
-    log::info!("shutdown signal received");
 }
