@@ -511,11 +511,7 @@ fn mem_total() -> u64 {
 /// A copy of arith-embed named `name` whose `memory.device_bytes` is `bytes`.
 fn sized_package(s: &TestServer, name: &str, bytes: u64) -> String {
     let dir = s.dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(s.dir.join("arith-embed")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
+    crate::support::copy_dir(&s.dir.join("arith-embed"), &dir);
     let mut doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("model.json")).unwrap()).unwrap();
     doc["name"] = json!(name);
@@ -564,11 +560,7 @@ fn sigterm_has_a_drain_deadline() {
     let s = TestServer::start("drain-deadline", &["--drain-timeout", "2"]);
     // slow-embed's spin kernel, made to spin for 2^40 iterations: it does not finish in this test's life.
     let base = s.dir.join("runaway");
-    std::fs::create_dir_all(&base).unwrap();
-    for e in std::fs::read_dir(s.dir.join("slow-embed")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), base.join(e.file_name())).unwrap();
-    }
+    crate::support::copy_dir(&s.dir.join("slow-embed"), &base);
     let k = std::fs::read_to_string(base.join("kernel.loom")).unwrap();
     assert!(
         k.contains("SPIN: i64 = 8000000"),

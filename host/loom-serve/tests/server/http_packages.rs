@@ -2,17 +2,13 @@
 //! (and echo in its errors) files outside the operator's package roots, through `..`, symlinks or a
 //! symlinked checkpoint; and errors never show the server's own paths.
 
-use crate::support::TestServer;
+use crate::support::{TestServer, copy_dir};
 use serde_json::json;
 use std::path::Path;
 
 /// A copy of packages/arith-embed at `dir`, with `edit` applied to its model.json.
 fn arith_copy(s: &TestServer, dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    std::fs::create_dir_all(dir).unwrap();
-    for e in std::fs::read_dir(s.dir.join("arith-embed")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
+    copy_dir(&s.dir.join("arith-embed"), dir);
     let mut doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("model.json")).unwrap()).unwrap();
     edit(&mut doc);
@@ -142,11 +138,7 @@ fn package_files_stay_inside_the_package_roots() {
 
     // A symlinked checkpoint pointing out of the roots is not opened (its header bytes once leaked).
     let ck = s.dir.join("ck");
-    std::fs::create_dir_all(&ck).unwrap();
-    for e in std::fs::read_dir(s.dir.join("arith-embed-weighted")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), ck.join(e.file_name())).unwrap();
-    }
+    copy_dir(&s.dir.join("arith-embed-weighted"), &ck);
     std::fs::remove_file(ck.join("weights.safetensors")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", ck.join("weights.safetensors")).unwrap();
     let r = try_register("ck", &ck);
