@@ -17,7 +17,16 @@
 //!   index matches), and then runs unchecked; a masked access whose index tiles all come from `tile.range`
 //!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
-//!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive.
+//!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
+//!   instance ran out of its step budget, 5 = the dispatch was cancelled.
+//! * Run-time bounds (`loom_ir::kernel::RunBounds`): every iteration of a kernel `for` loop costs one step.
+//!   The count lives in a Cranelift variable (a register in loops), loaded at entry from the header's
+//!   [`FUEL_OFF`] word, which the host sets per instance to a slice of the instance's allowance; the back-edge
+//!   decrements it and branches to a cold block when it goes negative (one compare on the hot path). The cold
+//!   block calls `rt::loom_fuel`, which checks the cancellation flag (pointer at [`CANCEL_OFF`]) and takes the
+//!   next slice from the rest of the allowance ([`REST_OFF`]), or returns the budget or cancel status. So the
+//!   flag is looked at every [`FUEL_SLICE`] iterations at most, and at every instance by the host. Tile
+//!   operations' element loops are bounded by the tile size and cost nothing.
 
 use cranelift_codegen::Context;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -42,6 +51,16 @@ pub(crate) const ST_OK: i32 = 0;
 pub(crate) const ST_OOR: i32 = 1;
 pub(crate) const ST_DIV0: i32 = 2;
 pub(crate) const ST_STEP: i32 = 3;
+pub(crate) const ST_BUDGET: i32 = 4;
+pub(crate) const ST_CANCEL: i32 = 5;
+/// Header word (i64): the steps the instance may take before its next call to `rt::loom_fuel`.
+pub(crate) const FUEL_OFF: i32 = 32;
+/// Header word (i64): the rest of the instance's allowance, beyond the current slice.
+pub(crate) const REST_OFF: usize = 40;
+/// Header word (pointer): the dispatch's cancellation flag (`AtomicU32`), or 0.
+pub(crate) const CANCEL_OFF: usize = 48;
+/// Loop iterations between two looks at the cancellation flag (at most).
+pub(crate) const FUEL_SLICE: u64 = 1 << 16;
 const MAX_DEPTH: u32 = 64;
 /// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
 const MAX_SCRATCH: u32 = 1 << 30;
@@ -76,6 +95,7 @@ enum H {
     Reduce,
     Dot,
     Dequant,
+    Fuel,
 }
 
 const I32: Type = types::I32;
@@ -156,6 +176,12 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
             rt::loom_dequant as *const u8,
             vec![I32, I64, I64],
             vec![F32],
+        ),
+        (
+            "loom_fuel",
+            rt::loom_fuel as *const u8,
+            vec![I64],
+            vec![I64],
         ),
     ]
 }
@@ -292,6 +318,7 @@ impl Jit {
                 loc: Loc::default(),
                 opts,
                 depth: 0,
+                fuel: None,
             };
             let r = l.body();
             let loc = l.loc;
@@ -385,6 +412,8 @@ struct Lower<'k, 'f> {
     loc: Loc,
     opts: Opts,
     depth: u32,
+    /// The instance's remaining steps in the current slice (see the module doc).
+    fuel: Option<Variable>,
 }
 
 fn flags_buf() -> MemFlagsData {
@@ -401,6 +430,10 @@ type Leaf<'c, 'k, 'f> = dyn FnMut(&mut Lower<'k, 'f>, Value, Option<Value>, Valu
 
 impl<'k, 'f> Lower<'k, 'f> {
     fn body(&mut self) -> R<()> {
+        let fuel = self.b.declare_var(I64);
+        let f0 = self.b.ins().load(I64, flags_scratch(), self.base, FUEL_OFF);
+        self.b.def_var(fuel, f0);
+        self.fuel = Some(fuel);
         let ys = self.region(&self.k.body)?;
         if !ys.is_empty() {
             return Err(bad!("the kernel body must end in an empty `yield`"));
@@ -1997,6 +2030,7 @@ impl<'k, 'f> Lower<'k, 'f> {
         for (c, y) in carriers.iter().zip(yv) {
             self.assign(c, y)?;
         }
+        self.count_step();
         let next = self.b.ins().iadd(i, step);
         // Past i64::MAX the loop is over (as in the reference).
         let wrapped = self.b.ins().icmp(IntCC::SignedLessThan, next, i);
@@ -2008,6 +2042,37 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.bind(*v, c)?;
         }
         Ok(())
+    }
+
+    /// One step of the instance's budget at a loop back-edge: decrement, and when the slice is spent, the
+    /// cold refill (`rt::loom_fuel`) that may end the instance with the budget or cancel status.
+    fn count_step(&mut self) {
+        let Some(fuel) = self.fuel else { return };
+        let f = self.b.use_var(fuel);
+        let f1 = self.b.ins().iadd_imm_s(f, -1);
+        self.b.def_var(fuel, f1);
+        let spent = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, f1, 0);
+        let refill = self.b.create_block();
+        let cont = self.b.create_block();
+        self.b.ins().brif(spent, refill, &[], cont, &[]);
+        self.b.switch_to_block(refill);
+        self.b.set_cold_block(refill);
+        let base = self.base;
+        let r = self.call(H::Fuel, &[base]).unwrap_or(f1);
+        let stop = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, r, 0);
+        let err = self.b.create_block();
+        let more = self.b.create_block();
+        self.b.ins().brif(stop, err, &[], more, &[]);
+        self.b.switch_to_block(err);
+        self.b.set_cold_block(err);
+        let st = self.b.ins().ineg(r);
+        let st = self.b.ins().ireduce(I32, st);
+        self.b.ins().return_(&[st]);
+        self.b.switch_to_block(more);
+        self.b.set_cold_block(more);
+        self.b.def_var(fuel, r);
+        self.b.ins().jump(cont, &[]);
+        self.b.switch_to_block(cont);
     }
 
     fn if_op(&mut self, op: &KOp, cond: &KOperand, then_r: &KRegion, else_r: &KRegion) -> R<()> {

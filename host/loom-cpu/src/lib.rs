@@ -69,7 +69,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use loom_ir::Loc;
-use loom_ir::kernel::{Access, BufRef, Kernel, Stage};
+use loom_ir::kernel::{Access, BufRef, Kernel, RunBounds, Stage, instance_allowance};
 
 /// The byte workspace buffers are filled with before a stage runs (as the reference does).
 pub const POISON_BYTE: u8 = 0xff;
@@ -142,8 +142,24 @@ struct KPlan {
     rows: Option<(pattern::RowsMatch, rows::Isa)>,
 }
 
+/// JIT modules alive (compiled stages not yet dropped): each holds executable memory, freed on drop.
+static LIVE_MODULES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many compiled stages' code is alive in this process (each owns executable mappings until it drops);
+/// tests use it to check that unloading a model frees its code.
+pub fn live_code_modules() -> usize {
+    LIVE_MODULES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Owns the JIT code; freed on drop.
 struct Code(Option<cranelift_jit::JITModule>);
+
+impl Code {
+    fn new(m: cranelift_jit::JITModule) -> Code {
+        LIVE_MODULES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Code(Some(m))
+    }
+}
 
 impl std::fmt::Debug for Code {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -157,6 +173,7 @@ impl Drop for Code {
             // SAFETY: the function pointers into this module live in the `CpuStage` being dropped; nothing
             // can call them afterwards.
             unsafe { m.free_memory() };
+            LIVE_MODULES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -307,7 +324,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             kernels: reports,
             total: t0.elapsed(),
         },
-        _code: std::sync::Mutex::new(Code(Some(module))),
+        _code: std::sync::Mutex::new(Code::new(module)),
     })
 }
 
@@ -402,12 +419,44 @@ struct Failure {
     header: [u8; 64],
 }
 
-/// Runs every instance of `func` over `grid` on `threads` threads.
-fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result<(), Failure> {
+/// The bounds of one grid: each instance's loop allowance and the cancellation flag (0: none).
+#[derive(Clone, Copy)]
+struct GridBounds {
+    allowance: u64,
+    cancel: usize,
+}
+
+/// A failure before any instance ran (the grid is over the budget) or of a cancelled instance.
+fn bound_failure(at: u64, status: i32) -> Failure {
+    Failure {
+        at,
+        pid: [0; 3],
+        status,
+        header: [0; 64],
+    }
+}
+
+/// Runs every instance of `func` over `grid` on `threads` threads, within `bounds` (see
+/// `loom_ir::kernel::RunBounds`: the host checks the flag before each instance, the JIT code at loop
+/// back-edges, every `jit::FUEL_SLICE` iterations).
+fn run_grid(
+    func: &Func,
+    grid: [u64; 3],
+    desc: &[u64],
+    threads: usize,
+    bounds: &RunBounds<'_>,
+) -> Result<(), Failure> {
     let total = grid[0].saturating_mul(grid[1]).saturating_mul(grid[2]);
     if total == 0 {
         return Ok(());
     }
+    let Some(allowance) = instance_allowance(bounds.steps, total) else {
+        return Err(bound_failure(0, jit::ST_BUDGET));
+    };
+    let gb = GridBounds {
+        allowance,
+        cancel: bounds.cancel.map_or(0, |c| c as *const _ as usize),
+    };
     let threads = (threads.max(1) as u64).min(total);
     let chunk = total.div_ceil(threads);
     let d = Shared(desc.as_ptr());
@@ -417,7 +466,19 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
         let d = d;
         let mut scratch = vec![Line([0; 64]); lines];
         let sp = scratch.as_mut_ptr() as *mut u8;
+        let slice = gb.allowance.min(jit::FUEL_SLICE);
+        let rest = (gb.allowance - slice).min(i64::MAX as u64);
+        let flag = gb.cancel as *const std::sync::atomic::AtomicU32;
         for at in lo..hi {
+            // SAFETY: `flag` is null or the `AtomicU32` of the `RunBounds` that outlives this call.
+            if !flag.is_null() && unsafe { (*flag).load(std::sync::atomic::Ordering::Relaxed) } != 0
+            {
+                return Err(bound_failure(at, jit::ST_CANCEL));
+            }
+            let h = &mut scratch[0].0;
+            h[jit::FUEL_OFF as usize..][..8].copy_from_slice(&(slice as i64).to_le_bytes());
+            h[jit::REST_OFF..][..8].copy_from_slice(&(rest as i64).to_le_bytes());
+            h[jit::CANCEL_OFF..][..8].copy_from_slice(&(gb.cancel as u64).to_le_bytes());
             let pid = [
                 at / (grid[1] * grid[2]),
                 at / grid[2] % grid[1],
@@ -460,7 +521,13 @@ fn run_grid(func: &Func, grid: [u64; 3], desc: &[u64], threads: usize) -> Result
         .map_or(Ok(()), Err)
 }
 
-fn failure_error(kernel: &Kernel, func: &Func, f: Failure) -> Error {
+fn failure_error(
+    stage: &Stage,
+    bounds: &RunBounds<'_>,
+    kernel: &Kernel,
+    func: &Func,
+    f: Failure,
+) -> Error {
     let u32_at = |o: usize| u32::from_le_bytes(f.header[o..o + 4].try_into().unwrap_or([0; 4]));
     let i64_at = |o: usize| i64::from_le_bytes(f.header[o..o + 8].try_into().unwrap_or([0; 8]));
     let site = |s: u32| func.sites.get(s as usize).copied().unwrap_or_default();
@@ -486,6 +553,15 @@ fn failure_error(kernel: &Kernel, func: &Func, f: Failure) -> Error {
             kernel_at(kernel, site(u32_at(0))),
             format!("loop step must be positive, got {}", i64_at(8)),
         ),
+        jit::ST_BUDGET => Error::BudgetExceeded {
+            kernel: kernel.name.clone(),
+            stage: stage.name.clone(),
+            budget: bounds.steps,
+        },
+        jit::ST_CANCEL => Error::Cancelled {
+            kernel: kernel.name.clone(),
+            stage: stage.name.clone(),
+        },
         s => Error::Unsupported {
             backend: "cpu".into(),
             kernel: kernel.name.clone(),
@@ -507,6 +583,21 @@ impl CpuStage {
         params: &[&[u8]],
         outputs: &mut [Vec<u8>],
         threads: usize,
+    ) -> Result<(), Error> {
+        self.run_bounded(inputs, params, outputs, threads, &RunBounds::NONE)
+    }
+
+    /// [`CpuStage::run`] within `bounds` (each dispatch has the step budget; the flag stops the stage):
+    /// `loom_reference::run_stage_bounded`'s contract. Kernels that run on a whole-kernel path (GEMM,
+    /// quantised matvec, rows) have no loops of their own to count; their grid is still checked against the
+    /// budget and the flag before they run.
+    pub fn run_bounded(
+        &self,
+        inputs: &[&[u8]],
+        params: &[&[u8]],
+        outputs: &mut [Vec<u8>],
+        threads: usize,
+        bounds: &RunBounds<'_>,
     ) -> Result<(), Error> {
         let stage = &self.stage;
         let at = format!("stage `{}`", stage.name);
@@ -536,6 +627,21 @@ impl CpuStage {
         slots.extend(params.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
         for (d, map) in stage.dispatches.iter().zip(&self.maps) {
             let plan = &self.plans[d.kernel as usize];
+            let g = plan.kernel.grid;
+            let instances = g[0].saturating_mul(g[1]).saturating_mul(g[2]);
+            if instance_allowance(bounds.steps, instances).is_none() {
+                return Err(Error::BudgetExceeded {
+                    kernel: plan.kernel.name.clone(),
+                    stage: stage.name.clone(),
+                    budget: bounds.steps,
+                });
+            }
+            if bounds.cancelled() {
+                return Err(Error::Cancelled {
+                    kernel: plan.kernel.name.clone(),
+                    stage: stage.name.clone(),
+                });
+            }
             let desc: Vec<u64> = map.iter().flat_map(|&s| [slots[s].0, slots[s].1]).collect();
             if let Some(g) = &plan.gemm {
                 let (sa, sb, sc) = (map[g.a as usize], map[g.b as usize], map[g.c as usize]);
@@ -552,8 +658,8 @@ impl CpuStage {
                         threads,
                     );
                     if let Some((ek, ef)) = &g.epilogue {
-                        run_grid(ef, ek.grid, &desc, threads)
-                            .map_err(|f| failure_error(ek, ef, f))?;
+                        run_grid(ef, ek.grid, &desc, threads, bounds)
+                            .map_err(|f| failure_error(stage, bounds, ek, ef, f))?;
                     }
                     continue;
                 }
@@ -620,8 +726,8 @@ impl CpuStage {
                     continue;
                 }
             }
-            run_grid(&plan.func, plan.kernel.grid, &desc, threads)
-                .map_err(|f| failure_error(&plan.kernel, &plan.func, f))?;
+            run_grid(&plan.func, plan.kernel.grid, &desc, threads, bounds)
+                .map_err(|f| failure_error(stage, bounds, &plan.kernel, &plan.func, f))?;
         }
         Ok(())
     }

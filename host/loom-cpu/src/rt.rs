@@ -10,6 +10,33 @@
 
 use loom_ir::kernel::{DType, ReduceOp, UnOp};
 
+// ---- run-time bounds ----
+
+/// The cold path of a loop back-edge whose step slice is spent (see `jit.rs`'s module doc): the cancel status
+/// (negated) when the dispatch's flag is set, the budget status (negated) when the instance's allowance is used
+/// up, else the next slice's steps minus the one being taken now.
+///
+/// # Safety
+/// `scratch` is the calling instance's scratch, whose header the host wrote (`run_grid`): an i64 at
+/// `REST_OFF` and a pointer at `CANCEL_OFF` that is null or points to a live `AtomicU32`.
+pub(crate) unsafe extern "C" fn loom_fuel(scratch: *mut u8) -> i64 {
+    use crate::jit::{CANCEL_OFF, FUEL_SLICE, REST_OFF, ST_BUDGET, ST_CANCEL};
+    // SAFETY: see the function's contract; the header is 64-byte aligned, the words 8-byte aligned.
+    unsafe {
+        let flag = *(scratch.add(CANCEL_OFF) as *const *const std::sync::atomic::AtomicU32);
+        if !flag.is_null() && (*flag).load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            return -i64::from(ST_CANCEL);
+        }
+        let rest = scratch.add(REST_OFF) as *mut i64;
+        if *rest <= 0 {
+            return -i64::from(ST_BUDGET);
+        }
+        let take = (*rest).min(FUEL_SLICE as i64);
+        *rest -= take;
+        take - 1
+    }
+}
+
 /// The code a dtype travels under through the JIT ABI: its index in [`DType::ALL`].
 pub(crate) fn dtype_code(d: DType) -> u32 {
     DType::ALL.iter().position(|&x| x == d).unwrap_or(0) as u32

@@ -495,6 +495,17 @@ pub enum ExecError {
     },
     #[error("malformed IR: {at}: {message}")]
     Malformed { at: String, message: String },
+    /// A dispatch ran past its step budget ([`RunBounds::steps`]): more program instances than the budget,
+    /// or an instance took more loop iterations than its share.
+    #[error("kernel `{kernel}` of stage `{stage}` exceeded its budget of {budget} steps")]
+    BudgetExceeded {
+        kernel: String,
+        stage: String,
+        budget: u64,
+    },
+    /// The dispatch's cancellation flag ([`RunBounds::cancel`]) was set while it ran.
+    #[error("kernel `{kernel}` of stage `{stage}` was cancelled")]
+    Cancelled { kernel: String, stage: String },
     /// Valid IR that a backend does not lower (yet), or a backend compiler failure.
     #[error("kernel `{kernel}`: not supported by the {backend} backend: {message}")]
     Unsupported {
@@ -502,6 +513,48 @@ pub enum ExecError {
         backend: String,
         message: String,
     },
+}
+
+/// The run-time bounds of one dispatch (issue 14): a step budget and a cancellation flag, checked at the same
+/// places on every backend: once per program instance (grid boundary) and once per iteration of a kernel's
+/// `for` loop (its back-edge). Tile operations' element loops are bounded by the tile size and not counted.
+///
+/// The budget is split evenly: a dispatch of `G` program instances under a budget of `B` steps fails before
+/// running when `G > B`, and otherwise each instance may run `B / G - 1` loop iterations in all (one step is
+/// the instance itself), so the whole dispatch takes at most `B` steps and the result does not depend on how
+/// instances are spread over threads or GPU lanes ([`instance_allowance`]). `steps == 0` is no budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunBounds<'a> {
+    /// Steps one dispatch may take; 0: unbounded.
+    pub steps: u64,
+    /// A flag another thread sets (non-zero) to stop the dispatch at its next instance or iteration.
+    pub cancel: Option<&'a std::sync::atomic::AtomicU32>,
+}
+
+impl RunBounds<'_> {
+    /// No budget, no cancellation.
+    pub const NONE: RunBounds<'static> = RunBounds {
+        steps: 0,
+        cancel: None,
+    };
+
+    /// Whether the cancellation flag is set.
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed) != 0)
+    }
+}
+
+/// The loop iterations each of `instances` program instances may run under a budget of `steps` (see
+/// [`RunBounds`]): `None` when the grid alone is over the budget; `u64::MAX` when `steps` is 0 (unbounded).
+pub fn instance_allowance(steps: u64, instances: u64) -> Option<u64> {
+    if steps == 0 {
+        return Some(u64::MAX);
+    }
+    if instances > steps {
+        return None;
+    }
+    Some(steps / instances.max(1) - 1)
 }
 
 /// Byte length of a buffer of `dtype` and `shape`, or the contract's error naming `name` when it has none

@@ -13,6 +13,7 @@ use crate::elem::{read_float, read_int, write_float, write_int};
 use crate::float::{int_to_float, round_to};
 use crate::ops;
 use crate::tile::{Data, Fault, R, Tile, bad, describe, elements, wrap};
+use loom_ir::kernel::{RunBounds, instance_allowance};
 
 /// Regions nested deeper than this are refused (the interpreter recurses on regions and must not overflow its
 /// stack on hostile IR); real kernels nest a handful deep.
@@ -44,7 +45,27 @@ pub(crate) fn kernel_at(kernel: &Kernel, loc: Loc) -> String {
 
 /// Runs every program instance of `kernel`, in row-major grid order; parameter `p` reads and writes
 /// `slots[map[p]]`. The caller has checked that every mapped slot has exactly the parameter's byte size.
-pub(crate) fn run(kernel: &Kernel, slots: &mut [Slot<'_>], map: &[usize]) -> Result<(), Error> {
+///
+/// `bounds` (see `loom_ir::kernel::RunBounds`): the grid is checked against the step budget first; the flag
+/// is looked at before every instance and every loop iteration, and each loop iteration costs one step of the
+/// instance's allowance (`instance_allowance`); `stage` names the stage in those errors.
+pub(crate) fn run(
+    kernel: &Kernel,
+    slots: &mut [Slot<'_>],
+    map: &[usize],
+    stage: &str,
+    bounds: &RunBounds<'_>,
+) -> Result<(), Error> {
+    let [g0, g1, g2] = kernel.grid;
+    let instances = g0.saturating_mul(g1).saturating_mul(g2);
+    let over = || Error::BudgetExceeded {
+        kernel: kernel.name.clone(),
+        stage: stage.to_string(),
+        budget: bounds.steps,
+    };
+    let Some(allowance) = instance_allowance(bounds.steps, instances) else {
+        return Err(over());
+    };
     let mut m = Machine {
         kernel,
         slots,
@@ -52,11 +73,17 @@ pub(crate) fn run(kernel: &Kernel, slots: &mut [Slot<'_>], map: &[usize]) -> Res
         env: Vec::new(),
         pid: [0; 3],
         depth: 0,
+        left: allowance,
+        stage,
+        bounds: *bounds,
     };
-    let [g0, g1, g2] = kernel.grid;
     for p0 in 0..g0 {
         for p1 in 0..g1 {
             for p2 in 0..g2 {
+                if bounds.cancelled() {
+                    return Err(m.cancelled());
+                }
+                m.left = allowance;
                 m.pid = [p0, p1, p2];
                 // SSA values never outlive their program instance.
                 m.env.clear();
@@ -81,9 +108,36 @@ struct Machine<'m, 'a> {
     env: Vec<Option<Tile>>,
     pid: [u64; 3],
     depth: u32,
+    /// Loop iterations the current instance may still run.
+    left: u64,
+    stage: &'m str,
+    bounds: RunBounds<'m>,
 }
 
 impl Machine<'_, '_> {
+    fn cancelled(&self) -> Error {
+        Error::Cancelled {
+            kernel: self.kernel.name.clone(),
+            stage: self.stage.to_string(),
+        }
+    }
+
+    /// One loop iteration's step (at the back-edge): the flag, then the instance's allowance.
+    fn step(&mut self) -> R<()> {
+        if self.bounds.cancelled() {
+            return Err(Fault::Done(Box::new(self.cancelled())));
+        }
+        if self.left == 0 {
+            return Err(Fault::Done(Box::new(Error::BudgetExceeded {
+                kernel: self.kernel.name.clone(),
+                stage: self.stage.to_string(),
+                budget: self.bounds.steps,
+            })));
+        }
+        self.left -= 1;
+        Ok(())
+    }
+
     /// Turns a fault into the public error, adding the kernel, op location and program id.
     fn error(&self, f: Fault, loc: Loc) -> Error {
         let kernel = self.kernel.name.clone();
@@ -205,6 +259,7 @@ impl Machine<'_, '_> {
                             iters.len()
                         ));
                     }
+                    self.step()?;
                     // Past i64::MAX the loop is over (i would be >= hi).
                     let Some(next) = i.checked_add(step) else {
                         break;

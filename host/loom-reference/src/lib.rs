@@ -101,7 +101,7 @@ mod tile;
 
 pub use fold::{Elements, Folded, MAX_FOLDED_ELEMENTS, fold};
 pub use loom_ir::kernel::MAX_TILE_ELEMENTS;
-use loom_ir::kernel::{Access, BufRef, DType, Kernel, Stage};
+use loom_ir::kernel::{Access, BufRef, DType, Kernel, RunBounds, Stage};
 
 use exec::Slot;
 use loom_ir::kernel::{
@@ -162,7 +162,7 @@ pub fn run_kernel(kernel: &Kernel, buffers: &mut [Vec<u8>]) -> Result<(), Error>
         .map(|b| Slot::Rw(b.as_mut_slice()))
         .collect();
     let map: Vec<usize> = (0..slots.len()).collect();
-    exec::run(kernel, &mut slots, &map)
+    exec::run(kernel, &mut slots, &map, "", &RunBounds::NONE)
 }
 
 /// Runs a stage: allocates its workspace (filled with [`POISON_BYTE`]) and runs its dispatches in order.
@@ -179,6 +179,20 @@ pub fn run_stage(
     inputs: &[&[u8]],
     params: &[&[u8]],
     outputs: &mut [Vec<u8>],
+) -> Result<(), Error> {
+    run_stage_bounded(stage, inputs, params, outputs, &RunBounds::NONE)
+}
+
+/// [`run_stage`] within `bounds`: each dispatch has the step budget (a grid larger than the budget fails
+/// before it runs; each program instance may run `budget / instances - 1` loop iterations), and the flag stops
+/// the stage at its next program instance or loop iteration ([`Error::BudgetExceeded`], [`Error::Cancelled`],
+/// naming the kernel and the stage). Every backend gives the same error for the same bounds.
+pub fn run_stage_bounded(
+    stage: &Stage,
+    inputs: &[&[u8]],
+    params: &[&[u8]],
+    outputs: &mut [Vec<u8>],
+    bounds: &RunBounds<'_>,
 ) -> Result<(), Error> {
     let at = format!("stage `{}`", stage.name);
     stage.check_buffers(inputs, params, outputs)?;
@@ -254,7 +268,7 @@ pub fn run_stage(
             }
             map.push(slot);
         }
-        exec::run(kernel, &mut slots, &map)?;
+        exec::run(kernel, &mut slots, &map, &stage.name, bounds)?;
     }
     Ok(())
 }

@@ -314,3 +314,19 @@ pub fn all() -> Vec<(String, Kernel)> {
     v.push(f64_math());
     v.into_iter().map(|k| (k.name.clone(), k)).collect()
 }
+
+/// The run-time bounds kernel (issue 14): `grid` instances, each counting to `n[0]` (read from a buffer, so
+/// nothing can fold the loop away) in a `for` loop and storing the count in `y[pid]` as f32. With a large `n`
+/// it is the runaway kernel the step budget and cancellation stop.
+pub fn counted_loop(grid: u64) -> Kernel {
+    let mut kb = KB::new("count", [grid, 1, 1]);
+    let n = kb.param("n", DType::I64, &[1], Access::Read);
+    let y = kb.param("y", DType::F32, &[grid], Access::Write);
+    let trips = kb.load(n, vec![i(0)], None);
+    let out = kb.for_(i(0), trips, i(1), vec![f(0.0)], |kb, _iv, it| {
+        vec![kb.add(it[0].clone(), f(1.0))]
+    });
+    let pid = kb.pid(0);
+    kb.store(y, vec![pid], out[0].clone());
+    kb.finish()
+}
