@@ -4,13 +4,16 @@
 //! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
 //!            [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N]
 //!            [--api-key KEY]... [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES]
-//!            [--drain-timeout SECONDS] [--log LEVEL]
+//!            [--max-upload-bytes N] [--upload-dir DIR] [--drain-timeout SECONDS] [--log LEVEL]
 //! ```
 //!
 //! Server-local packages (start-up ones and JSON registrations) and every file they read must lie inside a
 //! `--package-root` (symlinks resolved); without one, inside the directories holding the start-up packages.
 //! `--max-invocation-bytes` (default 1 GiB) and `--max-state-bytes` (default 256 MiB) bound what a package may
-//! declare as `memory.invocation_bytes` and `memory.state_bytes`.
+//! declare as `memory.invocation_bytes` and `memory.state_bytes`. Uploaded packages may carry their parameter
+//! files (multipart parts named `parameters`, at most `--max-upload-bytes`, default 4 GiB), stored in a
+//! directory per upload under `--upload-dir` and removed with the model; uploads without them read
+//! checkpoints under `--params-root`.
 //!
 //! A deployment file (`deploy/*.json`) names plugin directories and models with their device choice:
 //! `{"plugins": ["DIR"], "models": [{"base": "DIR", "name": "N", "device": "cpu" | ["vulkan:0", "cpu"],
@@ -37,7 +40,8 @@ use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
 [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--api-key KEY]... \
-[--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--drain-timeout SECONDS] [--log error|warn|info|debug|trace]";
+[--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--max-upload-bytes N] [--upload-dir DIR] \
+[--drain-timeout SECONDS] [--log error|warn|info|debug|trace]";
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -123,6 +127,12 @@ fn parse_args() -> Result<Args> {
                     .parse()
                     .context("--body-limit takes a byte count")?
             }
+            "--max-upload-bytes" => {
+                a.config.max_upload_bytes = value()?
+                    .parse()
+                    .context("--max-upload-bytes takes a byte count")?
+            }
+            "--upload-dir" => a.config.upload_dir = Some(PathBuf::from(value()?)),
             "--admin-key" => a.config.admin_keys.push(value()?),
             "--idle-timeout" => {
                 let secs: f64 = value()?

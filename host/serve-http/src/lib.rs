@@ -21,7 +21,7 @@ mod state;
 pub use error::ApiError;
 pub use profiles::{ProfilePlugin, Profiles, RejectedProfile};
 pub use router::router;
-pub use state::{AppState, Config};
+pub use state::{AppState, Config, DEFAULT_MAX_UPLOAD_BYTES};
 
 /// Serves `app` over HTTP/1.1 on `listener` until SIGINT or SIGTERM; then stops accepting, closes idle
 /// connections and lets in-flight requests finish (the caller drains the models afterwards).

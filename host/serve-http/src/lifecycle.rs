@@ -10,10 +10,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value as Json, json};
 use serve_runtime::model::Overrides;
-use serve_runtime::package::PackageFiles;
+use serve_runtime::package::{PackageFiles, UploadedParams};
 use serve_runtime::registry::ModelInfo;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tokio::io::AsyncWriteExt;
 
 fn model_json(m: &ModelInfo) -> Json {
     json!({
@@ -266,34 +267,81 @@ fn named_files(model_json: &[u8]) -> Option<std::collections::BTreeSet<String>> 
 }
 
 /// `POST /v1/models/upload` (multipart): text fields `name`, `device`, `options` (JSON), `replace`
-/// (`true`/`false`); every file part's file name is its package-relative path. Parameter files are not
-/// uploaded: they resolve under the server's `--params-root`. Refused with a 400: a file path or text field
-/// sent twice, an unknown text field, and a file that `model.json` does not name as a program,
-/// `definition.sources` entry or asset (the server would never read it: a checkpoint sent along would
-/// otherwise be silently ignored).
+/// (`true`/`false`); every file part's file name is its package-relative path. File parts named
+/// `parameters` are the package's parameter files (checkpoints): streamed to a directory of this upload's
+/// own under `--upload-dir` (at most `--max-upload-bytes` in all), where its checkpoint paths then resolve;
+/// `prepare` must open each of them. An upload without parameter parts resolves checkpoints under
+/// `--params-root`. Every other file part is held in memory (at most `--body-limit` bytes in all). Refused
+/// with a 400: a file path or text field sent twice, an unknown text field, and a package file that
+/// `model.json` does not name as a program, `definition.sources` entry or asset (the server would never
+/// read it).
 pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response, ApiError> {
-    let mut files = BTreeMap::new();
-    let mut meta = serde_json::Map::new();
-    while let Some(field) = mp.next_field().await.map_err(|e| {
+    let multipart_error = |e: axum::extract::multipart::MultipartError| {
         ApiError::new(
             e.status(),
             "invalid_request_error",
             "invalid_multipart",
             e.body_text(),
         )
-    })? {
+    };
+    let mut files = BTreeMap::new();
+    let mut meta = serde_json::Map::new();
+    let mut params: Option<UploadedParams> = None;
+    let (mut memory_bytes, mut param_bytes) = (0usize, 0u64);
+    while let Some(mut field) = mp.next_field().await.map_err(multipart_error)? {
         let fname = field.file_name().map(str::to_string);
         let name = field.name().unwrap_or_default().to_string();
-        let data = field.bytes().await.map_err(|e| {
-            ApiError::new(
-                e.status(),
-                "invalid_request_error",
-                "invalid_multipart",
-                e.body_text(),
-            )
-        })?;
-        if files.len() > 256 {
+        if files.len() + params.as_ref().map_or(0, |p| p.files().len()) > 256 {
             return Err(ApiError::bad_request("an upload holds at most 256 files"));
+        }
+        if let (Some(f), "parameters") = (&fname, name.as_str()) {
+            let rel = serve_runtime::package::relative("upload", "parameters", f)
+                .map_err(ApiError::from)?;
+            if params.is_none() {
+                let parent = st.config.upload_dir();
+                params = Some(UploadedParams::create(&parent).map_err(storage_error)?);
+            }
+            let up = params.as_mut().expect("created above");
+            let Some(path) = up.add(&rel).map_err(storage_error)? else {
+                return Err(ApiError::bad_request(format!(
+                    "the upload has two `parameters` parts for `{rel}`"
+                )));
+            };
+            let mut out = tokio::fs::File::create(&path)
+                .await
+                .map_err(storage_error)?;
+            while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+                param_bytes += chunk.len() as u64;
+                if param_bytes > st.config.max_upload_bytes {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "invalid_request_error",
+                        "upload_too_large",
+                        format!(
+                            "the upload's parameter files exceed this server's limit of {} bytes \
+                             (--max-upload-bytes)",
+                            st.config.max_upload_bytes
+                        ),
+                    ));
+                }
+                out.write_all(&chunk).await.map_err(storage_error)?;
+            }
+            out.flush().await.map_err(storage_error)?;
+            continue;
+        }
+        let data = field.bytes().await.map_err(multipart_error)?;
+        memory_bytes += data.len();
+        if memory_bytes > st.config.body_limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "upload_too_large",
+                format!(
+                    "the upload's package files and fields exceed this server's limit of {} bytes \
+                     (--body-limit; parameter files go in parts named `parameters`)",
+                    st.config.body_limit
+                ),
+            ));
         }
         match fname {
             Some(f) => {
@@ -344,8 +392,8 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
         if let Some(first) = unused.first() {
             return Err(ApiError::bad_request(format!(
                 "the uploaded file `{first}`{} is not a program, definition source or asset that model.json \
-                 names, so the server would never read it (parameter files are not uploaded: they are read \
-                 under the server's --params-root)",
+                 names, so the server would never read it (parameter files are sent in parts named \
+                 `parameters`)",
                 match unused.len() {
                     1 => String::new(),
                     n => format!(" (and {} more)", n - 1),
@@ -356,6 +404,7 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
     let pf = PackageFiles::Uploaded {
         files,
         params_root: st.config.params_root.clone(),
+        params: params.map(std::sync::Arc::new),
     };
     let meta = Json::Object(meta);
     let ov = overrides(&meta)?;
@@ -365,6 +414,17 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
         None => pf.default_name().map_err(ApiError::bad_request)?,
     };
     register_files(&st, name, pf, ov, replace).await
+}
+
+/// The server could not store an upload's parameter files; the message names no server path.
+fn storage_error(e: std::io::Error) -> ApiError {
+    log::warn!("storing uploaded parameter files: {e}");
+    ApiError::new(
+        StatusCode::INSUFFICIENT_STORAGE,
+        "server_error",
+        "insufficient_storage",
+        "the server could not store the upload's parameter files",
+    )
 }
 
 pub(crate) async fn unregister(

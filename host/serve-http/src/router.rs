@@ -25,7 +25,16 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/models",
             get(lifecycle::list_models).post(lifecycle::register),
         )
-        .route("/v1/models/upload", post(lifecycle::upload))
+        // Parameter files stream to disk (bounded by max_upload_bytes); the rest by body_limit, checked in
+        // the handler.
+        .route(
+            "/v1/models/upload",
+            post(lifecycle::upload).layer(DefaultBodyLimit::max(
+                usize::try_from(state.config.max_upload_bytes)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(limit),
+            )),
+        )
         .route(
             "/v1/models/{name}",
             get(lifecycle::model_detail).delete(lifecycle::unregister),

@@ -28,8 +28,13 @@ pub struct Config {
     pub idle_timeout: Option<std::time::Duration>,
     /// Largest request body.
     pub body_limit: usize,
-    /// Where uploaded packages' parameter files resolve.
+    /// Where checkpoints of uploaded packages that carry no parameter files resolve.
     pub params_root: Option<PathBuf>,
+    /// Where uploaded parameter files are stored, a directory per upload (`None`: the system's temporary
+    /// directory, `loom-serve-uploads/`).
+    pub upload_dir: Option<PathBuf>,
+    /// The most parameter-file bytes one upload may carry.
+    pub max_upload_bytes: u64,
     /// Most inputs in one embeddings request.
     pub max_inputs: usize,
 }
@@ -42,8 +47,22 @@ impl Default for Config {
             idle_timeout: Some(std::time::Duration::from_secs(60)),
             body_limit: 2 << 20,
             params_root: None,
+            upload_dir: None,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_inputs: 2048,
         }
+    }
+}
+
+/// Default [`Config::max_upload_bytes`]: 4 GiB.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 << 30;
+
+impl Config {
+    /// The directory uploads' parameter files are stored under.
+    pub fn upload_dir(&self) -> PathBuf {
+        self.upload_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("loom-serve-uploads"))
     }
 }
 

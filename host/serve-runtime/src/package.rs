@@ -10,7 +10,7 @@
 
 use crate::Error;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
 /// `model.json`, as written by package authors.
@@ -37,6 +37,9 @@ pub struct ModelDoc {
     pub device: Option<DeviceChoice>,
     #[serde(default)]
     pub memory: Memory,
+    /// Run-time bounds of the model's device work (`"limits": {"kernel_steps": N}`).
+    #[serde(default)]
+    pub limits: Limits,
     /// How many invocation-declared stage sets are kept compiled (LRU).
     #[serde(default = "default_spec_cache")]
     pub specialization_cache: usize,
@@ -112,6 +115,26 @@ impl DeviceChoice {
             DeviceChoice::One(s) => vec![s.clone()],
             DeviceChoice::Preference(v) => v.clone(),
         }
+    }
+}
+
+/// `limits` of `model.json`: run-time bounds of the model's device work.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// The step budget of each kernel dispatch (one step per program instance and per iteration of a kernel
+    /// `for` loop; see `loom_ir::kernel::RunBounds`). Absent: the operator's cap (`--max-kernel-steps`).
+    #[serde(default)]
+    pub kernel_steps: Option<u64>,
+}
+
+impl ModelDoc {
+    /// The step budget of each of this model's dispatches under `limits` (its own, or the operator's cap).
+    pub fn kernel_steps(&self, limits: &OperatorLimits) -> u64 {
+        self.limits
+            .kernel_steps
+            .unwrap_or(limits.max_kernel_steps)
+            .min(limits.max_kernel_steps)
     }
 }
 
@@ -202,12 +225,17 @@ pub struct OperatorLimits {
     pub max_invocation_bytes: u64,
     /// The largest `memory.state_bytes` a package may declare.
     pub max_state_bytes: u64,
+    /// The largest `limits.kernel_steps` a package may declare, and the budget of packages that declare none.
+    pub max_kernel_steps: u64,
 }
 
 /// Default [`OperatorLimits::max_invocation_bytes`]: 1 GiB.
 pub const DEFAULT_MAX_INVOCATION_BYTES: u64 = 1 << 30;
 /// Default [`OperatorLimits::max_state_bytes`]: 256 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 256 << 20;
+/// Default [`OperatorLimits::max_kernel_steps`]: 2^30 steps (about a second of an empty loop on one core;
+/// MiniLM's largest dispatch takes a few thousand).
+pub const DEFAULT_MAX_KERNEL_STEPS: u64 = 1 << 30;
 /// The largest program or `definition.sources` file a package may name.
 pub const MAX_PROGRAM_BYTES: u64 = 16 << 20;
 
@@ -217,6 +245,7 @@ impl Default for OperatorLimits {
             package_roots: Vec::new(),
             max_invocation_bytes: DEFAULT_MAX_INVOCATION_BYTES,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            max_kernel_steps: DEFAULT_MAX_KERNEL_STEPS,
         }
     }
 }
@@ -243,6 +272,18 @@ impl OperatorLimits {
                     file,
                     field,
                     format!("{v} bytes is over this server's limit of {max} bytes ({flag})"),
+                ));
+            }
+        }
+        if let Some(v) = doc.limits.kernel_steps {
+            if v > self.max_kernel_steps {
+                return Err(Error::package(
+                    file,
+                    "limits.kernel_steps",
+                    format!(
+                        "{v} steps is over this server's limit of {} steps (--max-kernel-steps)",
+                        self.max_kernel_steps
+                    ),
                 ));
             }
         }
@@ -280,11 +321,74 @@ impl OperatorLimits {
 pub enum PackageFiles {
     /// A directory on the server.
     Dir(PathBuf),
-    /// Uploaded files (relative path -> bytes); `params_root` is where its checkpoint paths resolve.
+    /// Uploaded files (relative path -> bytes). Checkpoint paths resolve in the upload's own parameter files
+    /// when it carried any (`params`), otherwise under the operator's `params_root`.
     Uploaded {
         files: BTreeMap<String, Vec<u8>>,
         params_root: Option<PathBuf>,
+        params: Option<std::sync::Arc<UploadedParams>>,
     },
+}
+
+/// The parameter files that came with one uploaded package: a directory of its own (so two uploads never
+/// collide), removed when the last holder of the package's files (the prepared model) is dropped.
+#[derive(Debug)]
+pub struct UploadedParams {
+    dir: PathBuf,
+    files: BTreeSet<String>,
+}
+
+impl UploadedParams {
+    /// A new, empty directory under `parent` (created if missing), unique to this upload.
+    pub fn create(parent: &Path) -> std::io::Result<UploadedParams> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        std::fs::create_dir_all(parent)?;
+        let parent = parent.canonicalize()?;
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let dir = parent.join(format!("upload-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {
+                    return Ok(UploadedParams {
+                        dir,
+                        files: BTreeSet::new(),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Where the uploaded parameter file `rel` (normalised by [`relative`]) is to be written; records it and
+    /// creates its parent directories. `None` when the upload already has a file at `rel`.
+    pub fn add(&mut self, rel: &str) -> std::io::Result<Option<PathBuf>> {
+        if !self.files.insert(rel.to_string()) {
+            return Ok(None);
+        }
+        let path = self.dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        Ok(Some(path))
+    }
+
+    /// The directory checkpoint paths resolve in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The package-relative paths of the uploaded parameter files.
+    pub fn files(&self) -> &BTreeSet<String> {
+        &self.files
+    }
+}
+
+impl Drop for UploadedParams {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Normalises a package-relative path: no absolute paths, no `..` escaping the base.
@@ -409,6 +513,9 @@ impl PackageFiles {
     pub fn params_root(&self) -> Option<&Path> {
         match self {
             PackageFiles::Dir(base) => Some(base),
+            PackageFiles::Uploaded {
+                params: Some(p), ..
+            } => Some(p.dir()),
             PackageFiles::Uploaded { params_root, .. } => params_root.as_deref(),
         }
     }
@@ -486,6 +593,13 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
                 "expected a positive byte count, found 0",
             ));
         }
+    }
+    if doc.limits.kernel_steps == Some(0) {
+        return Err(Error::package(
+            file,
+            "limits.kernel_steps",
+            "expected a positive step count, found 0",
+        ));
     }
     if let Some(d) = &doc.device {
         let prefs = d.preferences();

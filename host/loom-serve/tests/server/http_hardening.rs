@@ -245,7 +245,11 @@ fn uploads_refuse_duplicates_and_files_the_server_would_ignore() {
         let r = upload_parts(&s, &with(&[("w", Some(f), bytes)]));
         assert_eq!(r.status, 400, "{f}: {}", r.text());
         assert!(error_of(&r).contains(&format!("`{f}`")), "{}", r.text());
-        assert!(error_of(&r).contains("--params-root"), "{}", r.text());
+        assert!(
+            error_of(&r).contains("parts named `parameters`"),
+            "{}",
+            r.text()
+        );
     }
     // A text field the server does not know, and one sent twice.
     let r = upload_parts(&s, &with(&[("devices", None, b"cpu")]));

@@ -193,6 +193,192 @@ fn multipart_upload_with_parameters_under_the_operator_root() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// gen_weights.py's head scaled by `k` (weights and bias), written independently here.
+fn scaled_head(k: f32) -> Vec<u8> {
+    let mut data = Vec::new();
+    for d in 0..64 {
+        for o in 0..32 {
+            data.extend_from_slice(
+                &(k * ((((d * 7 + o * 3) % 17) as f32) - 8.0) / 16.0).to_le_bytes(),
+            );
+        }
+    }
+    for o in 0..32 {
+        data.extend_from_slice(&(k * (((o % 5) as f32) - 2.0) / 8.0).to_le_bytes());
+    }
+    let h = br#"{"head.weight":{"dtype":"F32","shape":[64,32],"data_offsets":[0,8192]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[8192,8320]}}"#;
+    let mut f = (h.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(h);
+    f.extend_from_slice(&data);
+    f
+}
+
+/// The weighted package's files as multipart parts, model.json named `name`, plus `extra` parts.
+fn weighted_upload(
+    s: &TestServer,
+    name: &str,
+    extra: &[(&str, Option<&str>, &[u8])],
+) -> crate::support::Response {
+    let doc = format!(
+        r#"{{"name": "{name}", "contract": "finite", "role": "embeddings",
+        "programs": {{"prepare": "prepare.loom", "control": "control.loom", "kernel": "kernel.loom"}},
+        "definition": {{"sources": ["embed.loom", "gemm.loom"]}},
+        "options": {{"checkpoint": "model/weights.safetensors"}}}}"#
+    );
+    let files = [
+        ("prepare.loom", "arith-embed-weighted/prepare.loom"),
+        ("control.loom", "arith-embed/control.loom"),
+        ("kernel.loom", "arith-embed-weighted/kernel.loom"),
+        ("embed.loom", "arith-embed/kernel.loom"),
+        ("gemm.loom", "motifs/gemm.loom"),
+    ]
+    .map(|(f, src)| (f, read(s, src)));
+    let mut parts: Vec<(&str, Option<&str>, &[u8])> =
+        vec![("model.json", Some("model.json"), doc.as_bytes())];
+    for (f, bytes) in &files {
+        parts.push(("file", Some(f), bytes));
+    }
+    parts.extend_from_slice(extra);
+    let (ct, body) = multipart(&parts);
+    s.try_request("POST", "/v1/models/upload", &[("Content-Type", &ct)], &body)
+        .unwrap()
+}
+
+fn upload_dirs(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+/// Waits (up to 10 s) until `dir` holds `n` upload directories.
+fn wait_upload_dirs(dir: &std::path::Path, n: usize) {
+    let t = std::time::Instant::now();
+    while upload_dirs(dir) != n {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{} upload directories, expected {n}",
+            upload_dirs(dir)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn uploads_carry_their_own_parameter_files() {
+    let uploads =
+        std::env::temp_dir().join(format!("loom-serve-test-{}-uploads", std::process::id()));
+    let _ = std::fs::remove_dir_all(&uploads);
+    let s = TestServer::start(
+        "upload-params",
+        &[
+            "--upload-dir",
+            &uploads.display().to_string(),
+            "--max-upload-bytes",
+            "20000",
+        ],
+    );
+    // Two uploads with a checkpoint at the same package path and different weights: each reads its own.
+    let (one, two) = (scaled_head(1.0), scaled_head(3.0));
+    let r = weighted_upload(
+        &s,
+        "one",
+        &[("parameters", Some("model/weights.safetensors"), &one)],
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = weighted_upload(
+        &s,
+        "two",
+        &[("parameters", Some("./model/weights.safetensors"), &two)],
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    for (model, k) in [("one", 1.0), ("two", 3.0)] {
+        let v = s
+            .post_json("/v1/embeddings", &json!({"model": model, "input": "hi"}))
+            .json();
+        let got = v["data"][0]["embedding"].as_array().unwrap();
+        let want = crate::http_embed::weighted(&[104, 105]);
+        for (g, w) in got.iter().zip(&want) {
+            let w = k * w;
+            assert!(
+                (g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{model}: {g} vs {w}"
+            );
+        }
+    }
+    wait_upload_dirs(&uploads, 2);
+    // A parameter file prepare never opens is refused (and its upload's files removed).
+    let r = weighted_upload(
+        &s,
+        "three",
+        &[
+            ("parameters", Some("model/weights.safetensors"), &one),
+            ("parameters", Some("model/stray.safetensors"), &one),
+        ],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("`model/stray.safetensors` is not opened by prepare"),
+        "{msg}"
+    );
+    assert!(!msg.contains(&uploads.display().to_string()), "{msg}");
+    // The same parameter path twice, and more parameter bytes than --max-upload-bytes.
+    let r = weighted_upload(
+        &s,
+        "three",
+        &[
+            ("parameters", Some("model/weights.safetensors"), &one),
+            ("parameters", Some("model//weights.safetensors"), &one),
+        ],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("two `parameters` parts"), "{}", r.text());
+    let r = weighted_upload(
+        &s,
+        "three",
+        &[
+            ("parameters", Some("model/weights.safetensors"), &one),
+            ("parameters", Some("model/b.safetensors"), &one),
+            ("parameters", Some("model/c.safetensors"), &one),
+        ],
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["code"],
+        "upload_too_large",
+        "{}",
+        r.text()
+    );
+    wait_upload_dirs(&uploads, 2);
+    // Without parameter files and without --params-root, the checkpoint has nowhere to resolve.
+    let r = weighted_upload(&s, "three", &[]);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("carried no parameter files"),
+        "{}",
+        r.text()
+    );
+    // Unregistering (and replacing) a model removes its upload's files.
+    assert_eq!(s.request("DELETE", "/v1/models/one", b"").status, 200);
+    wait_upload_dirs(&uploads, 1);
+    let r = weighted_upload(
+        &s,
+        "two",
+        &[("parameters", Some("model/weights.safetensors"), &one)],
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_upload_dirs(&uploads, 1);
+    let v = s
+        .post_json("/v1/embeddings", &json!({"model": "two", "input": "hi"}))
+        .json();
+    let got = v["data"][0]["embedding"][0].as_f64().unwrap();
+    let want = crate::http_embed::weighted(&[104, 105])[0];
+    assert!(
+        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+        "{got} vs {want}"
+    );
+    s.healthy();
+    let _ = std::fs::remove_dir_all(&uploads);
+}
+
 #[test]
 fn api_keys_guard_everything_but_health() {
     let s = TestServer::start("keys", &["--api-key", "sekret"]);
@@ -265,23 +451,7 @@ fn deactivation_releases_parameters_and_keeps_compiled_code() {
 fn prepare_batch_can_declare_a_request_time_checkpoint() {
     let s = TestServer::start("cohort-source", &[]);
     let base = s.dir.join("arith-embed-weighted");
-    // weights2: gen_weights.py's head scaled by 2 (weights and bias), written independently here.
-    let mut data = Vec::new();
-    for d in 0..64 {
-        for o in 0..32 {
-            data.extend_from_slice(
-                &(2.0 * ((((d * 7 + o * 3) % 17) as f32) - 8.0) / 16.0).to_le_bytes(),
-            );
-        }
-    }
-    for o in 0..32 {
-        data.extend_from_slice(&(2.0 * (((o % 5) as f32) - 2.0) / 8.0).to_le_bytes());
-    }
-    let h = br#"{"head.weight":{"dtype":"F32","shape":[64,32],"data_offsets":[0,8192]},"head.bias":{"dtype":"F32","shape":[32],"data_offsets":[8192,8320]}}"#;
-    let mut f = (h.len() as u64).to_le_bytes().to_vec();
-    f.extend_from_slice(h);
-    f.extend_from_slice(&data);
-    std::fs::write(base.join("weights2.safetensors"), f).unwrap();
+    std::fs::write(base.join("weights2.safetensors"), scaled_head(2.0)).unwrap();
     let r = s.post_json(
         "/v1/models",
         &json!({"name": "w2", "base": base.display().to_string(),

@@ -267,6 +267,32 @@ pub fn prepare(
         ));
     }
 
+    if let PackageFiles::Uploaded {
+        params: Some(up), ..
+    } = files
+    {
+        // Every parameter file that came with the upload is read by a source `prepare` opens: one it never
+        // opens would be silently ignored (a misnamed checkpoint, a file meant for another package).
+        let opened: std::collections::BTreeSet<&str> = sources
+            .iter()
+            .flat_map(|s| s.names.iter().map(String::as_str))
+            .collect();
+        if let Some(unread) = up.files().iter().find(|f| !opened.contains(f.as_str())) {
+            return Err(Error::package(
+                "upload",
+                "parameters",
+                format!(
+                    "the uploaded parameter file `{unread}` is not opened by prepare (prepare.source opens: \
+                     {}); every uploaded parameter file must be a checkpoint prepare reads",
+                    if opened.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        opened.iter().copied().collect::<Vec<_>>().join(", ")
+                    }
+                ),
+            ));
+        }
+    }
     let budget = Budget::reserved(&device, name, doc.memory.device_bytes)?;
     let timeline = device.timeline()?;
     let gather = GatherQueue::start(device.clone(), name, doc.io.direct)?;
@@ -310,7 +336,8 @@ pub fn prepare(
 
 /// Where source shard `path` (declared with directory `dir`) of source `ordinal` is: its canonical path and its
 /// name for messages (the package-relative path). Checkpoints resolve against the package's parameter root (a
-/// server-local package's directory, an uploaded package's `--params-root`) and, symlinks resolved, must stay
+/// server-local package's directory; an uploaded package's own parameter files, or `--params-root` when it
+/// carried none) and, symlinks resolved, must stay
 /// inside it (a server-local package: inside the operator's package roots, [`OperatorLimits::admits`]).
 pub(crate) fn resolve_source_path(
     files: &PackageFiles,
@@ -329,8 +356,8 @@ pub(crate) fn resolve_source_path(
         .map_err(|e| Error::Checkpoint(format!("source {ordinal}: {e}")))?;
     let root = files.params_root().ok_or_else(|| {
         Error::Checkpoint(format!(
-            "source {ordinal}: {path}: this uploaded package has no parameter root (the server was \
-             started without --params-root)"
+            "source {ordinal}: {path}: this uploaded package carried no parameter files (multipart \
+             parts named `parameters`) and the server has no --params-root"
         ))
     })?;
     let bad = |m: String| Error::Checkpoint(format!("source {ordinal}: checkpoint {rel}: {m}"));
