@@ -2,7 +2,8 @@
 //! ([`HalDriver`], [`HalDevice`]) and, since ABI 1.1, the codecs ([`Codec`], [`AudioCodec`] with its
 //! [`AudioDecodeSession`] and [`ResampleSession`], [`ImageCodec`]), since ABI 1.2, HTTP profiles
 //! ([`Profile`]), since ABI 1.3, queued file reads of HAL devices ([`HalFiles`]) and, since ABI 1.4, streamed
-//! profile responses ([`ProfileEvents`]).
+//! profile responses ([`ProfileEvents`]) and, since ABI 1.5, run-time bounds, cancellation and executable
+//! release of HAL devices ([`HalControl`]).
 //!
 //! A plugin is a `cdylib` that exports one [`LoomPlugin`] with `#[export_root_module]`; the host
 //! (`loom-plugins`) scans a directory, checks each library's header and layout with abi_stable, checks the ABI
@@ -82,6 +83,15 @@
 //! an END with the usage). A separate object for the same reason as [`HalFiles`]; see the `events` module
 //! doc. Plugins without streamed routes put [`no_profile_events`] in the field.
 //!
+//! # Run-time bounds and executable release (ABI 1.5)
+//!
+//! [`LoomPlugin::hal_open`] opens a HAL device together with its queued file reads and its [`HalControl`]:
+//! [`HalControl::submit_bounded`] submits with a step budget and a cancellation flag applied to each dispatch
+//! (a dispatch past its budget or cancelled fails its point with the kernel contract's text), and
+//! [`HalControl::release`] frees a compiled stage once nothing uses it. A separate object for the same reason
+//! as [`HalFiles`]; see the `control` module doc. Plugins without it put [`no_hal_open`] in the field; for
+//! plugins built before 1.5 the host submits unbounded and never releases executables.
+//!
 //! # No unwinding across the boundary
 //!
 //! A panic must never unwind out of a plugin: every exported function body runs under
@@ -111,8 +121,8 @@
 //! * abi_stable's layout check, however, refuses a library whose root module has *fewer* fields than the
 //!   host's type ("too many fields", measured with the ABI 1.0 test plugins against 1.1), so the previous root
 //!   module shape is kept, frozen, as a module ([`abi_1_0`]) and the loader checks a library against the
-//!   current shape first and then against the older ones, newest first ([`abi_1_3`], [`abi_1_2`],
-//!   [`abi_1_1`], then [`abi_1_0`]). That is why plugins built against ABI 1.0 to 1.3 still load under 1.4 (the fields
+//!   current shape first and then against the older ones, newest first ([`abi_1_4`], [`abi_1_3`], [`abi_1_2`],
+//!   [`abi_1_1`], then [`abi_1_0`]). That is why plugins built against ABI 1.0 to 1.4 still load under 1.5 (the fields
 //!   appended after their version read as absent; `tests/plugins/abi-1-0` and `tests/plugins/abi-1-1` are
 //!   such plugins, built in tree);
 //! * the same check applies to every prefix type *nested* in the root module, the vtables of the
@@ -129,9 +139,10 @@
 //!
 //! Versions: 1.0 (root module, HAL); 1.1 appended [`LoomPlugin::codec`] and the codec interfaces; 1.2 appended
 //! [`LoomPlugin::profile`] and the profile interface; 1.3 appended [`LoomPlugin::hal_files`] and the
-//! file-read interface; 1.4 (this version) appended [`LoomPlugin::profile_events`] and the event interface, and let
+//! file-read interface; 1.4 appended [`LoomPlugin::profile_events`] and the event interface, and let
 //! [`AudioDecodeSession::next_chunk`] stream before `finish` (a semantic addition: a 0-frame
-//! chunk asks for more input). The host accepts a plugin with the
+//! chunk asks for more input); 1.5 (this version) appended [`LoomPlugin::hal_open`] and the device-control
+//! interface. The host accepts a plugin with the
 //! same major and an older or equal minor. abi_stable's own library
 //! version is pinned to `ABI_MAJOR.0.0` (its minor rule runs the other way round), so the two checks agree.
 
@@ -153,6 +164,9 @@ pub use files::*;
 mod events;
 pub use events::*;
 
+mod control;
+pub use control::*;
+
 pub mod records;
 
 use abi_stable::library::RootModule;
@@ -165,7 +179,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// Incompatible interface changes increment this; plugins of another major are rejected.
 pub const ABI_MAJOR: u16 = 1;
 /// Appended fields or methods increment this; plugins with a minor up to this one are accepted.
-pub const ABI_MINOR: u16 = 4;
+pub const ABI_MINOR: u16 = 5;
 
 /// The library version abi_stable checks: `ABI_MAJOR.0.0` (a test keeps the two in step).
 pub const ABI_VERSION_STRING: &str = "1.0.0";
@@ -289,6 +303,10 @@ pub struct LoomPlugin {
     /// ABI 1.4: a profile's streamed responses ([`ProfileEvents`]); [`no_profile_events`] for plugins
     /// without them. Read as an `Option`, `None` for plugins built against ABI 1.0 to 1.3.
     pub profile_events: extern "C" fn() -> RResult<ProfileEventsBox, RBoxError>,
+    /// ABI 1.5: opens HAL device `index` with its queued file reads and its [`HalControl`] (run-time bounds,
+    /// cancellation, executable release); [`no_hal_open`] for plugins without them. Read as an `Option`,
+    /// `None` for plugins built against ABI 1.0 to 1.4.
+    pub hal_open: extern "C" fn(index: u32) -> RResult<HalDeviceParts, RBoxError>,
 }
 
 impl fmt::Debug for LoomPlugin {
@@ -307,6 +325,59 @@ impl RootModule for LoomPlugin_Ref {
     const BASE_NAME: &'static str = "loom_plugin";
     const NAME: &'static str = "loom_plugin";
     const VERSION_STRINGS: VersionStrings = VersionStrings::new(ABI_VERSION_STRING);
+}
+
+/// The root module exactly as ABI 1.4 declared it, kept so that the host can still load plugins built then
+/// (see [`abi_1_0`] for why each earlier shape is kept). Never changes.
+pub mod abi_1_4 {
+    use super::declare_root_module_statics;
+    use super::{CodecBox, HalDeviceWithFiles, HalDriverBox, PluginKind, Probe, ProfileBox};
+    use super::{
+        ProfileEventsBox, RBoxError, RResult, RStr, RootModule, StableAbi, VersionStrings,
+    };
+
+    /// The ABI 1.4 root module: [`super::LoomPlugin`] without `hal_open`.
+    #[repr(C)]
+    #[derive(StableAbi)]
+    #[sabi(kind(Prefix(prefix_ref = LoomPlugin_Ref)))]
+    pub struct LoomPlugin {
+        /// The plugin's ABI major at build time.
+        pub abi_major: u16,
+        /// The plugin's ABI minor at build time.
+        pub abi_minor: u16,
+        /// A short stable id with a version.
+        pub id: RStr<'static>,
+        /// What the plugin provides.
+        pub kind: PluginKind,
+        /// Whether the plugin can run here.
+        pub probe: extern "C" fn() -> Probe,
+        /// The HAL driver factory.
+        #[sabi(last_prefix_field)]
+        pub hal: extern "C" fn() -> RResult<HalDriverBox, RBoxError>,
+        /// The codec factory.
+        pub codec: extern "C" fn() -> RResult<CodecBox, RBoxError>,
+        /// The HTTP profile factory.
+        pub profile: extern "C" fn() -> RResult<ProfileBox, RBoxError>,
+        /// A HAL device with its queued file reads.
+        pub hal_files: extern "C" fn(index: u32) -> RResult<HalDeviceWithFiles, RBoxError>,
+        /// A profile's streamed responses.
+        pub profile_events: extern "C" fn() -> RResult<ProfileEventsBox, RBoxError>,
+    }
+
+    impl std::fmt::Debug for LoomPlugin {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("abi_1_4::LoomPlugin")
+                .field("id", &self.id)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl RootModule for LoomPlugin_Ref {
+        declare_root_module_statics! {LoomPlugin_Ref}
+        const BASE_NAME: &'static str = "loom_plugin";
+        const NAME: &'static str = "loom_plugin";
+        const VERSION_STRINGS: VersionStrings = VersionStrings::new(super::ABI_VERSION_STRING);
+    }
 }
 
 /// The root module exactly as ABI 1.3 declared it, kept so that the host can still load plugins built then
@@ -456,7 +527,7 @@ pub mod abi_1_1 {
 /// [`LoomPlugin`] first and, when that fails, against each earlier shape kept here; a match is read through
 /// that shape and every field appended since is absent. This type never changes; each minor that appends a
 /// root-module field adds the previous shape as a module like this one ([`abi_1_1`] for 1.2, [`abi_1_2`] for
-/// 1.3, [`abi_1_3`] for 1.4).
+/// 1.3, [`abi_1_3`] for 1.4, [`abi_1_4`] for 1.5).
 pub mod abi_1_0 {
     use super::{HalDriverBox, PluginKind, Probe, RBoxError, RResult, RStr, RootModule, StableAbi};
     use super::{VersionStrings, declare_root_module_statics};
@@ -755,7 +826,8 @@ mod tests {
         let v1_1 = <abi_1_1::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
         let v1_2 = <abi_1_2::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
         let v1_3 = <abi_1_3::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
-        let v1_4 = <LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_4 = <abi_1_4::LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
+        let v1_5 = <LoomPlugin as PrefixTypeTrait>::PT_LAYOUT.get_field_names_vec();
         assert_eq!(
             v1_0,
             ["abi_major", "abi_minor", "id", "kind", "probe", "hal"]
@@ -764,8 +836,9 @@ mod tests {
         assert_eq!(v1_2, [&v1_1[..], &["profile"]].concat());
         assert_eq!(v1_3, [&v1_2[..], &["hal_files"]].concat());
         assert_eq!(v1_4, [&v1_3[..], &["profile_events"]].concat());
+        assert_eq!(v1_5, [&v1_4[..], &["hal_open"]].concat());
         assert_eq!(
-            ABI_MINOR, 4,
+            ABI_MINOR, 5,
             "a new minor appends a root field and freezes this shape"
         );
     }
@@ -777,15 +850,18 @@ mod tests {
     fn frozen_root_shapes_are_prefixes_of_the_current_one() {
         use abi_stable::abi_stability::abi_checking::check_layout_compatibility;
         let cur = <LoomPlugin_Ref as StableAbi>::LAYOUT;
+        let v1_4 = <abi_1_4::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_3 = <abi_1_3::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_2 = <abi_1_2::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_1 = <abi_1_1::LoomPlugin_Ref as StableAbi>::LAYOUT;
         let v1_0 = <abi_1_0::LoomPlugin_Ref as StableAbi>::LAYOUT;
-        check_layout_compatibility(v1_3, cur).expect("1.3 interface, 1.4 library");
+        check_layout_compatibility(v1_4, cur).expect("1.4 interface, 1.5 library");
+        check_layout_compatibility(v1_3, v1_4).expect("1.3 interface, 1.4 library");
         check_layout_compatibility(v1_2, v1_3).expect("1.2 interface, 1.3 library");
         check_layout_compatibility(v1_1, v1_2).expect("1.1 interface, 1.2 library");
         check_layout_compatibility(v1_0, v1_1).expect("1.0 interface, 1.1 library");
-        check_layout_compatibility(v1_0, cur).expect("1.0 interface, 1.4 library");
+        check_layout_compatibility(v1_0, cur).expect("1.0 interface, 1.5 library");
+        assert!(check_layout_compatibility(cur, v1_4).is_err());
         assert!(check_layout_compatibility(cur, v1_3).is_err());
         assert!(check_layout_compatibility(cur, v1_2).is_err());
         assert!(check_layout_compatibility(cur, v1_1).is_err());
@@ -863,6 +939,15 @@ mod tests {
         assert_eq!(std::mem::size_of::<FileRead>(), 40);
         assert_eq!(std::mem::size_of::<FileOpenFlags>(), 4);
         assert!(FileOpenFlags::DIRECT.direct() && !FileOpenFlags::BUFFERED.direct());
+    }
+
+    /// The device-control interface's plain data, field by field (frozen like the profile types).
+    #[test]
+    fn control_types_are_frozen() {
+        assert_eq!(fields::<DispatchBounds>(), ["steps", "cancel"]);
+        assert_eq!(fields::<HalDeviceParts>(), ["device", "files", "control"]);
+        assert_eq!(std::mem::size_of::<DispatchBounds>(), 16);
+        assert_eq!(std::mem::size_of::<CancelId>(), 8);
     }
 
     /// The event interface's plain data, field by field (frozen like the profile types).

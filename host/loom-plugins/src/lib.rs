@@ -37,19 +37,22 @@ use std::path::{Path, PathBuf};
 use abi_stable::library::{LibraryError, lib_header_from_path};
 use abi_stable::std_types::{RBoxError, RResult};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, CodecBox, HalDeviceWithFiles, HalDriverBox, LoomPlugin_Ref, PluginKind,
-    Probe, ProbeStatus, ProfileBox, ProfileEventsBox, abi_1_0, abi_1_1, abi_1_2, abi_1_3,
-    panic_message,
+    ABI_MAJOR, ABI_MINOR, CodecBox, HalDeviceParts, HalDeviceWithFiles, HalDriverBox,
+    LoomPlugin_Ref, PluginKind, Probe, ProbeStatus, ProfileBox, ProfileEventsBox, abi_1_0, abi_1_1,
+    abi_1_2, abi_1_3, abi_1_4, panic_message,
 };
 
 type Factory<T> = extern "C" fn() -> RResult<T, RBoxError>;
 type HalFilesOpen = extern "C" fn(u32) -> RResult<HalDeviceWithFiles, RBoxError>;
+type HalOpen = extern "C" fn(u32) -> RResult<HalDeviceParts, RBoxError>;
 
 /// A checked root module, in the shape it was checked against (see `loom_plugin_api::abi_1_0`).
 #[derive(Clone, Copy)]
 enum Root {
     /// The current shape.
     Current(LoomPlugin_Ref),
+    /// ABI 1.4: no `hal_open` field.
+    V1_4(abi_1_4::LoomPlugin_Ref),
     /// ABI 1.3: no `profile_events` field.
     V1_3(abi_1_3::LoomPlugin_Ref),
     /// ABI 1.2: no `hal_files` field.
@@ -65,6 +68,7 @@ macro_rules! any_shape {
     ($root:expr, $m:ident => $e:expr) => {
         match $root {
             Root::Current($m) => $e,
+            Root::V1_4($m) => $e,
             Root::V1_3($m) => $e,
             Root::V1_2($m) => $e,
             Root::V1_1($m) => $e,
@@ -92,6 +96,7 @@ impl Root {
     fn codec(self) -> Option<Factory<CodecBox>> {
         match self {
             Root::Current(m) => m.codec(),
+            Root::V1_4(m) => m.codec(),
             Root::V1_3(m) => m.codec(),
             Root::V1_2(m) => m.codec(),
             Root::V1_1(m) => m.codec(),
@@ -101,6 +106,7 @@ impl Root {
     fn profile(self) -> Option<Factory<ProfileBox>> {
         match self {
             Root::Current(m) => m.profile(),
+            Root::V1_4(m) => m.profile(),
             Root::V1_3(m) => m.profile(),
             Root::V1_2(m) => m.profile(),
             Root::V1_1(_) | Root::V1_0(_) => None,
@@ -109,6 +115,7 @@ impl Root {
     fn hal_files(self) -> Option<HalFilesOpen> {
         match self {
             Root::Current(m) => m.hal_files(),
+            Root::V1_4(m) => m.hal_files(),
             Root::V1_3(m) => m.hal_files(),
             Root::V1_2(_) | Root::V1_1(_) | Root::V1_0(_) => None,
         }
@@ -116,7 +123,14 @@ impl Root {
     fn profile_events(self) -> Option<Factory<ProfileEventsBox>> {
         match self {
             Root::Current(m) => m.profile_events(),
+            Root::V1_4(m) => m.profile_events(),
             Root::V1_3(_) | Root::V1_2(_) | Root::V1_1(_) | Root::V1_0(_) => None,
+        }
+    }
+    fn hal_open(self) -> Option<HalOpen> {
+        match self {
+            Root::Current(m) => m.hal_open(),
+            _ => None,
         }
     }
 }
@@ -317,6 +331,27 @@ impl LoadedPlugin {
         }
     }
 
+    /// Opens HAL device `index` with its queued file reads and its control (`LoomPlugin::hal_open`, ABI 1.5):
+    /// `None` when the plugin was built before 1.5 or answers [`loom_plugin_api::no_hal_open`] (open it with
+    /// [`LoadedPlugin::hal_files`] or [`LoadedPlugin::hal`] then), otherwise the plugin's answer.
+    pub fn hal_open(&self, index: u32) -> Option<Result<HalDeviceParts, PluginError>> {
+        if self.kind != PluginKind::HAL {
+            return Some(Err(PluginError::NotAHal {
+                id: self.id.clone(),
+                kind: self.kind,
+            }));
+        }
+        let open = self.module.hal_open()?;
+        match open(index).into_result() {
+            Ok(parts) => Some(Ok(parts)),
+            Err(e) if e.to_string() == loom_plugin_api::NO_HAL_OPEN => None,
+            Err(e) => Some(Err(PluginError::Plugin {
+                id: self.id.clone(),
+                message: e.to_string(),
+            })),
+        }
+    }
+
     /// Opens HAL device `index` with its queued file reads (`LoomPlugin::hal_files`, ABI 1.3): `None` when
     /// the plugin was built before 1.3 (open it with [`LoadedPlugin::hal`] then), otherwise the plugin's
     /// answer (an error from a 1.3 plugin without file reads: `no_hal_files`).
@@ -463,8 +498,13 @@ fn load_file_inner(path: &Path) -> Result<LoadedPlugin, Rejection> {
     let module = match header.check_layout::<LoomPlugin_Ref>() {
         Ok(m) => Ok(Root::Current(m)),
         Err(e) => header
-            .check_layout::<abi_1_3::LoomPlugin_Ref>()
-            .map(Root::V1_3)
+            .check_layout::<abi_1_4::LoomPlugin_Ref>()
+            .map(Root::V1_4)
+            .or_else(|_| {
+                header
+                    .check_layout::<abi_1_3::LoomPlugin_Ref>()
+                    .map(Root::V1_3)
+            })
             .or_else(|_| {
                 header
                     .check_layout::<abi_1_2::LoomPlugin_Ref>()

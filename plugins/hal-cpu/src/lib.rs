@@ -30,10 +30,16 @@
 //!   whose destination *address* is not 4096-aligned goes through an aligned bounce slice of at most 1 MiB
 //!   (carved out of a slightly larger `Vec<u8>`, no `unsafe`) and is copied from there; an aligned one lands
 //!   in place.
+//! * Device control (ABI 1.5, `loom_plugin_api::HalControl`, from the root's `hal_open` or [`open_parts`]):
+//!   `submit_bounded` runs each dispatch with `loom_cpu::CpuStage::run_bounded` (the step budget, and the
+//!   cancellation flag: an `AtomicU32` per `CancelId`, shared by the jobs that carry it, so a flag set while a
+//!   dispatch runs stops it at its next program instance or within 65536 loop iterations); `release` drops
+//!   the executable's id, and its compiled code is freed when the last queued submission using it retires.
 //!
 //! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -50,11 +56,11 @@ use loom_cpu::CpuStage;
 use loom_ir::kernel::ExecError;
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, BufferId, DeviceInfo, DeviceLimits, ExecutableId, FileId, FileInfo,
-    FileOpenFlags, FileReadSubmission, HalDevice, HalDevice_TO, HalDeviceBox, HalDeviceWithFiles,
-    HalDriver, HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin, LoomPlugin_Ref,
-    PluginKind, Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe,
-    panic_message,
+    ABI_MAJOR, ABI_MINOR, BufferId, CancelId, DeviceInfo, DeviceLimits, DispatchBounds,
+    ExecutableId, FileId, FileInfo, FileOpenFlags, FileReadSubmission, HalControl, HalControl_TO,
+    HalDevice, HalDevice_TO, HalDeviceBox, HalDeviceParts, HalDeviceWithFiles, HalDriver,
+    HalDriver_TO, HalDriverBox, HalFiles, HalFiles_TO, LoomPlugin, LoomPlugin_Ref, PluginKind,
+    Probe, Submission, TimelineId, TimelinePoint, WaitStatus, guard, guard_probe, panic_message,
 };
 
 /// This plugin's id.
@@ -80,6 +86,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         profile: loom_plugin_api::no_profile,
         hal_files,
         profile_events: loom_plugin_api::no_profile_events,
+        hal_open,
     }
     .leak_into_prefix()
 }
@@ -94,6 +101,24 @@ extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
 
 extern "C" fn hal_files(index: u32) -> RResult<HalDeviceWithFiles, RBoxError> {
     guard("hal-cpu open with files", || open_with_files(index))
+}
+
+extern "C" fn hal_open(index: u32) -> RResult<HalDeviceParts, RBoxError> {
+    guard("hal-cpu open", || open_parts(index))
+}
+
+/// Opens cpu device `index` with its queued file reads and its control (also what the plugin's `hal_open`
+/// returns).
+pub fn open_parts(index: u32) -> Result<HalDeviceParts, String> {
+    if index != 0 {
+        return Err(format!("no cpu device {index} (there is 1)"));
+    }
+    let dev = CpuDevice::new();
+    Ok(HalDeviceParts {
+        device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
+        files: ROption::RSome(HalFiles_TO::from_value(dev.clone(), TD_Opaque)),
+        control: ROption::RSome(HalControl_TO::from_value(dev, TD_Opaque)),
+    })
 }
 
 /// Opens cpu device `index` with its queued file reads (also what the plugin's `hal_files` returns).
@@ -179,6 +204,8 @@ struct State {
     /// dispatch may hold it).
     buffer_bytes: std::collections::HashMap<BufferId, u64>,
     files: files::FileTable,
+    /// Cancellation flags by id (ABI 1.5); jobs hold their own `Arc`.
+    cancels: std::collections::HashMap<u64, Arc<AtomicU32>>,
     timelines: Timelines,
     closed: bool,
     /// Per lane ([`COMPUTE`], [`TRANSFER`]): accepted jobs not yet retired (queued, running on the lane's
@@ -231,8 +258,15 @@ impl Inner {
 /// reads of a `submit_reads` (on [`TRANSFER`]).
 #[derive(Debug)]
 enum Work {
-    Commands(Vec<commands::Cmd<Buf, Exe>>),
+    Commands(Vec<commands::Cmd<Buf, Exe>>, Bounds),
     Reads(Vec<QueuedRead<Buf>>),
+}
+
+/// A submission's run-time bounds (ABI 1.5): each dispatch's step budget (0: none) and its cancellation flag.
+#[derive(Debug, Default)]
+struct Bounds {
+    steps: u64,
+    cancel: Option<Arc<AtomicU32>>,
 }
 
 #[derive(Debug)]
@@ -378,7 +412,13 @@ fn run_job(inner: &Inner, job: Job) -> Result<(), String> {
         inner.wait(w, None)?;
     }
     match &job.work {
-        Work::Commands(cmds) => cmds.iter().try_for_each(run_command)?,
+        Work::Commands(cmds, b) => {
+            let bounds = loom_ir::kernel::RunBounds {
+                steps: b.steps,
+                cancel: b.cancel.as_deref(),
+            };
+            cmds.iter().try_for_each(|c| run_command(c, &bounds))?
+        }
         Work::Reads(reads) => reads.iter().try_for_each(file_read)?,
     }
     // `job` (and with it the last references to freed buffers) drops here, before the point is signalled.
@@ -386,7 +426,10 @@ fn run_job(inner: &Inner, job: Job) -> Result<(), String> {
     Ok(())
 }
 
-fn run_command(c: &commands::Cmd<Buf, Exe>) -> Result<(), String> {
+fn run_command(
+    c: &commands::Cmd<Buf, Exe>,
+    bounds: &loom_ir::kernel::RunBounds<'_>,
+) -> Result<(), String> {
     use commands::Cmd;
     match c {
         Cmd::Fill {
@@ -443,7 +486,9 @@ fn run_command(c: &commands::Cmd<Buf, Exe>) -> Result<(), String> {
                 .iter_mut()
                 .map(|g| std::mem::take(&mut **g))
                 .collect();
-            let r = exe.stage.run(&ins, &ps, &mut outs, threads());
+            let r = exe
+                .stage
+                .run_bounded(&ins, &ps, &mut outs, threads(), bounds);
             for (g, o) in out_guards.iter_mut().zip(outs) {
                 **g = o;
             }
@@ -465,6 +510,90 @@ fn file_read(r: &QueuedRead<Buf>) -> Result<(), String> {
         r.file_offset,
         &mut d[range.start as usize..range.end as usize],
     )
+}
+
+impl CpuDevice {
+    /// `submit`, with `bounds` (ABI 1.5 `submit_bounded`) when given.
+    fn submit_with(
+        &self,
+        submission: Submission,
+        bounds: Option<DispatchBounds>,
+    ) -> Result<(), String> {
+        let st = self.state();
+        st.timelines
+            .check(submission.wait.iter().chain([&submission.signal]))?;
+        let bounds = match bounds {
+            None => Bounds::default(),
+            Some(b) => Bounds {
+                steps: b.steps,
+                cancel: match b.cancel.0 {
+                    0 => None,
+                    id => Some(
+                        st.cancels
+                            .get(&id)
+                            .cloned()
+                            .ok_or_else(|| format!("submit: unknown cancellation flag {id}"))?,
+                    ),
+                },
+            },
+        };
+        // The CPU uses its own (poisoned) scratch: workspace buffers are only checked to exist.
+        let commands = st.objects.resolve(&submission.commands)?;
+        self.accept(
+            st,
+            COMPUTE,
+            Work::Commands(commands, bounds),
+            &submission.wait,
+            submission.signal,
+        )
+    }
+}
+
+impl HalControl for CpuDevice {
+    fn release(&self, exe: ExecutableId) -> RResult<(), RBoxError> {
+        guard("release", || self.state().objects.release_executable(exe))
+    }
+
+    fn cancel_create(&self) -> RResult<CancelId, RBoxError> {
+        guard("cancel_create", || {
+            let mut st = self.state();
+            let id = st.objects.next_id();
+            st.cancels.insert(id, Arc::new(AtomicU32::new(0)));
+            Ok::<_, String>(CancelId(id))
+        })
+    }
+
+    fn cancel_signal(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_signal", || {
+            let st = self.state();
+            let flag = st
+                .cancels
+                .get(&cancel.0)
+                .ok_or_else(|| format!("cancel_signal: unknown cancellation flag {}", cancel.0))?;
+            flag.store(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, String>(())
+        })
+    }
+
+    fn cancel_destroy(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_destroy", || {
+            self.state()
+                .cancels
+                .remove(&cancel.0)
+                .map(|_| ())
+                .ok_or_else(|| format!("cancel_destroy: unknown cancellation flag {}", cancel.0))
+        })
+    }
+
+    fn submit_bounded(
+        &self,
+        submission: Submission,
+        bounds: DispatchBounds,
+    ) -> RResult<(), RBoxError> {
+        guard("submit_bounded", || {
+            self.submit_with(submission, Some(bounds))
+        })
+    }
 }
 
 impl HalDevice for CpuDevice {
@@ -540,20 +669,7 @@ impl HalDevice for CpuDevice {
     }
 
     fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
-        guard("submit", || {
-            let st = self.state();
-            st.timelines
-                .check(submission.wait.iter().chain([&submission.signal]))?;
-            // The CPU uses its own (poisoned) scratch: workspace buffers are only checked to exist.
-            let commands = st.objects.resolve(&submission.commands)?;
-            self.accept(
-                st,
-                COMPUTE,
-                Work::Commands(commands),
-                &submission.wait,
-                submission.signal,
-            )
-        })
+        guard("submit", || self.submit_with(submission, None))
     }
 
     fn timeline_create(&self) -> RResult<TimelineId, RBoxError> {

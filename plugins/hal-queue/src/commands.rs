@@ -91,6 +91,20 @@ impl<B: Clone, E: Executable> Objects<B, E> {
         ExecutableId(id)
     }
 
+    /// `HalControl::release` (ABI 1.5): ends `exe`'s id; queued submissions keep their own references, so the
+    /// executable is dropped (its code freed) when the last of them retires.
+    pub fn release_executable(&mut self, exe: ExecutableId) -> Result<(), String> {
+        match self.exes.remove(&exe.0) {
+            Some(_) => Ok(()),
+            None => Err(format!("release: unknown executable {}", exe.0)),
+        }
+    }
+
+    /// How many executables have live ids.
+    pub fn executables(&self) -> usize {
+        self.exes.len()
+    }
+
     /// `HalDevice::free`: queued submissions keep their own references to the buffer.
     pub fn free(&mut self, buffer: BufferId) -> Result<(), String> {
         match self.buffers.remove(&buffer.0) {

@@ -26,6 +26,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         profile,
         hal_files: loom_plugin_api::no_hal_files,
         profile_events: loom_plugin_api::no_profile_events,
+        hal_open: loom_plugin_api::no_hal_open,
     }
     .leak_into_prefix()
 }

@@ -35,6 +35,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         profile,
         hal_files: loom_plugin_api::no_hal_files,
         profile_events,
+        hal_open: loom_plugin_api::no_hal_open,
     }
     .leak_into_prefix()
 }
