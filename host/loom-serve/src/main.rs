@@ -3,6 +3,7 @@
 //! ```text
 //! loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]...
 //!            [--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N]
+//!            [--max-kernel-steps N]
 //!            [--api-key KEY]... [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES]
 //!            [--max-upload-bytes N] [--upload-dir DIR] [--drain-timeout SECONDS] [--log LEVEL]
 //! ```
@@ -10,7 +11,9 @@
 //! Server-local packages (start-up ones and JSON registrations) and every file they read must lie inside a
 //! `--package-root` (symlinks resolved); without one, inside the directories holding the start-up packages.
 //! `--max-invocation-bytes` (default 1 GiB) and `--max-state-bytes` (default 256 MiB) bound what a package may
-//! declare as `memory.invocation_bytes` and `memory.state_bytes`. Uploaded packages may carry their parameter
+//! declare as `memory.invocation_bytes` and `memory.state_bytes`; `--max-kernel-steps` (default 2^30) bounds
+//! `limits.kernel_steps`, the step budget of each kernel dispatch (one step per program instance and per
+//! iteration of a kernel `for` loop), and is the budget of packages that declare none. Uploaded packages may carry their parameter
 //! files (multipart parts named `parameters`, at most `--max-upload-bytes`, default 4 GiB), stored in a
 //! directory per upload under `--upload-dir` and removed with the model; uploads without them read
 //! checkpoints under `--params-root`.
@@ -39,9 +42,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 const USAGE: &str = "usage: loom-serve [--host ADDR] [--port N] [--plugins DIR]... [--deployment FILE] [--model DIR[=NAME]]... \
-[--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--api-key KEY]... \
+[--params-root DIR] [--package-root DIR]... [--max-invocation-bytes N] [--max-state-bytes N] [--max-kernel-steps N] [--api-key KEY]... \
 [--admin-key KEY]... [--idle-timeout SECONDS] [--body-limit BYTES] [--max-upload-bytes N] [--upload-dir DIR] \
 [--drain-timeout SECONDS] [--log error|warn|info|debug|trace]";
+
+/// Set when the drain deadline passed (the exit status is then 1 even if the cancelled work drains).
+static DEADLINE_PASSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Clone, Debug)]
 struct StartModel {
@@ -115,6 +121,15 @@ fn parse_args() -> Result<Args> {
                 a.limits.max_invocation_bytes = value()?
                     .parse()
                     .context("--max-invocation-bytes takes a byte count")?
+            }
+            "--max-kernel-steps" => {
+                let n: u64 = value()?
+                    .parse()
+                    .context("--max-kernel-steps takes a step count")?;
+                if n == 0 {
+                    bail!("--max-kernel-steps must be positive");
+                }
+                a.limits.max_kernel_steps = n;
             }
             "--max-state-bytes" => {
                 a.limits.max_state_bytes = value()?
@@ -210,6 +225,7 @@ fn main() -> Result<()> {
         backend: "cpu".to_string(),
         driver: hal_cpu::driver(),
         open_with_files: hal_cpu::open_with_files,
+        open_parts: Some(hal_cpu::open_parts),
     };
     let (devices, notes) = Devices::open(&report, &[builtin_cpu]);
     for n in notes {
@@ -265,12 +281,24 @@ fn main() -> Result<()> {
         // queues) has `--drain-timeout` to finish; past it the process exits with status 1, failing what is
         // left, so that a runaway kernel cannot keep a stopping server (or a pod's termination) waiting forever.
         if let Some(deadline) = args.drain_timeout {
+            let reg = registry.clone();
             tokio::spawn(async move {
                 serve_http::shutdown_requested().await;
                 let spawned = std::thread::Builder::new()
                     .name("drain-deadline".into())
                     .spawn(move || {
                         std::thread::sleep(deadline);
+                        // Stop the kernels still running (devices with run-time bounds), so that their
+                        // requests are answered with an error before the process exits.
+                        DEADLINE_PASSED.store(true, Ordering::SeqCst);
+                        let stopped = reg.devices.cancel_all();
+                        if stopped > 0 {
+                            log::error!(
+                                "shutdown: drain deadline of {deadline:?} passed; cancelled {stopped} running \
+                                 cohort(s)"
+                            );
+                            std::thread::sleep(std::time::Duration::from_millis(500));
+                        }
                         log::error!(
                             "shutdown: accepted work did not finish within the drain deadline of {deadline:?} \
                              (--drain-timeout); exiting, failing what is still in flight"
@@ -287,6 +315,11 @@ fn main() -> Result<()> {
         log::info!("shutting down: draining accepted work");
         let reg = registry.clone();
         tokio::task::spawn_blocking(move || reg.drain_all()).await?;
+        if DEADLINE_PASSED.load(Ordering::SeqCst) {
+            // The deadline cancelled what was running: that work failed, so the exit status says so.
+            log::error!("stopped after the drain deadline, with cancelled work");
+            std::process::exit(1);
+        }
         log::info!("stopped");
         Ok::<(), anyhow::Error>(())
     })

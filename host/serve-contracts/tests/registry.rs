@@ -23,6 +23,7 @@ fn registry() -> Registry {
         backend: "cpu".into(),
         driver: hal_cpu::driver(),
         open_with_files: hal_cpu::open_with_files,
+        open_parts: Some(hal_cpu::open_parts),
     };
     let (devices, _) = Devices::open(&[], &[cpu]);
     // Packages are read from the repository's packages/ and from the temporary copies.

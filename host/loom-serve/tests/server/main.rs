@@ -4,6 +4,7 @@
 
 mod support;
 
+mod http_bounds;
 mod http_deploy;
 mod http_embed;
 mod http_hardening;

@@ -48,6 +48,7 @@ pub(crate) fn run_cohort(
     model: &Model,
     limits: &Limits,
     members: &[&Prepared],
+    cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
 ) -> Result<Vec<Rows>> {
     let t_start = Instant::now();
     // prepare_batch(state, stage_tags, ranges, prepared)
@@ -121,6 +122,7 @@ pub(crate) fn run_cohort(
         model.doc.fuel.entry("run"),
         set,
         plan.live_bytes,
+        cancel,
     );
     let t_run = Instant::now();
     model.settle(&mut run)?;

@@ -11,6 +11,8 @@ pub struct Metrics {
     pub failed: AtomicU64,
     pub refused: AtomicU64,
     pub cancelled_waiting: AtomicU64,
+    /// Requests whose running cohort was stopped because every member's client was gone.
+    pub cancelled_running: AtomicU64,
     pub cohorts: AtomicU64,
     pub cohort_members: AtomicU64,
     pub cohort_max: AtomicU64,
@@ -60,6 +62,12 @@ impl Metrics {
                 "requests cancelled before joining a cohort",
                 "counter",
                 get(&self.cancelled_waiting),
+            ),
+            s(
+                "loom_cancelled_running_total",
+                "requests whose running cohort was stopped because every client was gone",
+                "counter",
+                get(&self.cancelled_running),
             ),
             s(
                 "loom_cohorts_total",

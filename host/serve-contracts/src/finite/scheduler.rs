@@ -2,11 +2,11 @@
 //! talks to it with [`Cmd`]s over a channel. How a cohort is formed is [`form_cohort`], a pure function.
 
 use super::metrics::{Metrics, fold};
-use super::service::{Prepared, Reply};
+use super::service::{CohortCancel, Prepared, Reply, RequestCancel};
 use super::{Limits, cohort};
 use serve_runtime::model::Model;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
@@ -14,7 +14,7 @@ use std::time::Instant;
 pub(crate) struct Pending {
     pub(crate) prepared: Prepared,
     pub(crate) reply: Reply,
-    pub(crate) cancelled: Arc<AtomicBool>,
+    pub(crate) cancelled: Arc<RequestCancel>,
     pub(crate) arrived: Instant,
 }
 
@@ -87,7 +87,7 @@ pub(crate) fn scheduler(
             }
         }
         waiting.retain(|p| {
-            let keep = !p.cancelled.load(Ordering::Relaxed);
+            let keep = !p.cancelled.is_cancelled();
             if !keep {
                 metrics.queue.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled_waiting.fetch_add(1, Ordering::Relaxed);
@@ -116,9 +116,26 @@ fn run(model: &Model, limits: &Limits, metrics: &Metrics, exec: &Mutex<()>, coho
     }
     let guard = exec.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
+    // The cohort's cancellation: when every member's client is gone, its dispatches are stopped.
+    let flag = model.device.cancel_flag().unwrap_or_else(|e| {
+        log::warn!("model {}: no cancellation flag: {e}", model.name);
+        None
+    });
+    let cc = Arc::new(CohortCancel::new(cohort.len(), flag));
+    for p in &cohort {
+        p.cancelled.join(&cc);
+    }
     let members: Vec<&Prepared> = cohort.iter().map(|p| &p.prepared).collect();
-    let results = match cohort::run_cohort(model, limits, &members) {
+    let results = match cohort::run_cohort(model, limits, &members, cc.flag.clone()) {
         Ok(r) => r.into_iter().map(Ok).collect::<Vec<_>>(),
+        Err(e) if cc.all_gone() => {
+            metrics.cancelled_running.fetch_add(n, Ordering::Relaxed);
+            log::debug!(
+                "model {}: cohort of {n} stopped: every client is gone ({e})",
+                model.name
+            );
+            cohort.iter().map(|_| Err(e.clone())).collect()
+        }
         Err(e) if cohort.len() > 1 => {
             log::debug!(
                 "model {}: cohort of {n} failed ({e}); retrying each alone",
@@ -127,7 +144,10 @@ fn run(model: &Model, limits: &Limits, metrics: &Metrics, exec: &Mutex<()>, coho
             metrics.retried_alone.fetch_add(n, Ordering::Relaxed);
             members
                 .iter()
-                .map(|m| cohort::run_cohort(model, limits, &[*m]).map(|mut r| r.remove(0)))
+                .map(|m| {
+                    cohort::run_cohort(model, limits, &[*m], cc.flag.clone())
+                        .map(|mut r| r.remove(0))
+                })
                 .collect()
         }
         Err(e) => vec![Err(e)],

@@ -8,7 +8,7 @@ use serve_runtime::contract::{Series, Service};
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
@@ -61,14 +61,83 @@ impl std::fmt::Debug for FiniteService {
 /// A handle the caller keeps to cancel its request.
 #[derive(Debug, Clone)]
 pub struct Ticket {
-    cancelled: Arc<AtomicBool>,
+    cancelled: Arc<RequestCancel>,
     /// The units `prepare_request` counted (reported as usage).
     pub units: i64,
 }
 
 impl Ticket {
+    /// The client is gone: a waiting request leaves the queue; when every member of the running cohort it
+    /// belongs to is gone, the cohort's device work is cancelled (its kernels stop at their next loop
+    /// iteration or program instance).
     pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        self.cancelled.cancel();
+    }
+}
+
+/// One request's cancellation: its flag and, once it runs, its cohort's.
+#[derive(Debug, Default)]
+pub(crate) struct RequestCancel {
+    /// Both under one lock, so that a cancel racing the cohort's start is counted exactly once.
+    inner: Mutex<(bool, Option<Arc<CohortCancel>>)>,
+}
+
+impl RequestCancel {
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.inner.lock().map(|g| g.0).unwrap_or(true)
+    }
+
+    fn cancel(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::replace(&mut g.0, true) {
+            return;
+        }
+        if let Some(c) = g.1.clone() {
+            drop(g);
+            c.member_gone();
+        }
+    }
+
+    /// The request joins running cohort `c` (a request already cancelled counts as gone at once).
+    pub(crate) fn join(&self, c: &Arc<CohortCancel>) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.1 = Some(c.clone());
+        if g.0 {
+            drop(g);
+            c.member_gone();
+        }
+    }
+}
+
+/// A running cohort's cancellation: its live member count and the device flag its dispatches carry.
+#[derive(Debug)]
+pub(crate) struct CohortCancel {
+    live: std::sync::atomic::AtomicUsize,
+    pub(crate) flag: Option<Arc<serve_runtime::device::CancelFlag>>,
+}
+
+impl CohortCancel {
+    pub(crate) fn new(
+        members: usize,
+        flag: Option<Arc<serve_runtime::device::CancelFlag>>,
+    ) -> Self {
+        CohortCancel {
+            live: std::sync::atomic::AtomicUsize::new(members),
+            flag,
+        }
+    }
+
+    fn member_gone(&self) {
+        if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(f) = &self.flag {
+                f.signal();
+            }
+        }
+    }
+
+    /// Whether every member's client is gone.
+    pub(crate) fn all_gone(&self) -> bool {
+        self.live.load(Ordering::Acquire) == 0
     }
 }
 
@@ -126,7 +195,7 @@ impl FiniteService {
                 self.model.name
             )));
         }
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(RequestCancel::default());
         let units = prepared.units;
         let p = Pending {
             prepared,
@@ -203,8 +272,8 @@ impl FiniteService {
             .cohorts_in_place
             .fetch_add(1, Ordering::Relaxed);
         let t1 = Instant::now();
-        let r =
-            cohort::run_cohort(&self.model, &self.limits, &[&prepared]).map(|mut r| r.remove(0));
+        let r = cohort::run_cohort(&self.model, &self.limits, &[&prepared], None)
+            .map(|mut r| r.remove(0));
         let took = t1.elapsed();
         drop(guard);
         fold(&self.metrics.cohort_ns, took);
@@ -216,7 +285,7 @@ impl FiniteService {
         }
         reply(r);
         Ok(Ticket {
-            cancelled: Arc::new(AtomicBool::new(false)),
+            cancelled: Arc::new(RequestCancel::default()),
             units,
         })
     }

@@ -14,6 +14,15 @@
 //! device says once (`no queued file reads: parameters.gather reads checkpoints on the host`); gathers for it
 //! read on the host and write the bytes with `write`, and a package asking for direct I/O cannot use it.
 //!
+//! # Run-time bounds and released executables
+//!
+//! A device opened through its plugin's `hal_open` (ABI 1.5; the built-in CPU HAL too) has a control
+//! ([`Device::has_control`]): [`Device::dispatch`] then submits each stage dispatch with the model's step
+//! budget and the invocation's [`CancelFlag`] (`submit_bounded`), and an [`Executable`] releases its compiled
+//! stage when its last holder (the model, or the specialization cache entry) drops. A device of an older plugin
+//! has none, which its start-up line says (`no run-time bounds`): its dispatches run unbounded and cannot be
+//! cancelled while running, and its executables live as long as the device.
+//!
 //! # Ownership
 //!
 //! A [`DeviceBuffer`] is an `Arc`-shared handle to one HAL buffer. Dropping the last handle calls `free`, which
@@ -27,8 +36,9 @@ pub mod gather;
 use crate::Error;
 use loom_plugin_api::abi_stable::std_types::{ROption, RSlice, RStr, RVec};
 use loom_plugin_api::{
-    BufferId, Command, DeviceInfo, FileId, FileInfo, FileOpenFlags, FileReadSubmission,
-    HalDeviceBox, HalDeviceWithFiles, HalDriverBox, HalFilesBox, Submission, WaitStatus,
+    BufferId, CancelId, Command, DeviceInfo, DispatchBounds, FileId, FileInfo, FileOpenFlags,
+    FileReadSubmission, HalControlBox, HalDeviceBox, HalDeviceParts, HalDeviceWithFiles,
+    HalDriverBox, HalFilesBox, Submission, WaitStatus,
 };
 /// Plain-data handles the runtime uses as they are (`repr(C)` integers, no ABI containers).
 pub use loom_plugin_api::{ExecutableId, TimelineId, TimelinePoint};
@@ -67,6 +77,9 @@ pub struct Device {
     pub plugin: String,
     hal: HalDeviceBox,
     files: Option<HalFilesBox>,
+    control: Option<HalControlBox>,
+    /// Ids of the live [`CancelFlag`]s (for [`Device::cancel_all`]).
+    flags: std::sync::Mutex<std::collections::HashSet<u64>>,
     allocated: AtomicU64,
     /// What the models placed here may use in all: the device's reported memory, or for a CPU device that
     /// reports none the host's physical memory; 0 when unknown (no device-level admission).
@@ -102,6 +115,18 @@ impl Device {
         hal: HalDeviceBox,
         files: Option<HalFilesBox>,
     ) -> Device {
+        Device::with_parts(name, info, plugin, hal, files, None)
+    }
+
+    /// A device with its queued file reads and its control (ABI 1.5; `None`: unbounded dispatches).
+    pub fn with_parts(
+        name: String,
+        info: DeviceInfo,
+        plugin: String,
+        hal: HalDeviceBox,
+        files: Option<HalFilesBox>,
+        control: Option<HalControlBox>,
+    ) -> Device {
         let capacity = match info.memory_bytes {
             0 if info.backend.as_str() == "cpu" => host_memory_bytes(),
             m => m,
@@ -112,6 +137,8 @@ impl Device {
             plugin,
             hal,
             files,
+            control,
+            flags: std::sync::Mutex::new(std::collections::HashSet::new()),
             allocated: AtomicU64::new(0),
             capacity,
             reservations: std::sync::Mutex::new(Vec::new()),
@@ -152,6 +179,49 @@ impl Device {
     pub fn reserved(&self) -> u64 {
         let r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
         r.iter().map(|x| x.2).sum()
+    }
+
+    /// Whether the device bounds and cancels dispatches and releases executables (ABI 1.5 `HalControl`).
+    pub fn has_control(&self) -> bool {
+        self.control.is_some()
+    }
+
+    /// A new cancellation flag for dispatches on this device (`None` when the device has no control: its
+    /// dispatches cannot be stopped while they run).
+    pub fn cancel_flag(self: &Arc<Self>) -> Result<Option<Arc<CancelFlag>>, Error> {
+        let Some(c) = &self.control else {
+            return Ok(None);
+        };
+        let id = c
+            .cancel_create()
+            .into_result()
+            .map_err(|e| dev_err("cancel_create", e))?;
+        self.flags
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.0);
+        Ok(Some(Arc::new(CancelFlag {
+            dev: self.clone(),
+            id,
+            set: std::sync::atomic::AtomicBool::new(false),
+        })))
+    }
+
+    /// Sets every live cancellation flag of this device: what is running stops at its next program instance or
+    /// loop iteration (the drain deadline uses it). Returns how many flags were set.
+    pub fn cancel_all(&self) -> usize {
+        let Some(c) = &self.control else { return 0 };
+        let ids: Vec<u64> = self
+            .flags
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        for &id in &ids {
+            let _ = c.cancel_signal(CancelId(id));
+        }
+        ids.len()
     }
 
     /// Whether the device queues file reads (ABI 1.3 `HalFiles`).
@@ -240,20 +310,28 @@ impl Device {
             .map_err(|e| dev_err("read", e))
     }
 
-    pub fn compile(&self, encoded_stage: &[u8]) -> Result<ExecutableId, Error> {
-        self.hal
+    /// Compiles an encoded stage; the [`Executable`] releases it when dropped (devices with a control).
+    pub fn compile(self: &Arc<Self>, encoded_stage: &[u8]) -> Result<Executable, Error> {
+        let id = self
+            .hal
             .compile(RSlice::from_slice(encoded_stage))
             .into_result()
-            .map_err(|e| dev_err("compile", e))
+            .map_err(|e| dev_err("compile", e))?;
+        Ok(Executable {
+            dev: self.clone(),
+            id,
+        })
     }
 
-    /// Enqueues one stage dispatch that waits for `wait` and signals `signal`. The device holds the buffers
-    /// until the submission retires, so the caller may drop its handles at once.
+    /// Enqueues one stage dispatch that waits for `wait` and signals `signal`, within `bounds` when the
+    /// device has a control. The device holds the buffers until the submission retires, so the caller may
+    /// drop its handles at once.
     pub fn dispatch(
         &self,
         d: &Dispatch<'_>,
         wait: &[TimelinePoint],
         signal: TimelinePoint,
+        bounds: &Bounds<'_>,
     ) -> Result<(), Error> {
         let ids =
             |b: &[DeviceBuffer]| -> RVec<BufferId> { b.iter().map(DeviceBuffer::id).collect() };
@@ -264,14 +342,28 @@ impl Device {
             outputs: ids(d.outputs),
             workspace: ids(d.workspace),
         };
-        self.hal
-            .submit(Submission {
-                commands: RVec::from(vec![cmd]),
-                wait: RVec::from(wait.to_vec()),
-                signal,
-            })
-            .into_result()
-            .map_err(|e| dev_err("submit", e))
+        let submission = Submission {
+            commands: RVec::from(vec![cmd]),
+            wait: RVec::from(wait.to_vec()),
+            signal,
+        };
+        match &self.control {
+            Some(c) => c
+                .submit_bounded(
+                    submission,
+                    DispatchBounds {
+                        steps: bounds.steps,
+                        cancel: bounds.cancel.map_or(CancelId(0), |f| f.id),
+                    },
+                )
+                .into_result()
+                .map_err(|e| dev_err("submit", e)),
+            None => self
+                .hal
+                .submit(submission)
+                .into_result()
+                .map_err(|e| dev_err("submit", e)),
+        }
     }
 
     pub fn timeline(&self) -> Result<TimelineId, Error> {
@@ -302,6 +394,92 @@ impl Device {
             log::warn!("device {}: free of buffer {}: {e}", self.name, id.0);
         }
         self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// The run-time bounds of a dispatch ([`Device::dispatch`]): the step budget (0: none) and the flag.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bounds<'a> {
+    pub steps: u64,
+    pub cancel: Option<&'a CancelFlag>,
+}
+
+/// A compiled stage on one device; released (its code freed once no queued submission uses it) when dropped,
+/// on devices with a control.
+pub struct Executable {
+    dev: Arc<Device>,
+    id: ExecutableId,
+}
+
+impl Executable {
+    pub fn id(&self) -> ExecutableId {
+        self.id
+    }
+}
+
+impl fmt::Debug for Executable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Executable({} on {})", self.id.0, self.dev.name)
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        if let Some(c) = &self.dev.control {
+            if let Err(e) = c.release(self.id).into_result() {
+                log::warn!(
+                    "device {}: release of executable {}: {e}",
+                    self.dev.name,
+                    self.id.0
+                );
+            }
+        }
+    }
+}
+
+/// A cancellation flag of one device ([`Device::cancel_flag`]): dispatches submitted with it stop when it is
+/// [`signal`](CancelFlag::signal)led. Destroyed when dropped (queued submissions keep it until they retire).
+pub struct CancelFlag {
+    dev: Arc<Device>,
+    id: CancelId,
+    set: std::sync::atomic::AtomicBool,
+}
+
+impl CancelFlag {
+    /// Stops the dispatches carrying this flag (idempotent).
+    pub fn signal(&self) {
+        if self.set.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Some(c) = &self.dev.control {
+            if let Err(e) = c.cancel_signal(self.id).into_result() {
+                log::warn!("device {}: cancel: {e}", self.dev.name);
+            }
+        }
+    }
+
+    /// Whether [`signal`](CancelFlag::signal) was called.
+    pub fn is_set(&self) -> bool {
+        self.set.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for CancelFlag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CancelFlag({} on {})", self.id.0, self.dev.name)
+    }
+}
+
+impl Drop for CancelFlag {
+    fn drop(&mut self) {
+        self.dev
+            .flags
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id.0);
+        if let Some(c) = &self.dev.control {
+            let _ = c.cancel_destroy(self.id);
+        }
     }
 }
 
@@ -465,6 +643,8 @@ pub struct BuiltinHal {
     pub driver: HalDriverBox,
     /// Opens device `i` with its queued file reads.
     pub open_with_files: fn(u32) -> Result<HalDeviceWithFiles, String>,
+    /// Opens device `i` with its queued file reads and its control (ABI 1.5), when the HAL has one.
+    pub open_parts: Option<fn(u32) -> Result<HalDeviceParts, String>>,
 }
 
 impl fmt::Debug for BuiltinHal {
@@ -473,6 +653,15 @@ impl fmt::Debug for BuiltinHal {
             .field("id", &self.id)
             .field("backend", &self.backend)
             .finish_non_exhaustive()
+    }
+}
+
+/// A 1.3 device with its file reads, as the parts of a 1.5 one (no control).
+fn parts_of(d: HalDeviceWithFiles) -> HalDeviceParts {
+    HalDeviceParts {
+        device: d.device,
+        files: d.files,
+        control: ROption::RNone,
     }
 }
 
@@ -497,9 +686,12 @@ impl Devices {
             }
             match p.hal() {
                 Ok(driver) => {
-                    let with_files = |i: u32| -> Result<HalDeviceWithFiles, String> {
+                    let with_files = |i: u32| -> Result<HalDeviceParts, String> {
+                        if let Some(r) = p.hal_open(i) {
+                            return r.map_err(|e| e.to_string());
+                        }
                         match p.hal_files(i) {
-                            Some(r) => r.map_err(|e| e.to_string()),
+                            Some(r) => r.map(parts_of).map_err(|e| e.to_string()),
                             None => Err(format!(
                                 "plugin built against ABI {}.{}, before 1.3",
                                 p.abi.0, p.abi.1
@@ -517,12 +709,11 @@ impl Devices {
                 .iter()
                 .any(|d| d.info.backend.as_str() == b.backend)
             {
-                out.open_driver(
-                    &b.driver,
-                    &format!("builtin {}", b.id),
-                    &b.open_with_files,
-                    &mut notes,
-                );
+                let open = |i: u32| match b.open_parts {
+                    Some(f) => f(i),
+                    None => (b.open_with_files)(i).map(parts_of),
+                };
+                out.open_driver(&b.driver, &format!("builtin {}", b.id), &open, &mut notes);
             }
         }
         (out, notes)
@@ -534,7 +725,7 @@ impl Devices {
         &mut self,
         driver: &HalDriverBox,
         plugin: &str,
-        with_files: &dyn Fn(u32) -> Result<HalDeviceWithFiles, String>,
+        with_files: &dyn Fn(u32) -> Result<HalDeviceParts, String>,
         notes: &mut Vec<String>,
     ) {
         for (i, info) in driver.devices().into_iter().enumerate() {
@@ -545,21 +736,26 @@ impl Devices {
                 .filter(|d| d.info.backend.as_str() == backend)
                 .count();
             let opened = match with_files(i as u32) {
-                Ok(HalDeviceWithFiles {
+                Ok(HalDeviceParts {
                     device,
-                    files: ROption::RSome(files),
-                }) => Ok((device, Some(files), String::new())),
-                Ok(HalDeviceWithFiles {
-                    device,
-                    files: ROption::RNone,
-                }) => Ok((device, None, "the device has none".to_string())),
+                    files,
+                    control,
+                }) => {
+                    let files = files.into_option();
+                    let why = if files.is_some() {
+                        String::new()
+                    } else {
+                        "the device has none".to_string()
+                    };
+                    Ok((device, files, control.into_option(), why))
+                }
                 Err(why) => driver
                     .open(i as u32)
                     .into_result()
-                    .map(|hal| (hal, None, why)),
+                    .map(|hal| (hal, None, None, why)),
             };
             match opened {
-                Ok((hal, files, why)) => {
+                Ok((hal, files, control, why)) => {
                     let name = format!("{backend}:{index}");
                     let reads = if files.is_some() {
                         "queued file reads".to_string()
@@ -568,21 +764,33 @@ impl Devices {
                             "no queued file reads ({why}): parameters.gather reads checkpoints on the host"
                         )
                     };
+                    let bounds = if control.is_some() {
+                        "run-time bounds"
+                    } else {
+                        "no run-time bounds (a plugin before ABI 1.5): kernel step budgets and \
+                         cancellation do not apply, compiled stages are kept until the device closes"
+                    };
                     notes.push(format!(
-                        "device {name}: {} (plugin {plugin}; {reads})",
+                        "device {name}: {} (plugin {plugin}; {reads}; {bounds})",
                         info.name
                     ));
-                    self.devices.push(Arc::new(Device::with_files(
+                    self.devices.push(Arc::new(Device::with_parts(
                         name,
                         info,
                         plugin.to_string(),
                         hal,
                         files,
+                        control,
                     )));
                 }
                 Err(e) => notes.push(format!("plugin {plugin}: cannot open device {i}: {e}")),
             }
         }
+    }
+
+    /// Sets every live cancellation flag of every device ([`Device::cancel_all`]); how many were set.
+    pub fn cancel_all(&self) -> usize {
+        self.devices.iter().map(|d| d.cancel_all()).sum()
     }
 
     /// The first device of `preferences` that is present, or an error naming what is present.

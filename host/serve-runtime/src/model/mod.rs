@@ -22,7 +22,9 @@ pub use prepare::{parse_config_text, prepare};
 use crate::checkpoint::Source;
 use crate::contract::{Contract, Phase};
 use crate::device::gather::GatherQueue;
-use crate::device::{Budget, Device, DeviceBuffer, ExecutableId, TimelineId, TimelinePoint};
+use crate::device::{
+    Budget, CancelFlag, Device, DeviceBuffer, Executable, TimelineId, TimelinePoint,
+};
 use crate::natives::{Ctx, Decls, RunCtx, StageDecl};
 use crate::package::{self, ModelDoc, PackageFiles};
 use crate::progress::{Phase as ProgressPhase, Progress};
@@ -44,7 +46,8 @@ pub struct PreparedStage {
     pub decl: StageDecl,
     pub stage: Stage,
     pub reflection: Reflection,
-    pub exe: ExecutableId,
+    /// Released when the last holder of the stage (the model, or its specialization cache entry) drops.
+    pub exe: Executable,
     /// One per `stage.params`, in order; empty while the model is deactivated.
     pub params: Mutex<Vec<DeviceBuffer>>,
     /// Where each parameter's bytes come from, to stream them again on reactivation.
@@ -99,8 +102,9 @@ pub struct Model {
     pub(crate) spec_cache: Mutex<SpecCache>,
     pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
     pub(crate) tokenizer: Option<Arc<Tokenizer>>,
-    pub(crate) timeline: TimelineId,
-    pub(crate) timeline_value: Mutex<u64>,
+    /// The model's timeline and its last signalled value; replaced by a fresh timeline after device work
+    /// failed ([`Model::settle`]), since a failed timeline reports its failure to every later wait.
+    pub(crate) timeline: Mutex<(TimelineId, u64)>,
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
@@ -228,18 +232,16 @@ impl Model {
         fuel: u64,
         set: StageSet,
         feedback_limit: u64,
+        cancel: Option<Arc<CancelFlag>>,
     ) -> RunOutcome {
-        let mut tl = self
-            .timeline_value
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut tl = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
         let mut ctx = self.ctx(phase);
         ctx.runner = Some(RunCtx {
             device: self.device.clone(),
             budget: self.budget.clone(),
             stages: set.stages,
-            timeline: self.timeline,
-            value: *tl,
+            timeline: tl.0,
+            value: tl.1,
             joins: Vec::new(),
             signalled: Vec::new(),
             sources: set.sources,
@@ -247,16 +249,30 @@ impl Model {
             gathers: Vec::new(),
             feedback: Vec::new(),
             feedback_limit,
+            kernel_steps: self.doc.kernel_steps(&self.limits),
+            cancel,
         });
         let lim = limits(fuel, self.doc.memory.invocation_bytes);
         let (results, ctx) = invoke(&self.control, entry, args, &lim, ctx);
         let runner = ctx.runner.expect("the runner context stays; this is a bug");
-        *tl = runner.value;
+        tl.1 = runner.value;
         RunOutcome {
             results,
             signalled: runner.signalled,
             gathers: runner.gathers,
             feedback: runner.feedback,
+        }
+    }
+
+    /// Replaces the model's timeline after device work on `failed` failed (unless already replaced).
+    fn fresh_timeline(&self, failed: TimelineId) {
+        let mut tl = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        if tl.0 != failed {
+            return;
+        }
+        match self.device.timeline() {
+            Ok(t) => *tl = (t, 0),
+            Err(e) => log::warn!("model {}: no fresh timeline: {e}", self.name),
         }
     }
 
@@ -282,6 +298,9 @@ impl Model {
                     )));
                 }
                 Err(e) => {
+                    // The failure stays on the timeline: the next invocation starts a fresh one (a kernel
+                    // past its budget or cancelled fails only its own cohort).
+                    self.fresh_timeline(p.timeline);
                     take(run)?;
                     return Err(Error::BadRequest(format!("device execution failed: {e}")));
                 }

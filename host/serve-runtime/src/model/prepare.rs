@@ -317,8 +317,7 @@ pub fn prepare(
         spec_cache: Mutex::new(SpecCache::default()),
         options,
         tokenizer,
-        timeline,
-        timeline_value: Mutex::new(0),
+        timeline: Mutex::new((timeline, 0)),
         gather,
         progress: Mutex::new(progress.clone()),
     };

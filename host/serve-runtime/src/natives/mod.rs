@@ -37,7 +37,7 @@ pub use runner::{MAX_EXECUTE_ARITY, runner_module};
 use crate::checkpoint::Source;
 use crate::contract::{Grant, Phase};
 use crate::device::gather::GatherQueue;
-use crate::device::{Budget, Device, DeviceBuffer, TimelineId, TimelinePoint};
+use crate::device::{Budget, CancelFlag, Device, DeviceBuffer, TimelineId, TimelinePoint};
 use crate::model::PreparedStage;
 use crate::tokenizer::Tokenizer;
 use loom_ir::{Signature, Type};
@@ -102,6 +102,10 @@ pub struct RunCtx {
     pub feedback: Vec<(TimelinePoint, DeviceBuffer, u64, u64)>,
     /// The most feedback bytes one invocation may request.
     pub feedback_limit: u64,
+    /// The step budget of each dispatch (`limits.kernel_steps` within the operator's cap).
+    pub kernel_steps: u64,
+    /// The flag that stops this invocation's dispatches (its cohort's clients all gone, the drain deadline).
+    pub cancel: Option<Arc<CancelFlag>>,
 }
 
 /// The context of one invocation: the VM's host state while it runs.

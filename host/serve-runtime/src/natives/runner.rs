@@ -2,7 +2,7 @@
 //! feedback slots. Available only in phases whose grants include running.
 
 use super::{arg_i64, device_buffer, point_of, rty, sig, with_runner};
-use crate::device::{Dispatch, TimelinePoint};
+use crate::device::{Bounds, Dispatch, TimelinePoint};
 use loom_ir::Type;
 use loom_vm::{NativeCtx, NativeError, NativeModule, Value};
 use std::sync::Arc;
@@ -91,7 +91,7 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
         r.device
             .dispatch(
                 &Dispatch {
-                    exe: stage.exe,
+                    exe: stage.exe.id(),
                     inputs: &bufs[..ni],
                     params: &params,
                     outputs: &bufs[ni..],
@@ -99,6 +99,10 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
                 },
                 &wait,
                 point,
+                &Bounds {
+                    steps: r.kernel_steps,
+                    cancel: r.cancel.as_deref(),
+                },
             )
             .map_err(|e| NativeError::failed(format!("{what}: {e}")))?;
         drop(params);
