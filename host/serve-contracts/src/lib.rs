@@ -8,6 +8,7 @@
 //! do not change. See ARCHITECTURE.md, "How to add a contract".
 
 pub mod finite;
+pub mod retained;
 
 use serve_runtime::contract::Contracts;
 use std::sync::Arc;
