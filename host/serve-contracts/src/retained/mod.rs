@@ -4,6 +4,7 @@
 //! decode anchors, the routes) is not built yet; these pieces are what it will drive, each tested against an
 //! independent definition.
 
+pub mod chat;
 pub mod pages;
 pub mod sampling;
 pub mod text;
