@@ -19,7 +19,8 @@ LLAMA_VOCAB_PRE_TYPE_SMOLLM) without using `tokenizers` or the converter:
      without it, which is what the decode check expects.
 Asserted for every text of a fixed corpus (special tokens, digits, whitespace runs, tabs and newlines, accents, CJK,
 emoji, code, contractions, Unicode numbers) and of a seeded random fuzz: `tokenizers` gives the same ids, and
-decoding them (special tokens kept) gives the text back. Exits 1 on the first disagreements (all listed).
+decoding them (special tokens kept) gives the text back. Also renders chat_template.jinja with minijinja for a few
+message lists and compares with hand-written ChatML. Exits 1 on any disagreement (the first 20 are listed).
 """
 import argparse
 import os
@@ -211,6 +212,38 @@ def fuzz(n, seed=16):
     return ["".join(rng.choice(FUZZ_POOL) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
+TEMPLATE = os.path.join(ROOT, "packages/smollm2/chat_template.jinja")
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def check_template():
+    """chat_template.jinja (the GGUF's, byte for byte: scripts/fetch-smollm2.sh checks) rendered by minijinja is
+    ChatML, with SmolLM's default system turn when the first message is not a system message."""
+    from minijinja import Environment
+    env = Environment(templates={"chat": open(TEMPLATE, encoding="utf-8").read()})
+    turn = lambda role, content: f"<|im_start|>{role}\n{content}<|im_end|>\n"
+    cases = [
+        ([("user", "Hi")], True, turn("system", DEFAULT_SYSTEM) + turn("user", "Hi") + "<|im_start|>assistant\n"),
+        ([("user", "Hi")], False, turn("system", DEFAULT_SYSTEM) + turn("user", "Hi")),
+        ([("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "And 3+3?")], True,
+         turn("system", "Be brief.") + turn("user", "2+2?") + turn("assistant", "4") + turn("user", "And 3+3?")
+         + "<|im_start|>assistant\n"),
+        ([("user", "{{ 7*7 }} {% if true %}x{% endif %}")], True,  # content is data, not template code
+         turn("system", DEFAULT_SYSTEM) + turn("user", "{{ 7*7 }} {% if true %}x{% endif %}") + "<|im_start|>assistant\n"),
+    ]
+    bad = 0
+    for msgs, gen, want in cases:
+        got = env.render_template("chat", messages=[{"role": r, "content": c} for r, c in msgs],
+                                  add_generation_prompt=gen)
+        if got != want:
+            bad += 1
+            print(f"TEMPLATE MISMATCH {msgs!r} add_generation_prompt={gen}\n  want {want!r}\n  got  {got!r}",
+                  file=sys.stderr)
+    print(f"check_tokenizer.py: chat template: {len(cases) - bad}/{len(cases)} renderings are the expected ChatML",
+          file=sys.stderr)
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", default=GGUF)
@@ -240,7 +273,8 @@ def main():
           f"{len(ref.special)} control tokens: {len(texts) + len(ref.special) - len(bad)} agree, {len(bad)} differ "
           f"({n_dropped} texts hold characters whose bytes have no token)",
           file=sys.stderr)
-    sys.exit(1 if bad else 0)
+    bad_template = check_template()
+    sys.exit(1 if bad or bad_template else 0)
 
 
 if __name__ == "__main__":
