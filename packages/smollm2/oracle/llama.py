@@ -5,6 +5,7 @@
     PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/llama.py logits  (--ids ... | --text T | --chat Q)
     PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/llama.py selfcheck   (dequantization by hand == gguf)
     PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/llama.py validate    (greedy chats; norm vs neox rope)
+    PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/llama.py precompute  (prompts.jsonl into the cache)
 
 Weights: every tensor of the GGUF dequantized by the `gguf` package (llama.cpp's reader: `gguf.quants.dequantize`,
 Q4_1 / Q8_0 / F32 here) and widened to float64; one row of each quantized type is also dequantized from the raw
@@ -26,7 +27,9 @@ option exists only to show that (the wrong mode gives worse text and a lower pro
 
 Results are cached as JSON in .models/smollm2/oracle-cache/<key>.json, key = sha256 of (the GGUF's sha256 prefix,
 kind, input ids, n); logits go beside it as <key>.logits.f32 (row-major [T, vocab] little-endian float32 of the
-float64 result) with per-position top-1 id and top-1 - top-2 margin (float64) in the JSON.
+float64 result) with per-position top-1 id and top-1 - top-2 margin (float64) in the JSON; `seconds` is the
+forward alone (not the ~8 s of loading and dequantizing). prompts.jsonl: 8 prompts of >= 64 tokens (4 ChatML chats,
+prose, numbers, multilingual, code) that `precompute` puts in the cache (64-position logits, 32-token greedy).
 Import: `from llama import Model; m = Model(path); m.logits(ids); m.greedy(ids, n)`, or `cached_greedy(...)`.
 """
 import argparse
@@ -226,8 +229,9 @@ def cached_greedy(ids, n, model_path=GGUF, cache_dir=CACHE):
     p = os.path.join(cache_dir, key + ".json")
     if os.path.exists(p):
         return json.load(open(p))
+    m = _model(model_path)
     t0 = time.time()
-    out = _model(model_path).greedy(ids, n)
+    out = m.greedy(ids, n)
     rec = dict(spec, greedy=out, seconds=round(time.time() - t0, 3))
     _store(p, rec)
     return rec
@@ -242,8 +246,9 @@ def cached_logits(ids, model_path=GGUF, cache_dir=CACHE):
         rec = json.load(open(p))
         rec["logits_file"] = lf
         return rec
+    m = _model(model_path)
     t0 = time.time()
-    lg = _model(model_path).logits(ids)
+    lg = m.logits(ids)
     secs = time.time() - t0
     top2 = np.sort(lg, axis=-1)[:, -2:]
     os.makedirs(cache_dir, exist_ok=True)
@@ -292,6 +297,15 @@ def validate(path=GGUF, n=32):
         t0 = time.time()
         out = m.greedy(tok.encode(chat_text(q)).ids, n)
         print(f"greedy {n} ({time.time() - t0:.1f}s) {q!r} -> {tok.decode(out, skip_special_tokens=False)!r}")
+    raw = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    out = m.greedy(tok.encode(raw).ids, n)
+    print(f"greedy {n} {raw!r} (no system turn) -> {tok.decode(out, skip_special_tokens=False)!r}")
+    # The KV-cache path against the whole-sequence path: teacher-forcing the greedy output gives it back.
+    ids = tok.encode(raw).ids
+    lg = m.logits(ids + out[:-1])
+    again = [int(t) for t in lg[len(ids) - 1:].argmax(-1)]
+    assert again == out, (again, out)
+    print(f"teacher-forced argmax over prompt + greedy[:-1] == greedy ({len(out)} tokens)")
     prompt = tok.encode(chat_text(VALIDATE_CHATS[0])).ids
     ans = tok.encode("The capital of France is Paris.<|im_end|>").ids
     prose = tok.encode(VALIDATE_PROSE).ids
@@ -310,9 +324,29 @@ def validate(path=GGUF, n=32):
     m.rope_mode = "norm"
 
 
+PROMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts.jsonl")
+
+
+def precompute(path=GGUF, cache_dir=CACHE, positions=64, n=32):
+    """Fills the cache for prompts.jsonl: logits over each prompt's first `positions` ids, and for the chat prompts
+    (ending in the generation prompt) the greedy `n`-token continuation of the whole prompt."""
+    tok = tokenizer()
+    for line in open(PROMPTS, encoding="utf-8"):
+        p = json.loads(line)
+        ids = tok.encode(p["text"]).ids
+        assert len(ids) >= positions, (p["name"], len(ids))
+        rec = cached_logits(ids[:positions], path, cache_dir)
+        small = sum(m <= 1e-2 for m in rec["margin"])
+        msg = f"{p['name']:13s} {len(ids):3d} ids  logits[{positions}] {rec['seconds']:6.2f}s ({small} margins <= 1e-2)"
+        if p["chat"]:
+            g = cached_greedy(ids, n, path, cache_dir)
+            msg += f"  greedy[{n}] {g['seconds']:6.2f}s {tok.decode(g['greedy'], skip_special_tokens=False)!r}"
+        print(msg)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=["greedy", "logits", "selfcheck", "validate"])
+    ap.add_argument("kind", choices=["greedy", "logits", "selfcheck", "validate", "precompute"])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--ids", help="comma-separated token ids")
     src.add_argument("--text", help="raw text (special tokens recognised), tokenized with tokenizer.json")
@@ -328,6 +362,9 @@ def main():
         return
     if a.kind == "validate":
         validate(a.gguf, a.n)
+        return
+    if a.kind == "precompute":
+        precompute(a.gguf, a.cache_dir, 64, a.n)
         return
     if a.ids:
         ids = [int(x) for x in a.ids.split(",")]
