@@ -1158,3 +1158,174 @@ fn loader_reports_an_absent_cuda_device_in_one_line_and_keeps_going() {
     assert_eq!(read_all(&dev, b, 13), b"still running");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---- run-time bounds and released executables (ABI 1.5) ---------------------------------------------------------
+
+/// Runs `check` on device 0 of every HAL plugin that has a control (`hal_open`); cpu and vulkan must.
+fn each_device_with_control(check: impl Fn(&str, &HalDeviceBox, &loom_plugin_api::HalControlBox)) {
+    let mut checked = Vec::new();
+    for p in plugins() {
+        match p.hal_open(0) {
+            Some(Ok(d)) => match d.control {
+                ROption::RSome(control) => {
+                    check(&p.id, &d.device, &control);
+                    checked.push(p.id.as_str());
+                }
+                ROption::RNone => eprintln!("{}: device 0 has no control", p.id),
+            },
+            Some(Err(e)) => eprintln!("{}: no control ({e})", p.id),
+            None => eprintln!("{}: no control (before ABI 1.5)", p.id),
+        }
+    }
+    for must in ["cpu-0001", "vulkan-0001"] {
+        assert!(
+            plugins().iter().all(|p| p.id != must) || checked.contains(&must),
+            "{must} must have a control (checked: {checked:?})"
+        );
+    }
+}
+
+/// The counted-loop stage of `loom_testkit::corpus` over `grid` instances.
+fn counted_stage(grid: u64) -> Stage {
+    use loom_ir::kernel::{BufRef, DType};
+    use loom_testkit::{buf, stage};
+    stage(
+        "bounded",
+        vec![buf("n", DType::I64, &[1])],
+        vec![buf("y", DType::F32, &[grid])],
+        vec![],
+        vec![loom_testkit::corpus::counted_loop(grid)],
+        vec![(0, vec![BufRef::Input(0), BufRef::Output(0)])],
+    )
+}
+
+/// Submits one bounded dispatch of `exe` and returns the point's outcome (the output on success).
+fn bounded_run(
+    dev: &HalDeviceBox,
+    control: &loom_plugin_api::HalControlBox,
+    exe: loom_plugin_api::ExecutableId,
+    trips: i64,
+    out_len: usize,
+    bounds: loom_plugin_api::DispatchBounds,
+) -> Result<Vec<u8>, String> {
+    let input = upload(dev, &trips.to_le_bytes());
+    let output = ok("alloc", dev.alloc(out_len as u64));
+    let t = ok("timeline", dev.timeline_create());
+    ok(
+        "submit_bounded",
+        control.submit_bounded(
+            Submission {
+                commands: RVec::from(vec![Command::Dispatch {
+                    exe,
+                    inputs: RVec::from(vec![input]),
+                    params: RVec::new(),
+                    outputs: RVec::from(vec![output]),
+                    workspace: RVec::new(),
+                }]),
+                wait: RVec::new(),
+                signal: point(t, 1),
+            },
+            bounds,
+        ),
+    );
+    dev.timeline_wait(point(t, 1), WAIT_NS)
+        .into_result()
+        .map(|_| read_all(dev, output, out_len))
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn hal_bounded_dispatches_stop_at_their_budget_with_the_reference_text() {
+    use loom_plugin_api::{CancelId, DispatchBounds};
+    let s = counted_stage(4);
+    let bytes = encode_stage(&s);
+    let reference = |trips: i64, steps: u64| {
+        let input = trips.to_le_bytes();
+        let mut out = loom_reference::alloc_outputs(&s).unwrap();
+        let b = loom_ir::kernel::RunBounds {
+            steps,
+            cancel: None,
+        };
+        loom_reference::run_stage_bounded(&s, &[&input], &[], &mut out, &b)
+            .map(|_| out.remove(0))
+            .map_err(|e| e.to_string())
+    };
+    let bounds = |steps| DispatchBounds {
+        steps,
+        cancel: CancelId(0),
+    };
+    each_device_with_control(|id, dev, control| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        // 4 instances of 1 + 100 steps: exactly the budget runs, one step less fails.
+        let got = bounded_run(dev, control, exe, 100, 16, bounds(404));
+        assert_eq!(got, reference(100, 404), "{id}");
+        assert_eq!(floats(&got.unwrap()), [100.0; 4], "{id}");
+        let e = bounded_run(dev, control, exe, 100, 16, bounds(403)).unwrap_err();
+        assert_eq!(Err(e.clone()), reference(100, 403), "{id}");
+        assert_eq!(
+            e, "kernel `count` of stage `bounded` exceeded its budget of 403 steps",
+            "{id}"
+        );
+        // A runaway (2^31 - 1 iterations: the largest count WGSL's i32 emulation of i64 reads) stops at its
+        // budget; unbounded it would run for minutes.
+        let t0 = std::time::Instant::now();
+        let e = bounded_run(dev, control, exe, i64::from(i32::MAX), 16, bounds(8000)).unwrap_err();
+        assert_eq!(
+            e, "kernel `count` of stage `bounded` exceeded its budget of 8000 steps",
+            "{id}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{id}");
+        // A grid larger than the budget does not run.
+        let e = bounded_run(dev, control, exe, 1, 16, bounds(3)).unwrap_err();
+        assert_eq!(
+            e, "kernel `count` of stage `bounded` exceeded its budget of 3 steps",
+            "{id}"
+        );
+    });
+}
+
+#[test]
+fn hal_cancelled_dispatches_fail_and_released_executables_are_refused() {
+    use loom_plugin_api::DispatchBounds;
+    let s = counted_stage(2);
+    let bytes = encode_stage(&s);
+    each_device_with_control(|id, dev, control| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        let flag = ok(id, control.cancel_create());
+        let with_flag = DispatchBounds {
+            steps: 0,
+            cancel: flag,
+        };
+        let got = bounded_run(dev, control, exe, 10, 8, with_flag).expect("not cancelled yet");
+        assert_eq!(floats(&got), [10.0; 2], "{id}");
+        ok(id, control.cancel_signal(flag));
+        let e = bounded_run(dev, control, exe, 10, 8, with_flag).unwrap_err();
+        assert_eq!(e, "kernel `count` of stage `bounded` was cancelled", "{id}");
+        ok(id, control.cancel_destroy(flag));
+        assert!(
+            err(control.cancel_signal(flag)).contains("unknown cancellation flag"),
+            "{id}"
+        );
+        // Released: the id is gone, later submissions naming it are refused.
+        ok(id, control.release(exe));
+        let t = ok(id, dev.timeline_create());
+        let input = upload(dev, &1i64.to_le_bytes());
+        let output = ok(id, dev.alloc(8));
+        let e = err(dev.submit(Submission {
+            commands: RVec::from(vec![Command::Dispatch {
+                exe,
+                inputs: RVec::from(vec![input]),
+                params: RVec::new(),
+                outputs: RVec::from(vec![output]),
+                workspace: RVec::new(),
+            }]),
+            wait: RVec::new(),
+            signal: point(t, 1),
+        }));
+        assert!(e.contains("unknown executable"), "{id}: {e}");
+        assert!(
+            err(control.release(exe)).contains("unknown executable"),
+            "{id}"
+        );
+    });
+}

@@ -32,6 +32,10 @@ pub(crate) enum Target {
 pub(crate) const ERR_INDEX: u32 = 1;
 pub(crate) const ERR_LOOP_STEP: u32 = 3;
 pub(crate) const ERR_I64_RANGE: u32 = 4;
+pub(crate) const ERR_BUDGET: u32 = 5;
+pub(crate) const ERR_CANCELLED: u32 = 6;
+/// Loop iterations between two looks at the cancellation word (at most).
+pub(crate) const CANCEL_EVERY: u32 = 1024;
 
 /// Regions nested deeper than this are refused (the generator recurses on regions).
 const MAX_DEPTH: u32 = 64;
@@ -788,6 +792,21 @@ impl<'k> Gen<'k> {
         format!("({g} != 0u)")
     }
 
+    /// A `u32` code computed by invocation 0 and seen by every invocation (WGSL: through `wg_flag`, as
+    /// [`Self::uniform`]; CUDA: every thread computes the same value).
+    fn uniform_code(&mut self, code: &str) -> String {
+        if !self.wgsl() {
+            let g = self.fresh("code");
+            self.line(&format!("const unsigned {g} = {code};"));
+            return g;
+        }
+        let g = self.fresh("code");
+        self.line(&format!("if (lid == 0u) {{ wg_flag = {code}; }}"));
+        self.line(&format!("let {g}: u32 = workgroupUniformLoad(&wg_flag);"));
+        self.barrier();
+        g
+    }
+
     fn op(&mut self, op: &'k KOp) -> Result<(), Error> {
         use KOpKind as K;
         self.loc = (op.loc.line, op.loc.col);
@@ -1098,10 +1117,38 @@ impl<'k> Gen<'k> {
         self.line(&format!("{f};"));
         self.close();
         self.open(if self.wgsl() { "loop {" } else { "for (;;) {" });
-        let go = self.uniform(&format!("{cur} < {hi} && {step} > {}", self.zero(it)));
-        self.line(&format!("if (!{go}) {{ break; }}"));
+        // One uniform decision per iteration: 1 = the loop is done, 2 = the instance's step allowance
+        // (status word 8) is used up, 3 = the cancellation word (status word 9, looked at every
+        // CANCEL_EVERY steps) is set, 0 = run the body. `loom_steps` counts this instance's iterations.
+        let more = format!("{cur} < {hi} && {step} > {}", self.zero(it));
+        let over = "loom_steps >= loom_allow";
+        let cancel = if self.wgsl() {
+            format!(
+                "(loom_steps % {CANCEL_EVERY}u) == {}u && atomicLoad(&status[9]) != 0u",
+                CANCEL_EVERY - 1
+            )
+        } else {
+            format!(
+                // `__syncthreads_or`: one answer for the block (threads may see the host's write at
+                // different times, and a thread that returned alone would leave the others at a barrier).
+                "(loom_steps % {CANCEL_EVERY}u) == {}u && __syncthreads_or(*(volatile unsigned*)&status[9] != 0u)",
+                CANCEL_EVERY - 1
+            )
+        };
+        let code = self.uniform_code(&if self.wgsl() {
+            format!("select(select(select(0u, 3u, {cancel}), 2u, {over}), 1u, !({more}))")
+        } else {
+            format!("(!({more}) ? 1u : (({over}) ? 2u : (({cancel}) ? 3u : 0u)))")
+        });
+        self.line(&format!("if ({code} == 1u) {{ break; }}"));
+        let (line, col) = self.loc;
+        let f = self.fail(ERR_BUDGET, &format!("{line}u"), &format!("{col}u"), "0");
+        self.line(&format!("if ({code} == 2u) {{ {f}; return; }}"));
+        let f = self.fail(ERR_CANCELLED, &format!("{line}u"), &format!("{col}u"), "0");
+        self.line(&format!("if ({code} == 3u) {{ {f}; return; }}"));
         self.line(&format!("{} = {cur};", Self::name(iv)));
         let ys = self.region(body)?;
+        self.line("loom_steps = loom_steps + 1u;");
         // Yields may read the iteration values (`yield %b, %a`), so they go to the results first.
         self.yield_into(&op.results, ys)?;
         for (it_v, r) in iters.iter().zip(&op.results) {

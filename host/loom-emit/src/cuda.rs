@@ -136,6 +136,10 @@ pub fn cuda_kernel(kernel: &Kernel) -> Result<CudaModule, Error> {
         let _ = writeln!(s, "    __shared__ unsigned long long scratch[{SCRATCH}];");
     }
     s.push_str("    const unsigned lid = threadIdx.x;\n");
+    if body.code.contains("loom_steps") {
+        // The instance's loop-iteration allowance (status word 8, written by the host) and its count.
+        s.push_str("    const unsigned loom_allow = status[8];\n    unsigned loom_steps = 0u;\n");
+    }
     s.push_str(&body.decls);
     s.push_str(&body.code);
     s.push_str("}\n");
@@ -242,7 +246,8 @@ fn writer(i: usize, d: DType) -> Result<String, Error> {
 }
 
 const PRELUDE: &str = r#"
-// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id.
+// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id;
+// the host writes [8] the loop-iteration allowance of each instance and [9] the cancellation word.
 __device__ __noinline__ void loom_fail(unsigned* status, unsigned code, unsigned a, unsigned b, int c) {
     if (atomicAdd(&status[0], 1u) == 0u) {
         atomicExch(&status[1], code);

@@ -52,7 +52,8 @@
 //! element's bits, so neighbouring invocations never lose each other's writes.
 //! Every binding is `read_write` because a dispatch may bind two ranges of the one workspace arena, and wgpu
 //! tracks usage per buffer (a read-only and a writable binding of one buffer conflict). Binding
-//! `params.len()` is the status buffer (8 atomic words, zeroed by the host before a dispatch). Buffers bound
+//! `params.len()` is the status buffer (10 atomic words: 8 result words zeroed by the host before a dispatch,
+//! then the two run-time bound words it writes, see below). Buffers bound
 //! to a kernel must be rounded up to whole words (the arena plan does this).
 //!
 //! CUDA: parameters are typed pointers (`const float* __restrict__`, `unsigned short*` for f16/bf16, ...) in
@@ -77,6 +78,22 @@
 //! | 2 | integer division or remainder by zero | the op's source line, column |
 //! | 3 | loop step <= 0 (the loop does not run) | the op's source line, column, the step (as i32) |
 //! | 4 | (WGSL) an i64 buffer element outside the i32 range | parameter, -, element |
+//! | 5 | the instance used up its loop-iteration allowance (word 8) | the loop's source line, column |
+//! | 6 | the dispatch was cancelled (word 9 set) | the loop's source line, column |
+//!
+//! # Run-time bounds (issue 14)
+//!
+//! Status word 8 is the **allowance** of each program instance: the iterations of kernel `for` loops it may
+//! run in all (`loom_ir::kernel::instance_allowance` of the dispatch's step budget and grid, at most
+//! `u32::MAX`, which is also "no budget"); word 9 is the **cancellation word**. Both are written by the host
+//! before the dispatch. Every instance counts its loop iterations in a register (`loom_steps`, the same in
+//! every invocation of a workgroup, as loop control is uniform); the loop head decides, once per iteration and
+//! uniformly (through `wg_flag` in WGSL, the loop's existing `workgroupUniformLoad`; `__syncthreads_or` for the
+//! cancellation word in CUDA), whether to run the body, stop with error 5, or stop with error 6 when the
+//! cancellation word is set (read every 1024 iterations); stopping returns from the kernel. Tile operations'
+//! element loops are not counted. A device can only see a cancellation written while the dispatch runs where
+//! the host can write device memory concurrently (CUDA from another stream); `hal-vulkan` checks its flag
+//! between dispatches.
 //!
 //! # Limits and divergences from the reference
 //!

@@ -23,7 +23,8 @@ pub struct WgslModule {
     pub grid: [u32; 3],
     /// Storage bindings in group 0: `0..params` are the kernel parameters in order, then the status buffer.
     pub bindings: u32,
-    /// The binding of the 32-byte status buffer (`array<atomic<u32>, 8>`, zeroed before the dispatch).
+    /// The binding of the 40-byte status buffer (`array<atomic<u32>, 10>`: 8 result words zeroed before the
+    /// dispatch, then the instance's loop allowance and the cancellation word, written by the host).
     pub status_binding: u32,
     /// Bytes of workgroup memory the module declares.
     pub workgroup_bytes: u32,
@@ -111,7 +112,7 @@ pub fn wgsl_kernel(kernel: &Kernel, limits: &WgslLimits) -> Result<WgslModule, E
     let sb = kernel.params.len();
     let _ = writeln!(
         s,
-        "@group(0) @binding({sb}) var<storage, read_write> status: array<atomic<u32>, 8>;"
+        "@group(0) @binding({sb}) var<storage, read_write> status: array<atomic<u32>, 10>;"
     );
     let _ = writeln!(s, "var<workgroup> scratch: array<u32, {scratch}>;");
     let _ = writeln!(s, "var<workgroup> wg_flag: u32;");
@@ -130,6 +131,12 @@ pub fn wgsl_kernel(kernel: &Kernel, limits: &WgslLimits) -> Result<WgslModule, E
         "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{"
     );
     s.push_str("    g_wid = wid;\n");
+    if body.code.contains("loom_steps") {
+        // The instance's loop-iteration allowance (status word 8, written by the host) and its count.
+        s.push_str(
+            "    let loom_allow: u32 = atomicLoad(&status[8]);\n    var loom_steps: u32 = 0u;\n",
+        );
+    }
     s.push_str(&body.decls);
     s.push_str(&body.code);
     s.push_str("}\n");
@@ -444,7 +451,8 @@ pub enum WgslBuffer {
     Stage(BufRef),
     /// The workspace arena, bound at `offset` for `size` bytes.
     Arena { offset: u64, size: u64 },
-    /// The per-dispatch 32-byte status buffer (zeroed before, read after).
+    /// The per-dispatch 40-byte status buffer (8 result words zeroed before and read after, then the
+    /// allowance and cancellation words written before).
     Status,
 }
 

@@ -2,6 +2,7 @@
 //! dispatch launches each kernel of the stage on the stream, synchronises, and reads back the status words
 //! (decoded by `hal_queue::status`, shared with `hal-vulkan`). Commands after a failed dispatch do not run.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, MutexGuard};
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
@@ -17,7 +18,16 @@ use crate::executable::Exe;
 /// A command with its buffers and executable resolved (and so kept alive) when the submission is accepted.
 pub(crate) type Cmd = hal_queue::commands::Cmd<Buf, Exe>;
 
-pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>) -> Result<(), String> {
+/// A submission's run-time bounds (ABI 1.5 `submit_bounded`): each dispatch's step budget (0: none), written to
+/// the status words as each instance's loop allowance, and the cancellation flag, looked at before each
+/// dispatch (the emitted kernels also poll status word 9, which this plugin does not write while they run).
+#[derive(Debug, Default)]
+pub(crate) struct Bounds {
+    pub(crate) steps: u64,
+    pub(crate) cancel: Option<Arc<AtomicU32>>,
+}
+
+pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>, bounds: &Bounds) -> Result<(), String> {
     for c in &cmds {
         match c {
             Cmd::Fill {
@@ -82,7 +92,7 @@ pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>) -> Result<(), String> {
                 inputs,
                 params,
                 outputs,
-            } => dispatch(gpu, exe, inputs, params, outputs)?,
+            } => dispatch(gpu, exe, inputs, params, outputs, bounds)?,
         }
     }
     gpu.stream.synchronize().map_err(cu("submission"))?;
@@ -96,6 +106,7 @@ fn dispatch(
     inputs: &[Buf],
     params: &[Buf],
     outputs: &[Buf],
+    bounds: &Bounds,
 ) -> Result<(), String> {
     // The execution contract's buffer checks (counts, then sizes) and the aliasing rule, with `hal-cpu`'s text.
     check_dispatch(&exe.stage, inputs, params, outputs, |b| b.len)?;
@@ -106,9 +117,27 @@ fn dispatch(
     let guards: Vec<MutexGuard<'_, CudaSlice<u8>>> =
         distinct.iter().map(|b| lock(&b.mem)).collect();
     let ws: Vec<MutexGuard<'_, CudaSlice<u8>>> = exe.workspace.iter().map(|w| lock(w)).collect();
+    if bounds
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Relaxed) != 0)
+    {
+        return Err(status::cancelled(&exe.stage));
+    }
+    // Zeroed result words, then each dispatch's loop allowance and a clear cancellation word.
+    let mut words = vec![0u32; STATUS_WORDS * exe.stage.dispatches.len().max(1)];
+    for (di, d) in exe.stage.dispatches.iter().enumerate() {
+        let kernel = exe
+            .stage
+            .kernels
+            .get(d.kernel as usize)
+            .ok_or_else(|| format!("dispatch {di}: no kernel #{}", d.kernel))?;
+        words[STATUS_WORDS * di + status::RESULT_WORDS] =
+            status::allowance_word(&exe.stage, kernel, bounds.steps)?;
+    }
     let mut status = lock(&exe.status);
     gpu.stream
-        .memset_zeros(&mut *status)
+        .memcpy_htod(&words[..], &mut *status)
         .map_err(cu("status words"))?;
     for (di, d) in exe.stage.dispatches.iter().enumerate() {
         let k = exe
@@ -147,5 +176,5 @@ fn dispatch(
         .chunks_exact(STATUS_WORDS)
         .take(exe.stage.dispatches.len())
         .map(|w| std::array::from_fn(|j| w[j]));
-    status::check_status(&exe.stage, blocks)
+    status::check_status_bounded(&exe.stage, blocks, bounds.steps)
 }

@@ -9,13 +9,14 @@ use hal_queue::commands::Objects;
 use hal_queue::{Queue, lock};
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    BufferId, DeviceLimits, ExecutableId, HalDevice, Submission, TimelineId, TimelinePoint,
-    WaitStatus, guard,
+    BufferId, CancelId, DeviceLimits, DispatchBounds, ExecutableId, HalControl, HalDevice,
+    Submission, TimelineId, TimelinePoint, WaitStatus, guard,
 };
+use std::sync::atomic::AtomicU32;
 
 use crate::MAX_BUFFER_BYTES;
 use crate::buffer::{Buf, CuBuf};
-use crate::commands::{Cmd, run_commands};
+use crate::commands::{Bounds, Cmd, run_commands};
 use crate::driver::arch_name;
 use crate::executable::{Exe, compile_stage};
 
@@ -34,14 +35,27 @@ pub(crate) struct Gpu {
 #[derive(Debug, Default)]
 struct State {
     objects: Objects<Buf, Exe>,
+    /// Cancellation flags by id (ABI 1.5); jobs hold their own `Arc`.
+    cancels: std::collections::HashMap<u64, Arc<AtomicU32>>,
 }
 
 #[derive(Debug)]
-pub(crate) struct CudaDev {
+pub(crate) struct CudaCore {
     gpu: Arc<Gpu>,
     sms: u32,
     state: Mutex<State>,
-    queue: Queue<Vec<Cmd>>,
+    queue: Queue<(Vec<Cmd>, Bounds)>,
+}
+
+/// A device handle: its `HalDevice` and `HalControl` share the core.
+#[derive(Clone, Debug)]
+pub(crate) struct CudaDev(Arc<CudaCore>);
+
+impl std::ops::Deref for CudaDev {
+    type Target = CudaCore;
+    fn deref(&self) -> &CudaCore {
+        &self.0
+    }
 }
 
 impl CudaDev {
@@ -60,17 +74,93 @@ impl CudaDev {
             arch: arch_name(major, minor),
         });
         let g = Arc::clone(&gpu);
-        let queue = Queue::new("hal-cuda-queue", move |cmds| run_commands(&g, cmds));
-        Ok(CudaDev {
+        let queue = Queue::new(
+            "hal-cuda-queue",
+            move |(cmds, bounds): (Vec<Cmd>, Bounds)| run_commands(&g, cmds, &bounds),
+        );
+        Ok(CudaDev(Arc::new(CudaCore {
             gpu,
             sms,
             state: Mutex::new(State::default()),
             queue,
-        })
+        })))
+    }
+
+    /// `submit`, with `bounds` (ABI 1.5 `submit_bounded`) when given.
+    fn submit_with(
+        &self,
+        submission: Submission,
+        bounds: Option<DispatchBounds>,
+    ) -> Result<(), String> {
+        // The executable has its own workspace: the submission's are only checked to exist.
+        self.queue
+            .submit_checked(&submission.wait, submission.signal, || {
+                let st = self.state();
+                let bounds = match bounds {
+                    None => Bounds::default(),
+                    Some(b) => Bounds {
+                        steps: b.steps,
+                        cancel: match b.cancel.0 {
+                            0 => None,
+                            id => Some(st.cancels.get(&id).cloned().ok_or_else(|| {
+                                format!("submit: unknown cancellation flag {id}")
+                            })?),
+                        },
+                    },
+                };
+                Ok((st.objects.resolve(&submission.commands)?, bounds))
+            })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
+    }
+}
+
+impl HalControl for CudaDev {
+    fn release(&self, exe: ExecutableId) -> RResult<(), RBoxError> {
+        guard("release", || self.state().objects.release_executable(exe))
+    }
+
+    fn cancel_create(&self) -> RResult<CancelId, RBoxError> {
+        guard("cancel_create", || {
+            let mut st = self.state();
+            let id = st.objects.next_id();
+            st.cancels.insert(id, Arc::new(AtomicU32::new(0)));
+            Ok::<_, String>(CancelId(id))
+        })
+    }
+
+    fn cancel_signal(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_signal", || {
+            let st = self.state();
+            let flag = st
+                .cancels
+                .get(&cancel.0)
+                .ok_or_else(|| format!("cancel_signal: unknown cancellation flag {}", cancel.0))?;
+            flag.store(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, String>(())
+        })
+    }
+
+    fn cancel_destroy(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_destroy", || {
+            self.state()
+                .cancels
+                .remove(&cancel.0)
+                .map(|_| ())
+                .ok_or_else(|| format!("cancel_destroy: unknown cancellation flag {}", cancel.0))
+        })
+    }
+
+    fn submit_bounded(
+        &self,
+        submission: Submission,
+        bounds: DispatchBounds,
+    ) -> RResult<(), RBoxError> {
+        guard("submit_bounded", || {
+            self.submit_with(submission, Some(bounds))
+        })
     }
 }
 
@@ -130,13 +220,7 @@ impl HalDevice for CudaDev {
     }
 
     fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
-        guard("submit", || {
-            // The executable has its own workspace: the submission's are only checked to exist.
-            self.queue
-                .submit_checked(&submission.wait, submission.signal, || {
-                    self.state().objects.resolve(&submission.commands)
-                })
-        })
+        guard("submit", || self.submit_with(submission, None))
     }
 
     fn timeline_create(&self) -> RResult<TimelineId, RBoxError> {

@@ -1,10 +1,11 @@
 //! The driver: the probe, the device list, and NVRTC's architecture for a device's compute capability.
 
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RBoxError, RResult, RString, RVec};
+use abi_stable::std_types::{RBoxError, ROption, RResult, RString, RVec};
 use cudarc::driver::CudaContext;
 use loom_plugin_api::{
-    DeviceInfo, HalDevice_TO, HalDeviceBox, HalDriver, HalDriver_TO, HalDriverBox, Probe, guard,
+    DeviceInfo, HalControl_TO, HalDevice_TO, HalDeviceBox, HalDeviceParts, HalDriver, HalDriver_TO,
+    HalDriverBox, Probe, guard,
 };
 
 use crate::device::CudaDev;
@@ -70,6 +71,19 @@ impl HalDriver for CudaDriver {
             Ok(HalDevice_TO::from_value(dev, TD_Opaque))
         })
     }
+}
+
+/// Opens cuda device `index` with its control (ABI 1.5: run-time bounds, executable release); no file reads.
+pub(crate) fn open_parts(index: u32) -> Result<HalDeviceParts, String> {
+    if let Some(why) = crate::missing_libraries() {
+        return Err(why);
+    }
+    let dev = CudaDev::open(index as usize)?;
+    Ok(HalDeviceParts {
+        device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
+        files: ROption::RNone,
+        control: ROption::RSome(HalControl_TO::from_value(dev, TD_Opaque)),
+    })
 }
 
 /// NVRTC's `--gpu-architecture` for a compute capability: the virtual architecture (`compute_XY`), whose PTX

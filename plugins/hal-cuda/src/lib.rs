@@ -37,8 +37,8 @@ use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RBoxError, RResult, RStr};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, HalDriverBox, LoomPlugin, LoomPlugin_Ref, PluginKind, Probe, guard,
-    guard_probe,
+    ABI_MAJOR, ABI_MINOR, HalDeviceParts, HalDriverBox, LoomPlugin, LoomPlugin_Ref, PluginKind,
+    Probe, guard, guard_probe,
 };
 
 mod buffer;
@@ -74,7 +74,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         profile: loom_plugin_api::no_profile,
         hal_files: loom_plugin_api::no_hal_files,
         profile_events: loom_plugin_api::no_profile_events,
-        hal_open: loom_plugin_api::no_hal_open,
+        hal_open,
     }
     .leak_into_prefix()
 }
@@ -85,6 +85,10 @@ extern "C" fn probe() -> Probe {
 
 extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
     guard("hal-cuda driver", driver)
+}
+
+extern "C" fn hal_open(index: u32) -> RResult<HalDeviceParts, RBoxError> {
+    guard("hal-cuda open", || driver::open_parts(index))
 }
 
 /// Why CUDA cannot be used here, checked without calling into any CUDA library (`None`: both are present).

@@ -190,7 +190,8 @@ fn motif_stages() -> Vec<(String, Stage)> {
     out
 }
 
-/// The conformance suite's hand-built error kernels: integer division by zero, a loop step from a buffer.
+/// The conformance suite's hand-built error kernels: integer division by zero, a loop step from a buffer, and
+/// the run-time bounds kernel (a loop counted against the step allowance, polling the cancellation word).
 fn error_kernels() -> Vec<(String, Kernel)> {
     use loom_testkit::{KB, i};
     let mut kb = KB::new("div", [1, 1, 1]);
@@ -216,6 +217,10 @@ fn error_kernels() -> Vec<(String, Kernel)> {
     vec![
         ("conformance.div".into(), div),
         ("conformance.steps".into(), steps),
+        (
+            "conformance.bounded".into(),
+            loom_testkit::corpus::counted_loop(4),
+        ),
     ]
 }
 

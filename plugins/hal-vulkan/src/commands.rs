@@ -5,6 +5,7 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use hal_queue::commands::{byte_range, check_dispatch, copy_ranges};
 use hal_queue::status::{self, STATUS_WORDS};
@@ -18,6 +19,15 @@ use crate::executable::{Exe, STATUS_BYTES, STATUS_STRIDE};
 /// A command with its buffers and executable resolved (and so kept alive) when the submission is accepted.
 pub(crate) type Cmd = hal_queue::commands::Cmd<Buf, Exe>;
 
+/// A submission's run-time bounds (ABI 1.5 `submit_bounded`): each dispatch's step budget (0: none), written
+/// to the status words as each instance's loop allowance, and the cancellation flag, looked at before each
+/// dispatch (a running wgpu dispatch cannot see a host write).
+#[derive(Debug, Default)]
+pub(crate) struct Bounds {
+    pub(crate) steps: u64,
+    pub(crate) cancel: Option<Arc<AtomicU32>>,
+}
+
 fn flush(gpu: &Gpu, enc: &mut Option<wgpu::CommandEncoder>) -> Result<(), String> {
     match enc.take() {
         Some(e) => gpu.flush(e),
@@ -27,7 +37,7 @@ fn flush(gpu: &Gpu, enc: &mut Option<wgpu::CommandEncoder>) -> Result<(), String
 
 /// Runs one submission's commands in order on the queue thread (dropping them, and with them the last
 /// references to freed buffers, before returning).
-pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>) -> Result<(), String> {
+pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>, bounds: &Bounds) -> Result<(), String> {
     let mut enc: Option<wgpu::CommandEncoder> = None;
     // Staging buffers live until the encoder that uses them is flushed.
     let mut temps: Vec<wgpu::Buffer> = Vec::new();
@@ -104,11 +114,21 @@ pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>) -> Result<(), String> {
             } => {
                 // The contract's buffer checks (counts, then sizes) and the aliasing rule, with `hal-cpu`'s text.
                 check_dispatch(&exe.stage, inputs, params, outputs, |b| b.len)?;
+                if bounds
+                    .cancel
+                    .as_ref()
+                    .is_some_and(|c| c.load(Ordering::Relaxed) != 0)
+                {
+                    return Err(status::cancelled(&exe.stage));
+                }
+                // Earlier copies and fills first: the status words are written through the queue.
+                flush(gpu, &mut enc)?;
+                temps.clear();
+                write_status(gpu, exe, bounds.steps)?;
                 let e = enc.get_or_insert_with(|| gpu.encoder());
                 record_dispatch(gpu, e, exe, inputs, params, outputs)?;
                 flush(gpu, &mut enc)?;
-                temps.clear();
-                check_status(gpu, exe)?;
+                check_status(gpu, exe, bounds.steps)?;
             }
         }
     }
@@ -126,7 +146,6 @@ fn record_dispatch(
     params: &[Buf],
     outputs: &[Buf],
 ) -> Result<(), String> {
-    enc.clear_buffer(&exe.status, 0, None);
     for (di, d) in exe.plan.dispatches.iter().enumerate() {
         let mut entries = Vec::with_capacity(d.bindings.len());
         for b in &d.bindings {
@@ -181,9 +200,27 @@ fn record_dispatch(
     Ok(())
 }
 
+/// Zeroes every dispatch's result words and writes its loop allowance (`steps`, 0: none) and a clear
+/// cancellation word; refuses a dispatch whose grid alone is over the budget.
+fn write_status(gpu: &Gpu, exe: &Exe, steps: u64) -> Result<(), String> {
+    for (di, d) in exe.plan.dispatches.iter().enumerate() {
+        let kernel = exe
+            .stage
+            .kernels
+            .get(d.kernel as usize)
+            .ok_or_else(|| format!("vulkan: dispatch {di} names no kernel"))?;
+        let mut words = [0u32; STATUS_WORDS];
+        words[status::RESULT_WORDS] = status::allowance_word(&exe.stage, kernel, steps)?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        gpu.queue
+            .write_buffer(&exe.status, STATUS_STRIDE * di as u64, &bytes);
+    }
+    Ok(())
+}
+
 /// Reads back every dispatch's status words; the first dispatch (in stage order) that reported an error gives
 /// the submission's error.
-fn check_status(gpu: &Gpu, exe: &Exe) -> Result<(), String> {
+fn check_status(gpu: &Gpu, exe: &Exe, steps: u64) -> Result<(), String> {
     let n = exe.plan.dispatches.len() as u64;
     if n == 0 {
         return Ok(());
@@ -197,7 +234,7 @@ fn check_status(gpu: &Gpu, exe: &Exe) -> Result<(), String> {
     gpu.flush(enc)?;
     let bytes = gpu.map_read(&staging, 0, STATUS_STRIDE * n)?;
     let blocks = (0..n as usize).map(|di| status::words_le(&bytes, di * STATUS_STRIDE as usize));
-    status::check_status(&exe.stage, blocks)
+    status::check_status_bounded(&exe.stage, blocks, steps)
 }
 
 const _: () = assert!(STATUS_BYTES == 4 * STATUS_WORDS as u64);

@@ -9,12 +9,13 @@ use hal_queue::files::{FileTable, QueuedRead};
 use hal_queue::{Queue, lock};
 use loom_ir::kernel_codec;
 use loom_plugin_api::{
-    BufferId, DeviceLimits, ExecutableId, HalDevice, Submission, TimelineId, TimelinePoint,
-    WaitStatus, guard,
+    BufferId, CancelId, DeviceLimits, DispatchBounds, ExecutableId, HalControl, HalDevice,
+    Submission, TimelineId, TimelinePoint, WaitStatus, guard,
 };
+use std::sync::atomic::AtomicU32;
 
 use crate::buffer::{Buf, VkBuf};
-use crate::commands::{Cmd, run_commands};
+use crate::commands::{Bounds, Cmd, run_commands};
 use crate::driver::{LimitsProfile, adapter_name};
 use crate::executable::{Exe, compile_stage};
 use crate::files::run_reads;
@@ -68,6 +69,8 @@ impl Gpu {
 pub(crate) struct State {
     pub(crate) objects: Objects<Buf, Exe>,
     pub(crate) files: FileTable,
+    /// Cancellation flags by id (ABI 1.5); jobs hold their own `Arc`.
+    pub(crate) cancels: std::collections::HashMap<u64, Arc<AtomicU32>>,
 }
 
 #[derive(Debug)]
@@ -75,7 +78,7 @@ pub(crate) struct Core {
     pub(crate) gpu: Arc<Gpu>,
     name: String,
     state: Mutex<State>,
-    queue: Queue<Vec<Cmd>>,
+    queue: Queue<(Vec<Cmd>, Bounds)>,
     /// File reads: ordered among themselves, against `queue` only by timeline points (the same timelines).
     pub(crate) transfer: Queue<Vec<QueuedRead<Buf>>>,
 }
@@ -115,7 +118,10 @@ impl VkDevice {
             limits,
         });
         let g = Arc::clone(&gpu);
-        let queue = Queue::new("hal-vulkan-queue", move |cmds| run_commands(&g, cmds));
+        let queue = Queue::new(
+            "hal-vulkan-queue",
+            move |(cmds, bounds): (Vec<Cmd>, Bounds)| run_commands(&g, cmds, &bounds),
+        );
         let g = Arc::clone(&gpu);
         let transfer = queue.sibling("hal-vulkan-transfer", move |reads| run_reads(&g, reads));
         Ok(VkDevice(Arc::new(Core {
@@ -129,6 +135,81 @@ impl VkDevice {
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
+    }
+}
+
+impl VkDevice {
+    /// `submit`, with `bounds` (ABI 1.5 `submit_bounded`) when given.
+    fn submit_with(
+        &self,
+        submission: Submission,
+        bounds: Option<DispatchBounds>,
+    ) -> Result<(), String> {
+        // The device uses the executable's own arena: workspace buffers are only checked to exist.
+        self.queue
+            .submit_checked(&submission.wait, submission.signal, || {
+                let st = self.state();
+                let bounds = match bounds {
+                    None => Bounds::default(),
+                    Some(b) => Bounds {
+                        steps: b.steps,
+                        cancel: match b.cancel.0 {
+                            0 => None,
+                            id => Some(st.cancels.get(&id).cloned().ok_or_else(|| {
+                                format!("submit: unknown cancellation flag {id}")
+                            })?),
+                        },
+                    },
+                };
+                Ok((st.objects.resolve(&submission.commands)?, bounds))
+            })
+    }
+}
+
+impl HalControl for VkDevice {
+    fn release(&self, exe: ExecutableId) -> RResult<(), RBoxError> {
+        guard("release", || self.state().objects.release_executable(exe))
+    }
+
+    fn cancel_create(&self) -> RResult<CancelId, RBoxError> {
+        guard("cancel_create", || {
+            let mut st = self.state();
+            let id = st.objects.next_id();
+            st.cancels.insert(id, Arc::new(AtomicU32::new(0)));
+            Ok::<_, String>(CancelId(id))
+        })
+    }
+
+    fn cancel_signal(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_signal", || {
+            let st = self.state();
+            let flag = st
+                .cancels
+                .get(&cancel.0)
+                .ok_or_else(|| format!("cancel_signal: unknown cancellation flag {}", cancel.0))?;
+            flag.store(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, String>(())
+        })
+    }
+
+    fn cancel_destroy(&self, cancel: CancelId) -> RResult<(), RBoxError> {
+        guard("cancel_destroy", || {
+            self.state()
+                .cancels
+                .remove(&cancel.0)
+                .map(|_| ())
+                .ok_or_else(|| format!("cancel_destroy: unknown cancellation flag {}", cancel.0))
+        })
+    }
+
+    fn submit_bounded(
+        &self,
+        submission: Submission,
+        bounds: DispatchBounds,
+    ) -> RResult<(), RBoxError> {
+        guard("submit_bounded", || {
+            self.submit_with(submission, Some(bounds))
+        })
     }
 }
 
@@ -189,13 +270,7 @@ impl HalDevice for VkDevice {
     }
 
     fn submit(&self, submission: Submission) -> RResult<(), RBoxError> {
-        guard("submit", || {
-            // The device uses the executable's own arena: workspace buffers are only checked to exist.
-            self.queue
-                .submit_checked(&submission.wait, submission.signal, || {
-                    self.state().objects.resolve(&submission.commands)
-                })
-        })
+        guard("submit", || self.submit_with(submission, None))
     }
 
     fn timeline_create(&self) -> RResult<TimelineId, RBoxError> {

@@ -5,8 +5,8 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBoxError, ROption, RResult, RString, RVec};
 use loom_emit::WgslLimits;
 use loom_plugin_api::{
-    DeviceInfo, HalDevice_TO, HalDeviceBox, HalDeviceWithFiles, HalDriver, HalDriver_TO,
-    HalDriverBox, HalFiles_TO, Probe, guard,
+    DeviceInfo, HalControl_TO, HalDevice_TO, HalDeviceBox, HalDeviceParts, HalDeviceWithFiles,
+    HalDriver, HalDriver_TO, HalDriverBox, HalFiles_TO, Probe, guard,
 };
 
 use crate::device::VkDevice;
@@ -20,6 +20,18 @@ pub fn open_with_files(index: u32, profile: LimitsProfile) -> Result<HalDeviceWi
     Ok(HalDeviceWithFiles {
         device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
         files: ROption::RSome(HalFiles_TO::from_value(dev, TD_Opaque)),
+    })
+}
+
+/// Opens vulkan device `index` with `profile`'s limits, its queued file reads and its control (ABI 1.5).
+pub fn open_parts(index: u32, profile: LimitsProfile) -> Result<HalDeviceParts, String> {
+    let instance = instance();
+    let ads = adapters(&instance);
+    let dev = open_adapter(&ads, index, profile)?;
+    Ok(HalDeviceParts {
+        device: HalDevice_TO::from_value(dev.clone(), TD_Opaque),
+        files: ROption::RSome(HalFiles_TO::from_value(dev.clone(), TD_Opaque)),
+        control: ROption::RSome(HalControl_TO::from_value(dev, TD_Opaque)),
     })
 }
 

@@ -10,8 +10,8 @@ use crate::driver::wgsl_limits;
 
 /// Bytes between two dispatches' status words in the status buffer (wgpu's storage offset alignment).
 pub(crate) const STATUS_STRIDE: u64 = 256;
-/// Bytes of one dispatch's status words (8 x u32, see `loom-emit`).
-pub(crate) const STATUS_BYTES: u64 = 32;
+/// Bytes of one dispatch's status words (10 x u32, see `loom-emit`).
+pub(crate) const STATUS_BYTES: u64 = 40;
 
 #[derive(Debug)]
 pub(crate) struct Exe {
@@ -21,7 +21,7 @@ pub(crate) struct Exe {
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     /// The workspace arena (the stage's workspace buffers in the submission are only checked to exist).
     pub(crate) arena: wgpu::Buffer,
-    /// One 32-byte status block per dispatch, [`STATUS_STRIDE`] apart.
+    /// One 40-byte status block per dispatch, [`STATUS_STRIDE`] apart.
     pub(crate) status: wgpu::Buffer,
 }
 

@@ -44,8 +44,8 @@ use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RBoxError, RResult, RStr};
 use loom_plugin_api::{
-    ABI_MAJOR, ABI_MINOR, HalDeviceWithFiles, HalDriverBox, LoomPlugin, LoomPlugin_Ref, PluginKind,
-    Probe, guard, guard_probe,
+    ABI_MAJOR, ABI_MINOR, HalDeviceParts, HalDeviceWithFiles, HalDriverBox, LoomPlugin,
+    LoomPlugin_Ref, PluginKind, Probe, guard, guard_probe,
 };
 
 mod buffer;
@@ -55,7 +55,7 @@ mod driver;
 mod executable;
 mod files;
 
-pub use driver::{LimitsProfile, driver, driver_with, open_with_files, wgsl_limits};
+pub use driver::{LimitsProfile, driver, driver_with, open_parts, open_with_files, wgsl_limits};
 
 use driver::probe_adapters;
 
@@ -76,7 +76,7 @@ pub fn root_module() -> LoomPlugin_Ref {
         profile: loom_plugin_api::no_profile,
         hal_files,
         profile_events: loom_plugin_api::no_profile_events,
-        hal_open: loom_plugin_api::no_hal_open,
+        hal_open,
     }
     .leak_into_prefix()
 }
@@ -88,6 +88,12 @@ extern "C" fn probe() -> Probe {
 extern "C" fn hal() -> RResult<HalDriverBox, RBoxError> {
     guard("hal-vulkan driver", || {
         Ok::<_, String>(driver_with(LimitsProfile::from_env()?))
+    })
+}
+
+extern "C" fn hal_open(index: u32) -> RResult<HalDeviceParts, RBoxError> {
+    guard("hal-vulkan open", || {
+        open_parts(index, LimitsProfile::from_env()?)
     })
 }
 

@@ -2,7 +2,7 @@
 // grid [2, 1, 1], workgroup 64; bindings 0..2 = parameters (u32 words), 2 = status
 @group(0) @binding(0) var<storage, read_write> b0: array<u32>; // x f32[37] Read
 @group(0) @binding(1) var<storage, read_write> b1: array<u32>; // y f32[37] Write
-@group(0) @binding(2) var<storage, read_write> status: array<atomic<u32>, 8>;
+@group(0) @binding(2) var<storage, read_write> status: array<atomic<u32>, 10>;
 var<workgroup> scratch: array<u32, 4092>;
 var<workgroup> wg_flag: u32;
 var<private> g_wid: vec3<u32>;

@@ -1,7 +1,8 @@
 // loom-emit: kernel `gemm`
 // grid [2, 2, 1], blockDim 64; parameters in order, then the status words
 
-// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id.
+// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id;
+// the host writes [8] the loop-iteration allowance of each instance and [9] the cancellation word.
 __device__ __noinline__ void loom_fail(unsigned* status, unsigned code, unsigned a, unsigned b, int c) {
     if (atomicAdd(&status[0], 1u) == 0u) {
         atomicExch(&status[1], code);
@@ -68,6 +69,8 @@ __device__ __forceinline__ void wr2(float* __restrict__ b, long long g, float x)
 extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2, unsigned* __restrict__ status) {
     __shared__ unsigned long long scratch[4096];
     const unsigned lid = threadIdx.x;
+    const unsigned loom_allow = status[8];
+    unsigned loom_steps = 0u;
     long long v0 = 0;
     long long v1 = 0;
     long long v2 = 0;
@@ -79,15 +82,15 @@ extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float*
     float v13[2];
     long long v7 = 0;
     long long v9[1];
-    long long off2[1];
-    bool ok3[1];
+    long long off3[1];
+    bool ok4[1];
     float v10[1];
-    long long off6[1];
-    bool ok7[1];
+    long long off7[1];
+    bool ok8[1];
     float v11[1];
     float v12[2];
-    long long off12[2];
-    bool ok13[2];
+    long long off13[2];
+    bool ok14[2];
     v0 = ((long long)blockIdx.x);
     v1 = ((long long)blockIdx.y);
     v2 = ((long long)((unsigned long long)(v0) * (unsigned long long)(16LL)));
@@ -117,7 +120,10 @@ extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float*
             loom_fail(status, 3u, 13u, 3u, (int)(4LL));
         }
         for (;;) {
-            if (!(it1 < 9LL && 4LL > 0)) { break; }
+            const unsigned code2 = (!(it1 < 9LL && 4LL > 0) ? 1u : ((loom_steps >= loom_allow) ? 2u : (((loom_steps % 1024u) == 1023u && __syncthreads_or(*(volatile unsigned*)&status[9] != 0u)) ? 3u : 0u)));
+            if (code2 == 1u) { break; }
+            if (code2 == 2u) { loom_fail(status, 5u, 13u, 3u, 0); return; }
+            if (code2 == 3u) { loom_fail(status, 6u, 13u, 3u, 0); return; }
             v7 = it1;
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
@@ -128,78 +134,78 @@ extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float*
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 64u) {
-                    off2[k] = 0; ok3[k] = true;
+                    off3[k] = 0; ok4[k] = true;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 64u) {
-                    const long long x4 = (v2 + ((long long)(((e / 4u) % 16u))));
-                    const bool inr = x4 >= 0 && x4 < 20LL;
-                    off2[k] = off2[k] + ((inr) ? (x4 * 9LL) : (0));
-                    ok3[k] = ok3[k] && inr;
+                    const long long x5 = (v2 + ((long long)(((e / 4u) % 16u))));
+                    const bool inr = x5 >= 0 && x5 < 20LL;
+                    off3[k] = off3[k] + ((inr) ? (x5 * 9LL) : (0));
+                    ok4[k] = ok4[k] && inr;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 64u) {
-                    const long long x5 = (v7 + ((long long)(((e / 1u) % 4u))));
-                    const bool inr = x5 >= 0 && x5 < 9LL;
-                    off2[k] = off2[k] + ((inr) ? (x5 * 1LL) : (0));
-                    ok3[k] = ok3[k] && inr;
+                    const long long x6 = (v7 + ((long long)(((e / 1u) % 4u))));
+                    const bool inr = x6 >= 0 && x6 < 9LL;
+                    off3[k] = off3[k] + ((inr) ? (x6 * 1LL) : (0));
+                    ok4[k] = ok4[k] && inr;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 64u) {
                     v10[k] = 0.0f;
-                    if (ok3[k]) { v10[k] = rd0(b0, off2[k]); }
+                    if (ok4[k]) { v10[k] = rd0(b0, off3[k]); }
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 32u) {
-                    off6[k] = 0; ok7[k] = true;
+                    off7[k] = 0; ok8[k] = true;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 32u) {
-                    const long long x8 = (v7 + ((long long)(((e / 8u) % 4u))));
-                    const bool inr = x8 >= 0 && x8 < 9LL;
-                    off6[k] = off6[k] + ((inr) ? (x8 * 12LL) : (0));
-                    ok7[k] = ok7[k] && inr;
+                    const long long x9 = (v7 + ((long long)(((e / 8u) % 4u))));
+                    const bool inr = x9 >= 0 && x9 < 9LL;
+                    off7[k] = off7[k] + ((inr) ? (x9 * 12LL) : (0));
+                    ok8[k] = ok8[k] && inr;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 32u) {
-                    const long long x9 = (v4 + ((long long)(((e / 1u) % 8u))));
-                    const bool inr = x9 >= 0 && x9 < 12LL;
-                    off6[k] = off6[k] + ((inr) ? (x9 * 1LL) : (0));
-                    ok7[k] = ok7[k] && inr;
+                    const long long x10 = (v4 + ((long long)(((e / 1u) % 8u))));
+                    const bool inr = x10 >= 0 && x10 < 12LL;
+                    off7[k] = off7[k] + ((inr) ? (x10 * 1LL) : (0));
+                    ok8[k] = ok8[k] && inr;
                 }
             }
             for (unsigned k = 0u; k < 1u; k += 1u) {
                 const unsigned e = k * 64u + lid;
                 if (e < 32u) {
                     v11[k] = 0.0f;
-                    if (ok7[k]) { v11[k] = rd1(b1, off6[k]); }
+                    if (ok8[k]) { v11[k] = rd1(b1, off7[k]); }
                 }
             }
             for (unsigned k = 0u; k < 2u; ++k) { v12[k] = v8[k]; }
-            for (unsigned k10 = 0u; k10 < 4u; k10 += 4u) {
+            for (unsigned k11 = 0u; k11 < 4u; k11 += 4u) {
                 __syncthreads();
                 for (unsigned k = 0u; k < 1u; k += 1u) {
                     const unsigned e = k * 64u + lid;
                     if (e < 64u) {
-                        if (e % 4u >= k10 && e % 4u < k10 + 4u) { scratch[(e / 4u) * 4u + e % 4u - k10] = (unsigned long long)__float_as_uint(v10[k]); }
+                        if (e % 4u >= k11 && e % 4u < k11 + 4u) { scratch[(e / 4u) * 4u + e % 4u - k11] = (unsigned long long)__float_as_uint(v10[k]); }
                     }
                 }
                 for (unsigned k = 0u; k < 1u; k += 1u) {
                     const unsigned e = k * 64u + lid;
                     if (e < 32u) {
-                        if (e / 8u >= k10 && e / 8u < k10 + 4u) { scratch[16u * 4u + (e / 8u - k10) * 8u + e % 8u] = (unsigned long long)__float_as_uint(v11[k]); }
+                        if (e / 8u >= k11 && e / 8u < k11 + 4u) { scratch[16u * 4u + (e / 8u - k11) * 8u + e % 8u] = (unsigned long long)__float_as_uint(v11[k]); }
                     }
                 }
                 __syncthreads();
@@ -209,48 +215,49 @@ extern "C" __global__ void __launch_bounds__(64) loom_gemm_85fc8323(const float*
                         float s = v12[k];
                         const unsigned mm = e / 8u;
                         const unsigned nn = e % 8u;
-                        for (unsigned q = 0u; q < min(4u, 4u - k10); q += 1u) {
+                        for (unsigned q = 0u; q < min(4u, 4u - k11); q += 1u) {
                             s = s + __uint_as_float((unsigned)(scratch[mm * 4u + q])) * __uint_as_float((unsigned)(scratch[16u * 4u + q * 8u + nn]));
                         }
                         v12[k] = s;
                     }
                 }
             }
+            loom_steps = loom_steps + 1u;
             for (unsigned k = 0u; k < 2u; ++k) { v13[k] = v12[k]; }
             for (unsigned k = 0u; k < 2u; ++k) { v8[k] = v13[k]; }
-            const long long nx11 = ((long long)((unsigned long long)(it1) + (unsigned long long)(4LL)));
-            it1 = ((nx11 < it1) ? (9LL) : (nx11));
+            const long long nx12 = ((long long)((unsigned long long)(it1) + (unsigned long long)(4LL)));
+            it1 = ((nx12 < it1) ? (9LL) : (nx12));
         }
     }
     for (unsigned k = 0u; k < 2u; ++k) { v13[k] = v8[k]; }
     for (unsigned k = 0u; k < 2u; k += 1u) {
         const unsigned e = k * 64u + lid;
         if (e < 128u) {
-            off12[k] = 0; ok13[k] = true;
+            off13[k] = 0; ok14[k] = true;
         }
     }
     for (unsigned k = 0u; k < 2u; k += 1u) {
         const unsigned e = k * 64u + lid;
         if (e < 128u) {
-            const long long x14 = (v2 + ((long long)(((e / 8u) % 16u))));
-            const bool inr = x14 >= 0 && x14 < 20LL;
-            off12[k] = off12[k] + ((inr) ? (x14 * 12LL) : (0));
-            ok13[k] = ok13[k] && inr;
+            const long long x15 = (v2 + ((long long)(((e / 8u) % 16u))));
+            const bool inr = x15 >= 0 && x15 < 20LL;
+            off13[k] = off13[k] + ((inr) ? (x15 * 12LL) : (0));
+            ok14[k] = ok14[k] && inr;
         }
     }
     for (unsigned k = 0u; k < 2u; k += 1u) {
         const unsigned e = k * 64u + lid;
         if (e < 128u) {
-            const long long x15 = (v4 + ((long long)(((e / 1u) % 8u))));
-            const bool inr = x15 >= 0 && x15 < 12LL;
-            off12[k] = off12[k] + ((inr) ? (x15 * 1LL) : (0));
-            ok13[k] = ok13[k] && inr;
+            const long long x16 = (v4 + ((long long)(((e / 1u) % 8u))));
+            const bool inr = x16 >= 0 && x16 < 12LL;
+            off13[k] = off13[k] + ((inr) ? (x16 * 1LL) : (0));
+            ok14[k] = ok14[k] && inr;
         }
     }
     for (unsigned k = 0u; k < 2u; k += 1u) {
         const unsigned e = k * 64u + lid;
         if (e < 128u) {
-            if (ok13[k]) { wr2(b2, off12[k], v13[k]); }
+            if (ok14[k]) { wr2(b2, off13[k], v13[k]); }
         }
     }
 }

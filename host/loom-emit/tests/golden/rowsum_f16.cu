@@ -1,7 +1,8 @@
 // loom-emit: kernel `golden.rowsum`
 // grid [1, 1, 1], blockDim 64; parameters in order, then the status words
 
-// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id.
+// Status words: [0] error count; the first error records [1] code, [2] a, [3] b, [4] c, [5..8] program id;
+// the host writes [8] the loop-iteration allowance of each instance and [9] the cancellation word.
 __device__ __noinline__ void loom_fail(unsigned* status, unsigned code, unsigned a, unsigned b, int c) {
     if (atomicAdd(&status[0], 1u) == 0u) {
         atomicExch(&status[1], code);

@@ -14,7 +14,10 @@ fn register_runaway(s: &TestServer, name: &str, limits: Option<serde_json::Value
     let base = s.dir.join(name);
     crate::support::copy_dir(&s.dir.join("slow-embed"), &base);
     let k = std::fs::read_to_string(base.join("kernel.loom")).unwrap();
-    assert!(k.contains("SPIN: i64 = 8000000"), "the fixture's spin default");
+    assert!(
+        k.contains("SPIN: i64 = 8000000"),
+        "the fixture's spin default"
+    );
     std::fs::write(
         base.join("kernel.loom"),
         k.replace("SPIN: i64 = 8000000", "SPIN: i64 = 1099511627776"),
@@ -108,25 +111,25 @@ fn a_runaway_kernel_fails_its_request_at_its_budget_and_other_models_keep_answer
     assert_eq!(other.status, 200, "{}", other.text());
     let r = runaway.join().unwrap();
     let took = t0.elapsed();
-    assert!(
-        (400..600).contains(&r.status),
-        "{} {}",
-        r.status,
-        r.text()
-    );
+    assert!((400..600).contains(&r.status), "{} {}", r.status, r.text());
     let text = r.text();
     assert!(
         text.contains("kernel `slow.kernel.spin<")
             && text.contains("of stage `slow.kernel.embed` exceeded its budget of 1000000 steps"),
         "{text}"
     );
-    assert!(!text.contains(&dir), "the error reveals a server path: {text}");
+    assert!(
+        !text.contains(&dir),
+        "the error reveals a server path: {text}"
+    );
     assert!(took < Duration::from_secs(20), "the runaway took {took:?}");
     // The model fails the same way again (a failed cohort does not poison the model's later work), and the
     // other model still answers.
     let again = embed(&s, "runaway");
     assert!(
-        again.text().contains("exceeded its budget of 1000000 steps"),
+        again
+            .text()
+            .contains("exceeded its budget of 1000000 steps"),
         "{}",
         again.text()
     );
