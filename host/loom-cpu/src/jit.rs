@@ -222,7 +222,9 @@ pub(crate) struct Lowered {
 
 /// A JIT module collecting the functions of one stage.
 pub(crate) struct Jit {
-    module: JITModule,
+    /// `None` once [`Jit::finish`] handed it out; a `Jit` dropped before that (a failed compile) frees the
+    /// code it had defined.
+    module: Option<JITModule>,
     helpers: Vec<FuncId>,
     ctx: Context,
     fctx: FunctionBuilderContext,
@@ -267,7 +269,7 @@ impl Jit {
         }
         let ctx = module.make_context();
         Ok(Jit {
-            module,
+            module: Some(module),
             helpers,
             ctx,
             fctx: FunctionBuilderContext::new(),
@@ -282,16 +284,19 @@ impl Jit {
         fname: &str,
     ) -> Result<Lowered, (Fail, Loc)> {
         let jerr = |e: String| (Fail::Unsupported(format!("Cranelift: {e}")), Loc::default());
-        let mut sig = self.module.make_signature();
+        let module = self
+            .module
+            .as_mut()
+            .ok_or_else(|| jerr("the module is finished".into()))?;
+        let mut sig = module.make_signature();
         for _ in 0..5 {
             sig.params.push(AbiParam::new(I64));
         }
         sig.returns.push(AbiParam::new(I32));
-        let id = self
-            .module
+        let id = module
             .declare_function(fname, Linkage::Local, &sig)
             .map_err(|e| jerr(e.to_string()))?;
-        self.module.clear_context(&mut self.ctx);
+        module.clear_context(&mut self.ctx);
         self.ctx.func.signature = sig;
         self.ctx.func.name = UserFuncName::user(0, id.as_u32());
         let (scratch, sites) = {
@@ -299,7 +304,7 @@ impl Jit {
             let fr: Vec<FuncRef> = self
                 .helpers
                 .iter()
-                .map(|&h| self.module.declare_func_in_func(h, b.func))
+                .map(|&h| module.declare_func_in_func(h, b.func))
                 .collect();
             let entry = b.create_block();
             b.append_block_params_for_function_params(entry);
@@ -328,22 +333,34 @@ impl Jit {
             }
             l.b.seal_all_blocks();
             let (top, sites) = (l.top, std::mem::take(&mut l.sites));
-            l.b.finalize(self.module.target_config());
+            l.b.finalize(module.target_config());
             (top as usize, sites)
         };
-        self.module
+        module
             .define_function(id, &mut self.ctx)
             .map_err(|e| jerr(format!("{e:?}")))?;
-        self.module.clear_context(&mut self.ctx);
+        module.clear_context(&mut self.ctx);
         Ok(Lowered { id, scratch, sites })
     }
 
     /// Links everything and returns the module (which owns the code) and a lookup for function addresses.
     pub(crate) fn finish(mut self) -> Result<JITModule, String> {
-        self.module
-            .finalize_definitions()
-            .map_err(|e| e.to_string())?;
-        Ok(self.module)
+        let mut module = self.module.take().ok_or("the module is finished")?;
+        if let Err(e) = module.finalize_definitions() {
+            // SAFETY: nothing was handed out of this module (it failed to link).
+            unsafe { module.free_memory() };
+            return Err(e.to_string());
+        }
+        Ok(module)
+    }
+}
+
+impl Drop for Jit {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // SAFETY: the module was never finished, so no function pointer into it was handed out.
+            unsafe { m.free_memory() };
+        }
     }
 }
 

@@ -166,3 +166,36 @@ fn compiled_code_is_freed_when_its_stage_drops() {
         executable_mappings()
     );
 }
+
+/// Resident plus mapped-but-untouched data of this process (`VmData`, KiB): JIT memory comes from page-aligned
+/// allocations.
+fn vm_data_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmData:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_failed_compile_frees_the_code_it_had_defined() {
+    // The first kernel lowers (its code is defined in the module), the second is malformed (an empty region).
+    let good = loom_testkit::corpus::counted_loop(2);
+    let mut bad = good.clone();
+    bad.name = "bad".into();
+    bad.body = loom_ir::kernel::KRegion { ops: vec![] };
+    let mut s = counted(2);
+    s.kernels.push(bad);
+    assert!(loom_cpu::compile_stage(&s).is_err());
+    let before = vm_data_kib();
+    for _ in 0..2000 {
+        assert!(loom_cpu::compile_stage(&s).is_err());
+    }
+    let after = vm_data_kib();
+    eprintln!("VmData {before} -> {after} KiB over 2000 failed compiles");
+    assert!(
+        after <= before + 4096,
+        "VmData grew from {before} to {after} KiB over 2000 failed compiles"
+    );
+}
