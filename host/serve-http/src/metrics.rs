@@ -9,7 +9,7 @@ use std::sync::Arc;
 /// The generic series of a served model, whatever its contract.
 fn model_series(svc: &dyn Service) -> Vec<Series> {
     let m = svc.model();
-    let (hits, misses, _) = m.spec_cache_stats();
+    let c = m.spec_cache_stats();
     vec![
         Series {
             name: "loom_device_bytes",
@@ -21,13 +21,25 @@ fn model_series(svc: &dyn Service) -> Vec<Series> {
             name: "loom_specialization_cache_hits_total",
             help: "invocation stage sets reused",
             kind: "counter",
-            value: hits as f64,
+            value: c.hits as f64,
         },
         Series {
             name: "loom_specialization_cache_misses_total",
             help: "invocation stage sets compiled",
             kind: "counter",
-            value: misses as f64,
+            value: c.misses as f64,
+        },
+        Series {
+            name: "loom_specialization_cache_evictions_total",
+            help: "invocation stage sets dropped to keep at most specialization_cache",
+            kind: "counter",
+            value: c.evictions as f64,
+        },
+        Series {
+            name: "loom_specialization_cache_entries",
+            help: "invocation stage sets cached (at most the package's specialization_cache)",
+            kind: "gauge",
+            value: c.entries as f64,
         },
     ]
 }

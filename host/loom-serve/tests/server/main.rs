@@ -12,5 +12,6 @@ mod http_lifecycle;
 mod http_minilm;
 mod http_packages;
 mod http_robustness;
+mod http_specialize;
 mod plugins;
 mod profiles;

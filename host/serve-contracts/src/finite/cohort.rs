@@ -1,11 +1,14 @@
-//! One request's admission (`prepare_request`) and one cohort's execution (`prepare_batch`, upload, `run`,
-//! collection, the compact download), through the prepared model's invocation API.
+//! One request's admission (`prepare_request`) and one cohort's execution through the prepared model's
+//! invocation API, in three steps the scheduler pipelines: [`stage`] (`prepare_batch`), [`submit`] (upload
+//! and `run`, which enqueues device work) and [`collect`] (wait, the compact download, rows per member).
 
 use super::plan::ResultPlan;
 use super::service::{Prepared, Rows};
 use super::{BATCH, Limits, REQUEST, RUN};
 use loom_vm::Value;
-use serve_runtime::model::{DEVICE_TIMEOUT, Model, RunOutcome};
+use serve_runtime::device::DeviceBuffer;
+use serve_runtime::model::{DEVICE_TIMEOUT, Model, RunOutcome, StageSet};
+use serve_runtime::natives::Decls;
 use serve_runtime::{Error, Result};
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,15 +46,29 @@ pub(crate) fn prepare_request(model: &Model, limits: &Limits, input: Vec<u8>) ->
     Ok(Prepared { bytes, units, tag })
 }
 
-/// Runs one cohort through `prepare_batch` and `run`; one result per member, in order.
-pub(crate) fn run_cohort(
-    model: &Model,
-    limits: &Limits,
-    members: &[&Prepared],
-    cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
-) -> Result<Vec<Rows>> {
-    let t_start = Instant::now();
-    // prepare_batch(state, stage_tags, ranges, prepared)
+/// A cohort after `prepare_batch`: what it declared, the stage it selected, its upload and result plan.
+pub(crate) struct Staged {
+    pub(crate) decls: Decls,
+    stage_index: i64,
+    upload: Vec<u8>,
+    plan: ResultPlan,
+    started: Instant,
+}
+
+/// A cohort whose device work is submitted: collected by [`collect`].
+pub(crate) struct InFlight {
+    run: RunOutcome,
+    output: DeviceBuffer,
+    /// Kept alive until the work that reads it is collected.
+    _input: DeviceBuffer,
+    plan: ResultPlan,
+    started: Instant,
+    submitted: Instant,
+}
+
+/// Runs `prepare_batch(state, stage_tags, ranges, prepared)` for `members` and checks what it returned.
+pub(crate) fn stage(model: &Model, limits: &Limits, members: &[&Prepared]) -> Result<Staged> {
+    let started = Instant::now();
     let mut tags = Vec::with_capacity(model.stages.len() * 8);
     for s in &model.stages {
         tags.extend_from_slice(&s.decl.tag.to_le_bytes());
@@ -79,18 +96,6 @@ pub(crate) fn run_cohort(
     let stage_index = out[0].as_i64().unwrap_or(-1);
     let upload = out[1].as_buffer().unwrap_or_default().to_vec();
     let plan = out[2].as_buffer().unwrap_or_default().to_vec();
-
-    let set = model.stages_for(decls)?;
-    if usize::try_from(stage_index)
-        .ok()
-        .and_then(|i| set.stages.get(i))
-        .is_none()
-    {
-        return Err(Error::Program(format!(
-            "prepare_batch selected stage {stage_index}; {} stages are declared",
-            set.stages.len()
-        )));
-    }
     let plan = ResultPlan::parse(&plan, members.len(), limits.result_capacity)?;
     if upload.len() as i64 > limits.upload_capacity {
         return Err(Error::Program(format!(
@@ -105,13 +110,45 @@ pub(crate) fn run_cohort(
             plan.output_bytes, limits.output_capacity
         )));
     }
+    Ok(Staged {
+        decls,
+        stage_index,
+        upload,
+        plan,
+        started,
+    })
+}
 
-    // Upload, run, wait, download the live prefix.
-    let t_batch = Instant::now();
+/// Uploads a staged cohort's payload and runs `run(stage, input, output)` over `set` (the stages its
+/// declarations resolved to): the device work is enqueued, not waited for.
+pub(crate) fn submit(
+    model: &Model,
+    staged: &Staged,
+    set: StageSet,
+    cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
+) -> Result<InFlight> {
+    let Staged {
+        stage_index,
+        upload,
+        plan,
+        started,
+        ..
+    } = staged;
+    let (stage_index, plan, started) = (*stage_index, plan.clone(), *started);
+    if usize::try_from(stage_index)
+        .ok()
+        .and_then(|i| set.stages.get(i))
+        .is_none()
+    {
+        return Err(Error::Program(format!(
+            "prepare_batch selected stage {stage_index}; {} stages are declared",
+            set.stages.len()
+        )));
+    }
     let input = model.device.alloc(upload.len() as u64, &model.budget)?;
-    model.device.write(&input, 0, &upload)?;
+    model.device.write(&input, 0, upload)?;
     let output = model.device.alloc(plan.output_bytes, &model.budget)?;
-    let mut run = model.invoke_run(
+    let run = model.invoke_run(
         "run",
         &RUN,
         &[
@@ -124,30 +161,51 @@ pub(crate) fn run_cohort(
         plan.live_bytes,
         cancel,
     );
-    let t_run = Instant::now();
-    model.settle(&mut run)?;
-    if run.signalled.is_empty() {
+    Ok(InFlight {
+        run,
+        output,
+        _input: input,
+        plan,
+        started,
+        submitted: Instant::now(),
+    })
+}
+
+/// Waits for a submitted cohort's work and downloads its compact result: one result per member, in order.
+pub(crate) fn collect(model: &Model, mut f: InFlight) -> Result<Vec<Rows>> {
+    model.settle(&mut f.run)?;
+    if f.run.signalled.is_empty() {
         return Err(Error::Program(
             "run submitted no work (call runner.execute_N)".into(),
         ));
     }
     let t_wait = Instant::now();
-    let live = download(model, &run, &output, &plan)?;
-    let rows = plan.split(&live);
+    let live = download(model, &f.run, &f.output, &f.plan)?;
+    let rows = f.plan.split(&live);
     if log::log_enabled!(log::Level::Trace) {
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros();
-        let end = Instant::now();
         log::trace!(
-            "model {}: cohort of {}: prepare_batch {} us, upload+run {} us, device wait {} us, download {} us",
+            "model {}: cohort: prepare_batch+upload+run {} us, device wait {} us, download {} us",
             model.name,
-            members.len(),
-            us(t_start, t_batch),
-            us(t_batch, t_run),
-            us(t_run, t_wait),
-            us(t_wait, end)
+            us(f.started, f.submitted),
+            us(f.submitted, t_wait),
+            us(t_wait, Instant::now())
         );
     }
     Ok(rows)
+}
+
+/// Runs one cohort through `prepare_batch` and `run` on this thread, compiling its declarations if they are
+/// not cached; one result per member, in order.
+pub(crate) fn run_cohort(
+    model: &Model,
+    limits: &Limits,
+    members: &[&Prepared],
+    cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
+) -> Result<Vec<Rows>> {
+    let mut staged = stage(model, limits, members)?;
+    let set = model.stages_for(std::mem::take(&mut staged.decls))?;
+    collect(model, submit(model, &staged, set, cancel)?)
 }
 
 /// The compact snapshot: the feedback slots in order when the program asked for them (their total must be
@@ -155,7 +213,7 @@ pub(crate) fn run_cohort(
 fn download(
     model: &Model,
     run: &RunOutcome,
-    output: &serve_runtime::device::DeviceBuffer,
+    output: &DeviceBuffer,
     plan: &ResultPlan,
 ) -> Result<Vec<u8>> {
     if run.feedback.is_empty() {

@@ -26,6 +26,10 @@ pub struct Metrics {
     pub cohort_ns: AtomicU64,
     /// Cohorts run in place by the submitting thread (a subset of `cohorts`).
     pub cohorts_in_place: AtomicU64,
+    /// Cohorts parked while their declarations are specialized.
+    pub specializing: AtomicUsize,
+    /// The most cohorts submitted and not yet collected at once (pipelining).
+    pub in_flight_max: AtomicU64,
 }
 
 impl Metrics {
@@ -110,6 +114,18 @@ impl Metrics {
                 "requests waiting for a cohort",
                 "gauge",
                 self.queue.load(Ordering::Relaxed) as f64,
+            ),
+            s(
+                "loom_cohorts_specializing",
+                "cohorts waiting for their request-time stages to compile",
+                "gauge",
+                self.specializing.load(Ordering::Relaxed) as f64,
+            ),
+            s(
+                "loom_cohorts_in_flight_max",
+                "the most cohorts of the model on the device at once (submitted, not yet collected)",
+                "gauge",
+                get(&self.in_flight_max),
             ),
             s(
                 "loom_cohort_seconds_total",

@@ -9,24 +9,29 @@
 //!   cold batch-unit limit is refused there too. A full queue refuses with `Error::Overloaded`. The caller is
 //!   an HTTP blocking worker, or the async worker itself while [`FiniteService::admits_inline`] holds (a small
 //!   fuel budget and quick recent admissions: the hand-off costs a thread wake-up).
-//! * **In place.** A request that arrives alone, when nothing is waiting, no cohort is running and the model's
-//!   cohorts are quick, runs its cohort of one on the submitting thread ([`FiniteService::submit_one`]). This is
-//!   the scheduler's own rule (the oldest request, filled with the compatible waiting ones: none) without the
-//!   two wake-ups of a round trip through the scheduler thread, which cost more than such a cohort runs for.
-//!   One cohort of a model runs at a time either way (the `exec` lock).
+//! * **In place.** A request that arrives alone, when nothing is waiting, nothing of the model is on the device
+//!   or being specialized, and the model's cohorts are quick, runs its cohort of one on the submitting thread
+//!   ([`FiniteService::submit_one`]) when its stages are compiled. This is the scheduler's own rule (the oldest
+//!   request, filled with the compatible waiting ones: none) without the two wake-ups of a round trip through
+//!   the scheduler thread, which cost more than such a cohort runs for.
 //! * **Scheduling.** One scheduler thread per model owns the waiting queue (nobody else touches it; callers
 //!   send it commands over a channel, [`scheduler`]). It takes the *oldest* waiting request, then fills the
 //!   cohort with waiting requests of the same compatibility tag, oldest first, while the units fit the
 //!   batch-unit limit ([`scheduler::form_cohort`], a pure function). It never waits for requests that have not
 //!   arrived.
-//! * **Execution** ([`cohort`]). `prepare_batch(state, stage_tags, ranges, prepared)` runs in the `prepare_batch`
-//!   phase, which grants invocation-scoped declarations; its declarations, if any, resolve through the model's
-//!   specialization cache (the exact declaration set) or are compiled on the shared compile queue. The upload
-//!   payload goes into a fresh device input buffer, `run(stage, input, output)` enqueues the stage, and the
-//!   cohort waits for the last work point. Only the live prefix of the output is downloaded, once per cohort (a
-//!   compact snapshot); the result plan ([`plan`]) maps physical rows to requests.
+//! * **Execution** ([`cohort`]), pipelined. `prepare_batch(state, stage_tags, ranges, prepared)` runs in the
+//!   `prepare_batch` phase, which grants invocation-scoped declarations. Declarations found in the model's
+//!   specialization cache (the exact declaration set) resolve at once; a miss parks the cohort and compiles on
+//!   the shared specialization workers while the scheduler goes on with other cohorts. The upload payload goes
+//!   into a fresh device input buffer and `run(stage, input, output)` enqueues the stage; up to
+//!   [`scheduler::PIPELINE_DEPTH`] cohorts are on the device at once, so the next cohort's preparation and
+//!   upload overlap the running one. A collector thread waits for each cohort's last work point and downloads
+//!   only the live prefix of its output (a compact snapshot); the result plan ([`plan`]) maps physical rows to
+//!   requests.
 //! * **Cancellation.** A cancelled request that is still waiting is dropped from the queue. One that was
-//!   accepted into a cohort stays a member: the cohort runs and is collected whole; only the reply is discarded.
+//!   accepted into a cohort stays a member and only its reply is discarded, until every member's client is
+//!   gone: then the cohort's device work is cancelled (its kernels stop at their next loop iteration or program
+//!   instance), and a parked cohort is not submitted at all.
 //! * **Failure.** When a cohort of several requests fails, each member is retried alone, so one bad request
 //!   (say, a token id outside the vocabulary) fails only itself.
 //!

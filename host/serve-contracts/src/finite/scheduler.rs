@@ -1,21 +1,37 @@
-//! The scheduler of one finite model: a thread that owns the waiting queue and runs cohorts. Everyone else
-//! talks to it with [`Cmd`]s over a channel. How a cohort is formed is [`form_cohort`], a pure function.
+//! The scheduler of one finite model: a thread that owns the waiting queue, forms cohorts and submits them,
+//! and a collector thread that waits for submitted cohorts and replies. Everyone else talks to the scheduler
+//! with [`Cmd`]s over a channel. How a cohort is formed is [`form_cohort`], a pure function.
+//!
+//! **Pipelining.** Up to [`PIPELINE_DEPTH`] cohorts of a model are submitted and not yet collected: while one
+//! runs on the device, the next one's `prepare_batch`, upload and `run` (which only enqueues) proceed, and the
+//! scheduler never waits for the device except for a free slot ([`Gate`]). A submission refused for the
+//! model's memory budget while another cohort holds device memory waits for that one and is tried again.
+//!
+//! **Specialization.** A cohort whose declarations are not compiled is parked and specialized on the shared
+//! workers ([`Model::specialize`]); cohorts whose stages are cached keep being submitted meanwhile. Cohorts
+//! with the same missing declarations wait for one compilation. When it finishes ([`Cmd::Specialized`]), the
+//! parked cohorts are submitted (or, on a compile error, fail as any cohort does).
 
+use super::Limits;
+use super::cohort::{self, InFlight, Staged};
 use super::metrics::{Metrics, fold};
-use super::service::{CohortCancel, Prepared, Reply, RequestCancel};
-use super::{Limits, cohort};
-use serve_runtime::model::Model;
+use super::service::{CohortCancel, Prepared, Reply, RequestCancel, Rows};
+use serve_runtime::model::{Model, StageSet};
+use serve_runtime::natives::Decls;
+use serve_runtime::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Instant;
+
+/// The most cohorts of one model submitted and not yet collected.
+pub const PIPELINE_DEPTH: usize = 2;
 
 /// An admitted request waiting for a cohort.
 pub(crate) struct Pending {
     pub(crate) prepared: Prepared,
     pub(crate) reply: Reply,
     pub(crate) cancelled: Arc<RequestCancel>,
-    pub(crate) arrived: Instant,
 }
 
 /// What the scheduler is told.
@@ -24,6 +40,61 @@ pub(crate) enum Cmd {
     Request(Pending),
     /// Finish everything accepted, then stop (and say so on the channel).
     Drain(mpsc::Sender<()>),
+    /// The specialization of a parked cohort's declarations finished.
+    Specialized(Decls, Result<StageSet>),
+}
+
+/// The cohorts of a model that are submitted and not yet collected (the scheduler's and the in-place path's).
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    busy: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a slot, waiting while `max` are taken; returns how many are taken with it.
+    fn acquire(&self, max: usize) -> usize {
+        let mut b = self.lock();
+        while *b >= max {
+            b = self.cv.wait(b).unwrap_or_else(|e| e.into_inner());
+        }
+        *b += 1;
+        *b
+    }
+
+    /// Takes a slot only when none is taken (the in-place path: nothing of the model is running).
+    pub(crate) fn try_acquire_idle(&self) -> bool {
+        let mut b = self.lock();
+        if *b == 0 {
+            *b = 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn release(&self) {
+        let mut b = self.lock();
+        *b = b.saturating_sub(1);
+        self.cv.notify_all();
+    }
+
+    /// Waits until at most `n` slots are taken.
+    fn wait_until(&self, n: usize) {
+        let mut b = self.lock();
+        while *b > n {
+            b = self.cv.wait(b).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits until nothing is in flight.
+    pub(crate) fn wait_idle(&self) {
+        self.wait_until(0)
+    }
 }
 
 /// Forms the next cohort from `waiting` (oldest first): the oldest request, then every waiting request of the
@@ -55,78 +126,240 @@ pub fn form_cohort<T>(
     cohort
 }
 
+/// A cohort waiting for its declarations to be specialized.
+struct Parked {
+    cohort: Vec<Pending>,
+    staged: Staged,
+    started: Instant,
+}
+
+/// A submitted cohort on its way to the collector.
+struct Job {
+    cohort: Vec<Pending>,
+    inflight: InFlight,
+    cc: Arc<CohortCancel>,
+    started: Instant,
+}
+
+/// What the scheduler and the collector share.
+pub(crate) struct Ctx {
+    pub(crate) model: Arc<Model>,
+    pub(crate) limits: Limits,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) gate: Arc<Gate>,
+}
+
 /// The scheduler thread's loop: take every command that has arrived (never wait for more while requests
-/// wait), drop cancelled waiting requests, run the next cohort (retrying each member alone when a cohort of
-/// several fails), reply to each member. Ends after a drain once nothing waits, or when every sender is gone.
-pub(crate) fn scheduler(
-    model: Arc<Model>,
-    limits: Limits,
-    metrics: Arc<Metrics>,
-    rx: mpsc::Receiver<Cmd>,
-    exec: Arc<Mutex<()>>,
-) {
+/// wait), drop cancelled waiting requests, form the next cohort and start it. Ends after a drain once
+/// nothing waits, nothing is parked and the collector has replied to every submitted cohort. `me` is a sender
+/// of the scheduler's own channel, for specialization results.
+pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>) {
+    let ctx = Arc::new(ctx);
+    let (jobs, job_rx) = mpsc::channel::<Job>();
+    let c = ctx.clone();
+    let collector = std::thread::Builder::new()
+        .name(format!("collect-{}", ctx.model.name))
+        .spawn(move || {
+            for job in job_rx {
+                let r = cohort::collect(&c.model, job.inflight);
+                // The slot is free once the device work is collected; retries alone run outside it.
+                c.gate.release();
+                finish(&c, job.cohort, &job.cc, r, job.started);
+            }
+        })
+        .expect("spawning a collector thread; this is a bug");
     let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut parked: Vec<(Decls, Vec<Parked>)> = Vec::new();
     let mut drain: Option<mpsc::Sender<()>> = None;
     loop {
         if waiting.is_empty() {
-            if let Some(d) = drain.take() {
-                let _ = d.send(());
-                return;
+            if parked.is_empty() {
+                if let Some(d) = drain.take() {
+                    drop(jobs);
+                    let _ = collector.join();
+                    let _ = d.send(());
+                    return;
+                }
             }
             match rx.recv() {
-                Ok(Cmd::Request(p)) => waiting.push_back(p),
-                Ok(Cmd::Drain(d)) => drain = Some(d),
+                Ok(c) => handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain),
                 Err(_) => return,
             }
         }
         // Take whatever else has already arrived; never wait for more.
         while let Ok(c) = rx.try_recv() {
-            match c {
-                Cmd::Request(p) => waiting.push_back(p),
-                Cmd::Drain(d) => drain = Some(d),
-            }
+            handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain);
         }
         waiting.retain(|p| {
             let keep = !p.cancelled.is_cancelled();
             if !keep {
-                metrics.queue.fetch_sub(1, Ordering::Relaxed);
-                metrics.cancelled_waiting.fetch_add(1, Ordering::Relaxed);
+                ctx.metrics.queue.fetch_sub(1, Ordering::Relaxed);
+                ctx.metrics
+                    .cancelled_waiting
+                    .fetch_add(1, Ordering::Relaxed);
             }
             keep
         });
-        let cohort = form_cohort(&mut waiting, limits.batch_units, |p| {
+        let cohort = form_cohort(&mut waiting, ctx.limits.batch_units, |p| {
             (p.prepared.tag, p.prepared.units)
         });
         if cohort.is_empty() {
             continue;
         }
-        run(&model, &limits, &metrics, &exec, cohort);
+        count_cohort(&ctx.metrics, cohort.len() as u64);
+        let started = Instant::now();
+        let members: Vec<&Prepared> = cohort.iter().map(|p| &p.prepared).collect();
+        let staged = cohort::stage(&ctx.model, &ctx.limits, &members);
+        drop(members);
+        let staged = match staged {
+            Ok(s) => s,
+            Err(e) => {
+                fail(&ctx, cohort, e, started);
+                continue;
+            }
+        };
+        if let Some(set) = ctx.model.cached_stages(&staged.decls) {
+            dispatch(&ctx, &jobs, cohort, staged, set, started);
+            continue;
+        }
+        // A miss: park the cohort; the first one with these declarations starts their specialization.
+        ctx.metrics.specializing.fetch_add(1, Ordering::Relaxed);
+        let decls = staged.decls.clone();
+        let p = Parked {
+            cohort,
+            staged,
+            started,
+        };
+        match parked.iter_mut().find(|(d, _)| *d == decls) {
+            Some((_, v)) => v.push(p),
+            None => {
+                parked.push((decls.clone(), vec![p]));
+                let me = me.clone();
+                ctx.model.specialize(decls.clone(), move |r| {
+                    let _ = me.send(Cmd::Specialized(decls, r));
+                });
+            }
+        }
     }
 }
 
-/// Runs one cohort and replies to its members.
-fn run(model: &Model, limits: &Limits, metrics: &Metrics, exec: &Mutex<()>, cohort: Vec<Pending>) {
-    metrics.queue.fetch_sub(cohort.len(), Ordering::Relaxed);
-    let n = cohort.len() as u64;
+/// Applies one command.
+fn handle(
+    ctx: &Ctx,
+    jobs: &mpsc::Sender<Job>,
+    c: Cmd,
+    waiting: &mut VecDeque<Pending>,
+    parked: &mut Vec<(Decls, Vec<Parked>)>,
+    drain: &mut Option<mpsc::Sender<()>>,
+) {
+    match c {
+        Cmd::Request(p) => waiting.push_back(p),
+        Cmd::Drain(d) => *drain = Some(d),
+        Cmd::Specialized(decls, r) => {
+            let Some(i) = parked.iter().position(|(d, _)| *d == decls) else {
+                return;
+            };
+            let (_, cohorts) = parked.remove(i);
+            for p in cohorts {
+                ctx.metrics.specializing.fetch_sub(1, Ordering::Relaxed);
+                match &r {
+                    Ok(set) => dispatch(ctx, jobs, p.cohort, p.staged, set.clone(), p.started),
+                    Err(e) => fail(ctx, p.cohort, e.clone(), p.started),
+                }
+            }
+        }
+    }
+}
+
+/// Counts a formed cohort.
+pub(crate) fn count_cohort(metrics: &Metrics, n: u64) {
+    metrics.queue.fetch_sub(n as usize, Ordering::Relaxed);
     metrics.cohorts.fetch_add(1, Ordering::Relaxed);
     metrics.cohort_members.fetch_add(n, Ordering::Relaxed);
     metrics.cohort_max.fetch_max(n, Ordering::Relaxed);
     if n > 1 {
         metrics.cohorts_shared.fetch_add(1, Ordering::Relaxed);
     }
-    let guard = exec.lock().unwrap_or_else(|e| e.into_inner());
-    let t0 = Instant::now();
-    // The cohort's cancellation: when every member's client is gone, its dispatches are stopped.
+}
+
+/// The cohort's cancellation: when every member's client is gone, its dispatches are stopped.
+pub(crate) fn cohort_cancel(model: &Model, cohort: &[Pending]) -> Arc<CohortCancel> {
     let flag = model.device.cancel_flag().unwrap_or_else(|e| {
         log::warn!("model {}: no cancellation flag: {e}", model.name);
         None
     });
     let cc = Arc::new(CohortCancel::new(cohort.len(), flag));
-    for p in &cohort {
+    for p in cohort {
         p.cancelled.join(&cc);
     }
-    let members: Vec<&Prepared> = cohort.iter().map(|p| &p.prepared).collect();
-    let results = match cohort::run_cohort(model, limits, &members, cc.flag.clone()) {
+    cc
+}
+
+/// Submits a staged cohort in a free pipeline slot and hands it to the collector.
+fn dispatch(
+    ctx: &Ctx,
+    jobs: &mpsc::Sender<Job>,
+    cohort: Vec<Pending>,
+    staged: Staged,
+    set: StageSet,
+    started: Instant,
+) {
+    let busy = ctx.gate.acquire(PIPELINE_DEPTH);
+    ctx.metrics
+        .in_flight_max
+        .fetch_max(busy as u64, Ordering::Relaxed);
+    let cc = cohort_cancel(&ctx.model, &cohort);
+    if cc.all_gone() {
+        ctx.gate.release();
+        let e = Error::BadRequest("the request was cancelled".into());
+        finish(ctx, cohort, &cc, Err(e), started);
+        return;
+    }
+    let mut r = cohort::submit(&ctx.model, &staged, set.clone(), cc.flag.clone());
+    if matches!(r, Err(Error::Overloaded(_))) {
+        // The memory budget is held by the cohort before this one: wait for it and try once more.
+        ctx.gate.wait_until(1);
+        r = cohort::submit(&ctx.model, &staged, set, cc.flag.clone());
+    }
+    match r {
+        Ok(inflight) => {
+            let job = Job {
+                cohort,
+                inflight,
+                cc,
+                started,
+            };
+            if let Err(mpsc::SendError(job)) = jobs.send(job) {
+                ctx.gate.release();
+                let e = Error::Internal("the collector is gone".into());
+                finish(ctx, job.cohort, &job.cc, Err(e), started);
+            }
+        }
+        Err(e) => {
+            ctx.gate.release();
+            finish(ctx, cohort, &cc, Err(e), started);
+        }
+    }
+}
+
+/// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed).
+fn fail(ctx: &Ctx, cohort: Vec<Pending>, e: Error, started: Instant) {
+    let cc = Arc::new(CohortCancel::new(cohort.len(), None));
+    finish(ctx, cohort, &cc, Err(e), started);
+}
+
+/// Replies to a cohort's members with its result. When a cohort of several failed (and its clients are not
+/// all gone), each member is retried alone, so that one bad request fails only itself.
+pub(crate) fn finish(
+    ctx: &Ctx,
+    cohort: Vec<Pending>,
+    cc: &CohortCancel,
+    result: Result<Vec<Rows>>,
+    started: Instant,
+) {
+    let (model, metrics) = (&ctx.model, &ctx.metrics);
+    let n = cohort.len() as u64;
+    let results = match result {
         Ok(r) => r.into_iter().map(Ok).collect::<Vec<_>>(),
         Err(e) if cc.all_gone() => {
             metrics.cancelled_running.fetch_add(n, Ordering::Relaxed);
@@ -142,19 +375,17 @@ fn run(model: &Model, limits: &Limits, metrics: &Metrics, exec: &Mutex<()>, coho
                 model.name
             );
             metrics.retried_alone.fetch_add(n, Ordering::Relaxed);
-            members
+            cohort
                 .iter()
-                .map(|m| {
-                    cohort::run_cohort(model, limits, &[*m], cc.flag.clone())
+                .map(|p| {
+                    cohort::run_cohort(model, &ctx.limits, &[&p.prepared], cc.flag.clone())
                         .map(|mut r| r.remove(0))
                 })
                 .collect()
         }
         Err(e) => vec![Err(e)],
     };
-    let took = t0.elapsed();
-    drop(members);
-    drop(guard);
+    let took = started.elapsed();
     fold(&metrics.cohort_ns, took);
     metrics
         .device_ns
@@ -163,7 +394,6 @@ fn run(model: &Model, limits: &Limits, metrics: &Metrics, exec: &Mutex<()>, coho
         if r.is_err() {
             metrics.failed.fetch_add(1, Ordering::Relaxed);
         }
-        let _ = p.arrived;
         (p.reply)(r);
     }
 }

@@ -2,7 +2,7 @@
 //! scheduler thread (see the module docs of [`super`]).
 
 use super::metrics::{Metrics, fold};
-use super::scheduler::{Cmd, Pending, scheduler};
+use super::scheduler::{Cmd, Ctx, Gate, Pending, count_cohort, finish, scheduler};
 use super::{Limits, cohort};
 use serve_runtime::contract::{Series, Service};
 use serve_runtime::model::Model;
@@ -45,9 +45,8 @@ pub struct FiniteService {
     pub limits: Limits,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Held while a cohort runs, by the scheduler thread or by a submitter running one in place: one cohort of
-    /// a model at a time.
-    exec: Arc<Mutex<()>>,
+    /// The cohorts submitted and not yet collected (the scheduler's pipeline, or one run in place).
+    gate: Arc<Gate>,
 }
 
 impl std::fmt::Debug for FiniteService {
@@ -154,13 +153,17 @@ impl FiniteService {
         metrics
             .cohort_ns
             .store(50 * IN_PLACE_COHORT_NS, Ordering::Relaxed);
-        let m = model.clone();
-        let met = metrics.clone();
-        let exec = Arc::new(Mutex::new(()));
-        let ex = exec.clone();
+        let gate = Arc::new(Gate::default());
+        let ctx = Ctx {
+            model: model.clone(),
+            limits,
+            metrics: metrics.clone(),
+            gate: gate.clone(),
+        };
+        let me = tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("sched-{}", model.name))
-            .spawn(move || scheduler(m, limits, met, rx, ex))
+            .spawn(move || scheduler(ctx, rx, me))
             .expect("spawning a scheduler thread; this is a bug");
         Arc::new(FiniteService {
             model,
@@ -168,7 +171,7 @@ impl FiniteService {
             limits,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
-            exec,
+            gate,
         })
     }
 
@@ -186,6 +189,11 @@ impl FiniteService {
     /// thread, unless this returns an error (then it is not called).
     pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
         let prepared = self.admit(input)?;
+        self.enqueue(prepared, reply)
+    }
+
+    /// Queues an admitted request for the scheduler.
+    fn enqueue(&self, prepared: Prepared, reply: Reply) -> Result<Ticket> {
         let q = self.metrics.queue.fetch_add(1, Ordering::Relaxed);
         if q >= self.model.doc.capacities.max_queue {
             self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
@@ -201,7 +209,6 @@ impl FiniteService {
             prepared,
             reply,
             cancelled: cancelled.clone(),
-            arrived: Instant::now(),
         };
         let sent = self
             .tx
@@ -243,51 +250,96 @@ impl FiniteService {
     }
 
     /// [`submit`](Self::submit) for a request that arrives alone, from a caller that may block for a short
-    /// while (see [`admits_inline`](Self::admits_inline)). When nothing is waiting, no cohort is running and
-    /// this model's cohorts are quick ([`IN_PLACE_COHORT_NS`]), the request's cohort (itself: nothing else is
-    /// waiting to join it, and the scheduler never waits for arrivals) runs here and `reply` is called before
-    /// this returns: the hand-off to the scheduler thread and back would cost two thread wake-ups, more than
-    /// such a cohort runs for. Otherwise the request is queued as by `submit`. Order is kept: it runs in place
-    /// only when it is the oldest request of the model.
+    /// while (see [`admits_inline`](Self::admits_inline)). When nothing is waiting, nothing of the model is on
+    /// the device or being specialized, and this model's cohorts are quick ([`IN_PLACE_COHORT_NS`]), the
+    /// request's cohort (itself: nothing else is waiting to join it, and the scheduler never waits for
+    /// arrivals) runs here and `reply` is called before this returns: the hand-off to the scheduler thread and
+    /// back would cost two thread wake-ups, more than such a cohort runs for. A cohort whose declarations are
+    /// not compiled is handed to the scheduler instead (it never compiles here), as is any request when the
+    /// conditions do not hold. Order is kept: it runs in place only when it is the oldest request of the model.
     pub fn submit_one(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
         let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < IN_PLACE_COHORT_NS;
-        if !quick || self.metrics.queue.load(Ordering::Relaxed) != 0 {
+        if !quick || self.busy() {
             return self.submit(input, reply);
         }
-        let Ok(guard) = self.exec.try_lock() else {
+        if !self.gate.try_acquire_idle() {
             return self.submit(input, reply);
+        }
+        if self.busy() || self.tx.lock().map(|g| g.is_none()).unwrap_or(true) {
+            self.gate.release();
+            return self.submit(input, reply);
+        }
+        let prepared = match self.admit(input) {
+            Ok(p) => p,
+            Err(e) => {
+                self.gate.release();
+                return Err(e);
+            }
         };
-        if self.metrics.queue.load(Ordering::Relaxed) != 0
-            || self.tx.lock().map(|g| g.is_none()).unwrap_or(true)
-        {
-            drop(guard);
-            return self.submit(input, reply);
-        }
-        let prepared = self.admit(input)?;
         let units = prepared.units;
-        self.metrics.cohorts.fetch_add(1, Ordering::Relaxed);
-        self.metrics.cohort_members.fetch_add(1, Ordering::Relaxed);
-        self.metrics.cohort_max.fetch_max(1, Ordering::Relaxed);
+        let t1 = Instant::now();
+        let staged = cohort::stage(&self.model, &self.limits, &[&prepared]);
+        let set = match &staged {
+            Ok(s) => self.model.cached_stages(&s.decls),
+            Err(_) => None,
+        };
+        let (staged, set) = match (staged, set) {
+            (Ok(staged), Some(set)) => (staged, set),
+            (Ok(_), None) => {
+                // Needs specialization: the scheduler parks it while its code compiles.
+                self.gate.release();
+                return self.enqueue(prepared, reply);
+            }
+            (Err(e), _) => {
+                self.gate.release();
+                self.in_place_done(vec![(prepared, reply)], Err(e), t1);
+                return Ok(Ticket {
+                    cancelled: Arc::new(RequestCancel::default()),
+                    units,
+                });
+            }
+        };
         self.metrics
             .cohorts_in_place
             .fetch_add(1, Ordering::Relaxed);
-        let t1 = Instant::now();
-        let r = cohort::run_cohort(&self.model, &self.limits, &[&prepared], None)
-            .map(|mut r| r.remove(0));
-        let took = t1.elapsed();
-        drop(guard);
-        fold(&self.metrics.cohort_ns, took);
-        self.metrics
-            .device_ns
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-        if r.is_err() {
-            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        reply(r);
+        let r = cohort::submit(&self.model, &staged, set, None)
+            .and_then(|f| cohort::collect(&self.model, f));
+        self.gate.release();
+        self.in_place_done(vec![(prepared, reply)], r, t1);
         Ok(Ticket {
             cancelled: Arc::new(RequestCancel::default()),
             units,
         })
+    }
+
+    /// Whether anything of the model is waiting or being specialized.
+    fn busy(&self) -> bool {
+        self.metrics.queue.load(Ordering::Relaxed) != 0
+            || self.metrics.specializing.load(Ordering::Relaxed) != 0
+    }
+
+    /// Counts and replies to a cohort run in place.
+    fn in_place_done(&self, members: Vec<(Prepared, Reply)>, r: Result<Vec<Rows>>, t: Instant) {
+        let n = members.len() as u64;
+        // count_cohort takes the members off the queue count; they never were on it.
+        self.metrics.queue.fetch_add(n as usize, Ordering::Relaxed);
+        count_cohort(&self.metrics, n);
+        let cohort: Vec<Pending> = members
+            .into_iter()
+            .map(|(prepared, reply)| Pending {
+                prepared,
+                reply,
+                cancelled: Arc::new(RequestCancel::default()),
+            })
+            .collect();
+        let ctx = Ctx {
+            model: self.model.clone(),
+            limits: self.limits,
+            metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
+        };
+        let cc = CohortCancel::new(cohort.len(), None);
+        finish(&ctx, cohort, &cc, r, t);
     }
 
     /// Stops accepting requests, finishes every accepted one, and joins the scheduler. Idempotent.
@@ -303,7 +355,15 @@ impl FiniteService {
             let _ = t.join();
         }
         // A cohort running in place (accepted before the drain) finishes too.
-        drop(self.exec.lock());
+        self.gate.wait_idle();
+    }
+}
+
+impl Drop for FiniteService {
+    /// The scheduler holds a sender of its own channel (for specialization results), so it stops only when
+    /// told to: a service dropped without a drain drains here.
+    fn drop(&mut self) {
+        self.drain();
     }
 }
 

@@ -110,6 +110,19 @@ pub struct Model {
     pub(crate) progress: Mutex<Arc<Progress>>,
 }
 
+/// The specialization cache's counters ([`Model::spec_cache_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecCacheStats {
+    /// Declaration sets found compiled.
+    pub hits: u64,
+    /// Declaration sets compiled.
+    pub misses: u64,
+    /// Sets dropped to keep at most `specialization_cache`.
+    pub evictions: u64,
+    /// Sets cached now.
+    pub entries: usize,
+}
+
 /// The stages an invocation may run: the cold ones, then those of its declaration set, with the sources
 /// `parameters.gather` may read ([`Model::stages_for`]).
 #[derive(Debug, Clone)]
@@ -380,11 +393,16 @@ impl Model {
         self.budget.used()
     }
 
-    /// (hits, misses, cached sets) of the specialization cache.
-    pub fn spec_cache_stats(&self) -> (u64, u64, usize) {
+    /// The specialization cache's counters.
+    pub fn spec_cache_stats(&self) -> SpecCacheStats {
         self.spec_cache
             .lock()
-            .map(|c| (c.hits, c.misses, c.entries.len()))
-            .unwrap_or((0, 0, 0))
+            .map(|c| SpecCacheStats {
+                hits: c.hits,
+                misses: c.misses,
+                evictions: c.evictions,
+                entries: c.entries.len(),
+            })
+            .unwrap_or_default()
     }
 }

@@ -34,6 +34,41 @@ fn compile_queue() -> &'static Mutex<mpsc::Sender<Job>> {
     })
 }
 
+type SpecJob = Box<dyn FnOnce() + Send>;
+
+/// Workers that specialize request-time declaration sets ([`Model::specialize`]): open their sources, then
+/// compile on the compile queue and place parameters. Shared by every model, so a miss never holds a model's
+/// scheduler; two, so that one model's miss waiting for the compiler does not keep another's sources from
+/// opening.
+const SPECIALIZE_WORKERS: usize = 2;
+
+fn specialize_queue() -> &'static Mutex<mpsc::Sender<SpecJob>> {
+    static Q: OnceLock<Mutex<mpsc::Sender<SpecJob>>> = OnceLock::new();
+    Q.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpecJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..SPECIALIZE_WORKERS {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("loom-specialize-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(r) => r.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .expect("spawning a specialization worker; this is a bug");
+        }
+        Mutex::new(tx)
+    })
+}
+
 /// Runs `f` on the compile queue and waits for it. A panic inside `f` becomes an error.
 pub(crate) fn on_compile_queue<R: Send + 'static>(
     f: impl FnOnce() -> Result<R> + Send + 'static,
@@ -79,6 +114,7 @@ pub(crate) struct SpecCache {
     pub(crate) entries: Vec<(Decls, Arc<InvocationSet>)>,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
+    pub(crate) evictions: u64,
 }
 
 impl Model {
@@ -432,6 +468,58 @@ impl Model {
         })
     }
 
+    /// The stage set of `decls` when it needs no compilation: the cold set (no stage declared) or a cached
+    /// set (counted as a hit, and made the most recently used). `None` on a miss, which
+    /// [`stages_for`](Self::stages_for) or [`specialize`](Self::specialize) then builds (and counts).
+    pub fn cached_stages(&self, decls: &Decls) -> Option<StageSet> {
+        if decls.stages.is_empty() {
+            if !decls.params.is_empty() || !decls.sources.is_empty() {
+                return None;
+            }
+            return Some(StageSet {
+                stages: self.stages.clone(),
+                sources: self.sources.clone(),
+            });
+        }
+        let mut c = self.spec_cache.lock().ok()?;
+        let i = c.entries.iter().position(|(d, _)| d == decls)?;
+        let e = c.entries.remove(i);
+        let set = e.1.clone();
+        c.entries.push(e);
+        c.hits += 1;
+        drop(c);
+        let mut stages = self.stages.clone();
+        stages.extend(set.stages.iter().cloned());
+        Some(StageSet {
+            stages,
+            sources: set.sources.clone(),
+        })
+    }
+
+    /// [`stages_for`](Self::stages_for) on the shared specialization workers: returns at once, and calls
+    /// `done` with the set (or the error) from a worker. The model's scheduler keeps running other cohorts
+    /// meanwhile; sources are opened on the worker, never on the caller's thread.
+    pub fn specialize(
+        self: &Arc<Self>,
+        decls: Decls,
+        done: impl FnOnce(Result<StageSet>) + Send + 'static,
+    ) {
+        let model = self.clone();
+        let job: SpecJob = Box::new(move || {
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.stages_for(decls)))
+                    .unwrap_or_else(|_| Err(Error::Internal("specialization panicked".into())));
+            done(r);
+        });
+        let sent = specialize_queue()
+            .lock()
+            .map_err(|_| ())
+            .and_then(|q| q.send(job).map_err(|_| ()));
+        if let Err(()) = sent {
+            log::error!("model {}: the specialization workers are gone", self.name);
+        }
+    }
+
     fn invocation_set(&self, decls: Decls) -> Result<Arc<InvocationSet>> {
         {
             let mut c = self
@@ -477,6 +565,7 @@ impl Model {
         let mut evicted = false;
         while c.entries.len() > self.doc.specialization_cache {
             c.entries.remove(0);
+            c.evictions += 1;
             evicted = true;
         }
         drop(c);
