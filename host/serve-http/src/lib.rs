@@ -1,14 +1,15 @@
-//! `serve-http`: the HTTP face of loom-serve (axum). OpenAI-shaped embeddings, typed decisions, model
-//! lifecycle routes, `/health`, Prometheus `/metrics`; errors in the OpenAI shape with honest status codes,
-//! mapped from [`serve_runtime::Error`] in one place ([`ApiError::from`]).
+//! `serve-http`: the HTTP face of loom-serve (axum). OpenAI-shaped embeddings, typed decisions, vLLM-shaped
+//! classification, model lifecycle routes, `/health`, Prometheus `/metrics`; errors in the OpenAI shape with
+//! honest status codes, mapped from [`serve_runtime::Error`] in one place ([`ApiError::from`]).
 //!
 //! This is the only crate that knows HTTP and JSON request shapes (besides profile plugins). Request inputs
 //! become the contracts' *protocol records* here (`loom_plugin_api::records`, `docs/serving/finite.md`);
-//! packages never see JSON. One file per route family (`lifecycle`, `embeddings`, `decisions`, `profiles`);
-//! what handlers share (settings, the model lookup with its role check, submission) is `state`.
+//! packages never see JSON. One file per route family (`lifecycle`, `embeddings`, `decisions`, `classify`,
+//! `profiles`); what handlers share (settings, the model lookup with its role check, submission) is `state`.
 //! HTTP profiles from plugins (`loom_plugin_api::Profile`) add routes of other dialects: [`Profiles::mount`]
 //! checks their routes, [`AppState::with_profiles`] + [`router`] mount them (see `profiles.rs`).
 
+mod classify;
 mod decisions;
 mod embeddings;
 mod error;

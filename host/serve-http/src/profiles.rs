@@ -68,6 +68,7 @@ pub(crate) const BUILTIN_PATHS: &[&str] = &[
     "/v1/models/{name}/events",
     "/v1/embeddings",
     "/v1/decisions",
+    "/classify",
 ];
 
 /// Longest profile route path.
@@ -637,13 +638,13 @@ mod tests {
                 &[(POST, "/ok", "embeddings"), (POST, "/embed", "embeddings")],
             ),
             plugin("c-0001", &[(POST, "/v1/embeddings", "embeddings")]),
-            plugin("d-0001", &[(POST, "/classify", "decisions")]),
+            plugin("d-0001", &[(POST, "/predict", "decisions")]),
         ]);
         assert_eq!(
             p.describe(),
             [
                 "a-0001: POST /embed (embeddings)",
-                "d-0001: POST /classify (decisions)"
+                "d-0001: POST /predict (decisions)"
             ]
         );
         let lines: Vec<String> = r.iter().map(|r| r.to_string()).collect();

@@ -1,10 +1,10 @@
 //! The router: every built-in route (one file per route family: [`crate::lifecycle`], [`crate::embeddings`],
-//! [`crate::decisions`]), the profile routes ([`crate::profiles`]), `/health`, `/metrics`, and the `frame`
-//! middleware (request ids, authentication, the request counter).
+//! [`crate::decisions`], [`crate::classify`]), the profile routes ([`crate::profiles`]), `/health`, `/metrics`,
+//! and the `frame` middleware (request ids, authentication, the request counter).
 
 use crate::error::ApiError;
 use crate::state::{AppState, St};
-use crate::{decisions, embeddings, lifecycle};
+use crate::{classify, decisions, embeddings, lifecycle};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -44,6 +44,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{name}/activate", post(lifecycle::activate))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/decisions", post(decisions::decisions))
+        .route("/classify", post(classify::classify))
         .merge(crate::profiles::routes(&state))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), frame))
@@ -202,6 +203,7 @@ mod tests {
             (Method::GET, "/v1/models/m/events"),
             (Method::POST, "/v1/embeddings"),
             (Method::POST, "/v1/decisions"),
+            (Method::POST, "/classify"),
             (Method::POST, "/v1/modelsx"),
             (Method::GET, "/metrics"),
         ] {
