@@ -10,6 +10,7 @@ mod http_embed;
 mod http_hardening;
 mod http_lifecycle;
 mod http_minilm;
+mod http_nanoguard;
 mod http_packages;
 mod http_robustness;
 mod http_specialize;
