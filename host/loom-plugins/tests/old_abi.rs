@@ -1,7 +1,8 @@
 //! A plugin built against ABI 1.1 (its root module has `codec` but no `profile` field) still loads under 1.2:
 //! abi_stable refuses it against the current root-module type, so the loader checks it against
 //! `abi_1_1::LoomPlugin`, reads `codec` through that shape and the appended `profile` as absent. Likewise a
-//! profile built against ABI 1.3 (no `profile_events` field) loads through `abi_1_3::LoomPlugin`. (The ABI
+//! profile built against ABI 1.3 (no `profile_events` field) loads through `abi_1_3::LoomPlugin`, and a HAL built
+//! against ABI 1.4 (no `hal_open` field: no run-time bounds) through `abi_1_4::LoomPlugin`. (The ABI
 //! 1.0 plugin is checked by `tests/integration/codec_conformance.rs`.)
 
 use loom_plugin_api::PluginKind;
@@ -71,4 +72,27 @@ fn abi_1_3_profiles_still_load_without_streamed_routes() {
         .into_result()
         .expect_err("refuses");
     assert_eq!(e.message.as_str(), "abi13 parses nothing");
+}
+
+#[test]
+fn abi_1_4_hals_still_load_without_a_control() {
+    let p = loom_plugins::load_file(&library("loom_test_plugin_abi14"))
+        .unwrap_or_else(|e| panic!("an ABI 1.4 plugin is rejected: {e}"));
+    assert_eq!(
+        (p.id.as_str(), p.kind, p.abi),
+        ("abi14-0001", PluginKind::HAL, (1, 4))
+    );
+    // `hal_open` (ABI 1.5) reads as absent: the host opens its devices without run-time bounds.
+    assert!(p.hal_open(0).is_none());
+    // Its driver is reached through the 1.4 shape and answers.
+    let driver = p.hal().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(driver.devices().len(), 1);
+    let e = driver
+        .open(0)
+        .into_result()
+        .err()
+        .expect("cannot be opened");
+    assert_eq!(e.to_string(), "abi14-0001 has no device 0");
+    let e = p.hal_files(0).expect("a 1.4 plugin has the 1.3 field");
+    assert!(e.is_err());
 }
