@@ -204,9 +204,46 @@ fn a_client_disconnect_stops_its_running_kernel_and_frees_the_device() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     eprintln!("served {:?} after the disconnect", t0.elapsed());
+    // The stopped cohort is counted when its collector has seen it fail (maybe just after the next request).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.metric("loom_cancelled_running_total{model=\"runaway\"}") < 1.0
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(
         s.metric("loom_cancelled_running_total{model=\"runaway\"}"),
         1.0
     );
     s.healthy();
+}
+
+#[test]
+fn the_drain_deadline_cancels_a_running_kernel_and_answers_its_request() {
+    // No budget in the way: only the deadline's cancellation stops the runaway.
+    let s = TestServer::start(
+        "bounds-drain",
+        &[
+            "--drain-timeout",
+            "2",
+            "--max-kernel-steps",
+            "1125899906842624",
+        ],
+    );
+    register_runaway(&s, "runaway", None);
+    let addr = s.addr.clone();
+    let client = std::thread::spawn(move || embed_at(&addr, "runaway"));
+    std::thread::sleep(Duration::from_millis(1000));
+    let t0 = Instant::now();
+    let st = s.terminate();
+    assert_eq!(st.code(), Some(1), "{st:?}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
+        "exited {took:?} after SIGTERM"
+    );
+    // The request was answered with the cancellation, not cut off.
+    let r = client.join().unwrap();
+    assert!((400..600).contains(&r.status), "{} {}", r.status, r.text());
+    assert!(r.text().contains("was cancelled"), "{}", r.text());
 }
