@@ -88,5 +88,60 @@ impl Tokenizer {
     }
 }
 
+impl Tokenizer {
+    /// The vocabulary's size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.matching.get_vocab_size(true)
+    }
+
+    /// The bytes token `id` stands for, for streaming text out token by token (a byte-level BPE token may
+    /// hold part of a character, which `decode` of that token alone would turn into U+FFFD): an added
+    /// (special) token's content; a byte-level token's bytes through GPT-2's byte-to-character table; else
+    /// the token decoded alone. `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let tok = self.matching.id_to_token(id)?;
+        if self.matching.get_added_tokens_decoder().contains_key(&id) {
+            return Some(tok.into_bytes());
+        }
+        if matches!(
+            self.matching.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        ) {
+            let table = byte_level_table();
+            let bytes: Option<Vec<u8>> = tok.chars().map(|c| table.get(&c).copied()).collect();
+            if let Some(b) = bytes {
+                return Some(b);
+            }
+        }
+        self.matching
+            .decode(&[id], false)
+            .ok()
+            .map(String::into_bytes)
+    }
+}
+
+/// GPT-2's byte-level alphabet, inverted: the character each byte is written as in a byte-level BPE vocabulary
+/// -> the byte. Printable Latin-1 bytes stand for themselves; the other 68 are mapped to U+0100 onwards.
+fn byte_level_table() -> &'static std::collections::HashMap<char, u8> {
+    static T: std::sync::OnceLock<std::collections::HashMap<char, u8>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut m = std::collections::HashMap::new();
+        let mut next = 256u32;
+        for b in 0u32..256 {
+            let printable = (0x21..=0x7e).contains(&b)
+                || (0xa1..=0xac).contains(&b)
+                || (0xae..=0xff).contains(&b);
+            let c = if printable {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            m.insert(char::from_u32(c).expect("a valid code point"), b as u8);
+        }
+        m
+    })
+}
+
 #[cfg(test)]
 mod tests;

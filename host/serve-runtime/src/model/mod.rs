@@ -217,6 +217,24 @@ impl Model {
         &self.cold.state
     }
 
+    /// The tokenizer cold `prepare` named, if any.
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
+    }
+
+    /// The bytes of the package asset named `key` in `model.json`'s `assets` (`None`: no such asset). Errors
+    /// name the package-relative path only.
+    pub fn asset(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let Some(path) = self.doc.assets.get(key) else {
+            return Ok(None);
+        };
+        let rel = package::relative("model.json", &format!("assets.{key}"), path)?;
+        self.files
+            .read(&rel)
+            .map(Some)
+            .map_err(|m| Error::package("model.json", &format!("assets.{key}"), m))
+    }
+
     /// Runs control entry `entry` as an invocation of `phase` (which must not grant running: see
     /// [`Model::invoke_run`]) with `fuel` and the model's per-invocation memory cap. Returns the results and
     /// what the invocation declared (empty unless the phase grants declarations).
