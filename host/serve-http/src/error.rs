@@ -98,6 +98,18 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": { "message": self.message, "type": self.kind, "code": self.code }
         });
-        (self.status, axum::Json(body)).into_response()
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            // Full queues and pools drain in seconds; a model still preparing may take longer, but a
+            // client retrying every second costs nothing.
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        r
     }
 }
