@@ -64,3 +64,33 @@ fn the_files_own_truncation_and_padding_are_ignored() {
         vec![5, 6, 7, 8]
     );
 }
+
+/// A byte-level BPE vocabulary whose tokens split a character: `Ã` and `©` are the two bytes of "é" (0xC3 0xA9)
+/// in GPT-2's byte alphabet, `Ġ` is a space.
+const BYTE_LEVEL: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 6, "content": "<|end|>", "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": true}],
+  "normalizer": null,
+  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+  "post_processor": null,
+  "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+  "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": {"h": 0, "i": 1, "Ġ": 2, "Ã": 3, "©": 4, "Ã©": 5},
+            "merges": ["Ã ©"]}
+}"#;
+
+#[test]
+fn token_bytes_are_the_bytes_each_token_stands_for() {
+    let t = Tokenizer::from_bytes("bl.json", BYTE_LEVEL.as_bytes()).unwrap();
+    assert_eq!(t.encode("hi é", 0).unwrap(), vec![0, 1, 2, 5]);
+    assert_eq!(t.token_bytes(2).unwrap(), b" ");
+    assert_eq!(t.token_bytes(5).unwrap(), "é".as_bytes());
+    // Half a character: the byte itself (decode would give U+FFFD).
+    assert_eq!(t.token_bytes(3).unwrap(), vec![0xC3]);
+    assert_eq!(t.token_bytes(4).unwrap(), vec![0xA9]);
+    assert_eq!(t.token_bytes(6).unwrap(), b"<|end|>");
+    assert_eq!(t.token_bytes(7), None);
+    assert_eq!(t.vocab_size(), 7);
+}
