@@ -21,6 +21,7 @@ cat <<MSG
   curl -s http://$host:$port/v1/embeddings -d '{"model": "all-minilm-l6-v2", "input": ["A sentence to embed."]}'
   curl -s http://$host:$port/embed -H 'content-type: application/json' -d '{"model": "all-minilm-l6-v2", "inputs": ["A sentence to embed."]}'
   curl -s http://$host:$port/v1/decisions -d '{"model": "arith-decision", "questions": {"q": {"type": "choice", "instructions": "Pick one", "choices": ["yes", "no"]}}}'
+  curl -s http://$host:$port/v1/chat/completions -d '{"model": "arith-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}'
   curl -s http://$host:$port/metrics
 MSG
 exec target/release/loom-serve --host "$host" --port "$port" --deployment deploy/examples.json

@@ -15,5 +15,8 @@ use std::sync::Arc;
 
 /// Every contract this server serves.
 pub fn builtin() -> Contracts {
-    Contracts::new(vec![Arc::new(finite::Finite::new())])
+    Contracts::new(vec![
+        Arc::new(finite::Finite::new()),
+        Arc::new(retained::Retained::new()),
+    ])
 }

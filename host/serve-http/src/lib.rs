@@ -9,6 +9,7 @@
 //! HTTP profiles from plugins (`loom_plugin_api::Profile`) add routes of other dialects: [`Profiles::mount`]
 //! checks their routes, [`AppState::with_profiles`] + [`router`] mount them (see `profiles.rs`).
 
+mod chat;
 mod classify;
 mod decisions;
 mod embeddings;

@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::{AppState, St};
-use crate::{classify, decisions, embeddings, lifecycle};
+use crate::{chat, classify, decisions, embeddings, lifecycle};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -45,6 +45,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/decisions", post(decisions::decisions))
         .route("/classify", post(classify::classify))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(chat::completions))
         .merge(crate::profiles::routes(&state))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), frame))

@@ -5,6 +5,7 @@
 mod support;
 
 mod http_bounds;
+mod http_chat;
 mod http_deploy;
 mod http_embed;
 mod http_hardening;

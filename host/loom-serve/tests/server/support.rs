@@ -34,6 +34,7 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         "arith-embed-weighted",
         "arith-decision",
         "arith-lookup",
+        "arith-chat",
         "motifs",
     ] {
         copy_dir(&repo_root().join("packages").join(p), &dir.join(p));

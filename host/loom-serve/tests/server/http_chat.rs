@@ -1,0 +1,378 @@
+//! Retained text through the server, with `packages/arith-chat`: a toy model whose next token is a function of
+//! the whole sequence read back from the server's page pool, checked against an independent implementation of
+//! that function here (so paging, chunked prefill, commit and batching mistakes show as wrong text).
+
+use crate::support::TestServer;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+/// The toy model: the next byte after `seq`.
+fn next(seq: &[u8]) -> u8 {
+    let h = seq
+        .iter()
+        .enumerate()
+        .map(|(p, &t)| (u64::from(t) + p as u64 + 1) * (p as u64 + 1))
+        .sum::<u64>()
+        % 26;
+    if h == 0 { b'.' } else { b'a' + h as u8 }
+}
+
+/// Greedy generation: up to `max` tokens, stopping after the terminal '.' (not part of the text).
+fn oracle(prompt: &[u8], max: usize) -> (String, &'static str, usize) {
+    let mut seq = prompt.to_vec();
+    let mut out = String::new();
+    for i in 0..max {
+        let t = next(&seq);
+        seq.push(t);
+        if t == b'.' {
+            return (out, "stop", i + 1);
+        }
+        out.push(t as char);
+    }
+    (out, "length", max)
+}
+
+fn start(tag: &str, extra: &[&str]) -> TestServer {
+    // TestServer::start copies the example packages (arith-chat among them) to this directory.
+    let pkg = std::env::temp_dir()
+        .join(format!("loom-serve-test-{}-{tag}", std::process::id()))
+        .join("arith-chat")
+        .display()
+        .to_string();
+    let mut args = vec!["--model", pkg.as_str()];
+    args.extend_from_slice(extra);
+    TestServer::start(tag, &args)
+}
+
+fn complete(s: &TestServer, body: Value) -> Value {
+    let r = s.post_json("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// The data lines of a streamed response, parsed (without the final `[DONE]`, which is checked).
+fn stream(s: &TestServer, path: &str, body: Value) -> Vec<Value> {
+    let r = s.post_json(path, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn greedy_text_matches_the_oracle_across_pages_and_prefill_chunks() {
+    let s = start("chat-greedy", &[]);
+    // Prompts shorter than a page, spanning pages, and longer than an epoch's 256 tokens (chunked prefill).
+    let long: String = (0..700)
+        .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+        .collect();
+    for prompt in [
+        "hello",
+        "a",
+        "The quick brown fox jumps over the lazy dog",
+        long.as_str(),
+    ] {
+        for max in [1usize, 17, 40] {
+            let v = complete(
+                &s,
+                json!({"model": "arith-chat", "prompt": prompt, "max_tokens": max, "temperature": 0}),
+            );
+            let (text, finish, n) = oracle(prompt.as_bytes(), max);
+            assert_eq!(v["choices"][0]["text"], text, "prompt {prompt:?} max {max}");
+            assert_eq!(v["choices"][0]["finish_reason"], finish);
+            assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+            assert_eq!(v["usage"]["completion_tokens"], n);
+        }
+    }
+    // The pool is empty again once nothing runs.
+    assert_eq!(s.metric("loom_text_pages_used{model=\"arith-chat\"}"), 0.0);
+    s.healthy();
+}
+
+#[test]
+fn streamed_equals_whole_and_chat_renders_the_template() {
+    let s = start("chat-stream", &[]);
+    let body = json!({"model": "arith-chat", "messages": [{"role": "user", "content": "hi there"}],
+                      "max_tokens": 30, "temperature": 0});
+    let whole = s.post_json("/v1/chat/completions", &body).json();
+    let msg = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The package's template: "role: content\n" per message, then "assistant: ".
+    let (want, finish, n) = oracle(b"user: hi there\nassistant: ", 30);
+    assert_eq!(msg, want);
+    assert_eq!(whole["choices"][0]["finish_reason"], finish);
+    assert_eq!(whole["object"], "chat.completion");
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let chunks = stream(&s, "/v1/chat/completions", b);
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, msg);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    let last_choice = &chunks[chunks.len() - 2];
+    assert_eq!(last_choice["choices"][0]["finish_reason"], finish);
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], n);
+    assert_eq!(usage["usage"]["prompt_tokens"], 26);
+    s.healthy();
+}
+
+#[test]
+fn batched_requests_get_their_solo_results_greedy_and_seeded() {
+    let s = start("chat-batch", &[]);
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("request number {i} {}", "xyz".repeat(i * 9)))
+        .collect();
+    let body = |p: &str, seeded: bool| {
+        if seeded {
+            json!({"model": "arith-chat", "prompt": p, "max_tokens": 24, "temperature": 1.5, "seed": 7})
+        } else {
+            json!({"model": "arith-chat", "prompt": p, "max_tokens": 24, "temperature": 0})
+        }
+    };
+    for seeded in [false, true] {
+        let solo: Vec<Value> = prompts
+            .iter()
+            .map(|p| complete(&s, body(p, seeded))["choices"][0].clone())
+            .collect();
+        // The same requests, staggered, concurrently: they share epochs.
+        let together: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let s = &s;
+                    let b = body(p, seeded);
+                    sc.spawn(move || {
+                        std::thread::sleep(Duration::from_millis(3 * i as u64));
+                        complete(s, b)["choices"][0].clone()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(solo, together, "seeded: {seeded}");
+        if !seeded {
+            for (p, c) in prompts.iter().zip(&solo) {
+                assert_eq!(c["text"], oracle(p.as_bytes(), 24).0);
+            }
+        }
+    }
+    assert!(s.metric("loom_text_epochs_total{model=\"arith-chat\"}") > 0.0);
+    s.healthy();
+}
+
+#[test]
+fn stop_strings_eos_n_and_logprobs() {
+    let s = start("chat-stop", &[]);
+    let prompt = (0..200)
+        .map(|i| format!("q{i}"))
+        .find(|p| oracle(p.as_bytes(), 40).1 == "length")
+        .expect("some prompt runs 40 tokens without '.'");
+    let (full, _, _) = oracle(prompt.as_bytes(), 40);
+    // A stop string spanning two generated tokens: the text ends before it.
+    let stop: String = full[5..7].to_string();
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": prompt, "max_tokens": 40, "temperature": 0, "stop": [stop]}),
+    );
+    let want = &full[..full.find(&stop).unwrap()];
+    assert_eq!(v["choices"][0]["text"], want);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // A prompt whose continuation reaches the terminal '.': found by the oracle.
+    let eos_prompt = (0..200)
+        .map(|i| format!("p{i}"))
+        .find(|p| oracle(p.as_bytes(), 20).1 == "stop")
+        .expect("some prompt reaches '.' within 20 tokens");
+    let (text, _, n) = oracle(eos_prompt.as_bytes(), 20);
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": eos_prompt, "max_tokens": 20, "temperature": 0}),
+    );
+    assert_eq!(v["choices"][0]["text"], text);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], n);
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": eos_prompt, "max_tokens": 20, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["choices"][0]["text"].as_str().unwrap().contains('.'));
+    // n = 3 seeded choices: three streams of one seed, each reproducible.
+    let b = json!({"model": "arith-chat", "prompt": "abc", "max_tokens": 12, "temperature": 2.0, "seed": 11, "n": 3, "ignore_eos": true});
+    let a = complete(&s, b.clone());
+    let again = complete(&s, b);
+    assert_eq!(a["choices"], again["choices"]);
+    let texts: Vec<&str> = (0..3)
+        .map(|i| a["choices"][i]["text"].as_str().unwrap())
+        .collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    assert_eq!(a["usage"]["completion_tokens"], 36);
+    // Log probabilities of the raw distribution: the greedy token's is the largest.
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": prompt, "max_tokens": 3, "temperature": 0, "logprobs": 2}),
+    );
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<String> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tokens.concat(), oracle(prompt.as_bytes(), 3).0);
+    for (i, t) in tokens.iter().enumerate() {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 2);
+        let best = top
+            .iter()
+            .max_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap()))
+            .unwrap();
+        assert_eq!(best.0, t);
+        assert_eq!(lp["token_logprobs"][i], *best.1);
+    }
+    s.healthy();
+}
+
+#[test]
+fn bad_requests_are_clear_and_the_model_keeps_serving() {
+    let s = start("chat-errors", &[]);
+    for (body, status, want) in [
+        (
+            json!({"model": "arith-chat", "prompt": "x", "temperature": 3}),
+            400,
+            "`temperature`",
+        ),
+        (
+            json!({"model": "arith-chat", "prompt": "x", "temperature": "hot"}),
+            400,
+            "`temperature` must be a number",
+        ),
+        (
+            json!({"model": "arith-chat", "prompt": "x", "stop": 5}),
+            400,
+            "`stop`",
+        ),
+        (
+            json!({"model": "arith-chat", "prompt": [300]}),
+            400,
+            "outside the vocabulary",
+        ),
+        (json!({"model": "arith-chat", "prompt": ""}), 400, "empty"),
+        (
+            json!({"model": "arith-chat", "prompt": "x".repeat(2000)}),
+            413,
+            "at most 1023",
+        ),
+        (json!({"model": "arith-chat"}), 400, "`prompt`"),
+        (json!({"model": "nope", "prompt": "x"}), 404, "nope"),
+        (
+            json!({"model": "arith-chat", "messages": [{"role": "robot", "content": "x"}]}),
+            400,
+            "messages[0].role",
+        ),
+    ] {
+        let path = if body.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let r = s.post_json(path, &body);
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        assert!(r.text().contains(want), "{body}: {}", r.text());
+    }
+    // Unknown fields are tolerated, as OpenAI's API does.
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": "hello", "max_tokens": 2, "temperature": 0,
+                                "user": "someone", "suffix": null}),
+    );
+    assert_eq!(v["choices"][0]["text"], oracle(b"hello", 2).0);
+    s.healthy();
+}
+
+/// Opens a streamed completion and reads `lines` data lines, then drops the connection.
+fn abandon_stream(s: &TestServer, prompt: &str, lines: usize) {
+    let body =
+        json!({"model": "arith-chat", "prompt": prompt, "max_tokens": 1000, "temperature": 0,
+                      "ignore_eos": true, "stream": true})
+        .to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut seen = 0;
+    let mut line = String::new();
+    while seen < lines {
+        line.clear();
+        if r.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if line.starts_with("data: ") {
+            seen += 1;
+        }
+    }
+    drop(r);
+    let _ = c.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn cancelled_streams_free_their_pages() {
+    let s = start("chat-cancel", &[]);
+    for i in 0..20 {
+        abandon_stream(&s, &format!("cancel me {i}"), 3);
+    }
+    let t = Instant::now();
+    loop {
+        let used = s.metric("loom_text_pages_used{model=\"arith-chat\"}");
+        let running = s.metric("loom_text_running{model=\"arith-chat\"}");
+        if used == 0.0 && running == 0.0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{used} pages still used, {running} running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.metric("loom_text_requests_cancelled_total{model=\"arith-chat\"}") >= 1.0);
+    // A request after them is served in full.
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": "after", "max_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(v["choices"][0]["text"], oracle(b"after", 10).0);
+    // Unregister and register again: the pool goes with the model and comes back.
+    assert_eq!(
+        s.request("DELETE", "/v1/models/arith-chat", b"").status,
+        200
+    );
+    let base = s.dir.join("arith-chat");
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": "after", "max_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(v["choices"][0]["text"], oracle(b"after", 10).0);
+    s.healthy();
+}

@@ -1,0 +1,926 @@
+//! [`RetainedService`]: admission, the page pool, and the engine thread that runs a model's epochs.
+//!
+//! One engine thread per model owns every sequence and the page pool (no locks on the hot path); callers send
+//! it requests over a channel and receive [`Event`]s on their own. Each epoch: drop cancelled sequences (their
+//! pages are freed), admit waiting requests, plan ([`super::engine::plan_epoch`]), reserve pages for every
+//! span (a sequence that cannot get a page waits, or the youngest running sequence is preempted and later
+//! recomputed), run `epoch` and `run`, wait for the device, then commit each span's progress and draw the next
+//! token of every span that asked for logits. Progress is committed only after the device work completed, so
+//! a failed epoch leaves every sequence's committed state as it was.
+
+use super::engine::{PlannedSpan, Progress, plan_epoch};
+use super::pages::{PagePool, PageTable};
+use super::sampling::{Sample, Sampler, SamplingParams};
+use super::text::{StopMatcher, Utf8Stream};
+use super::{EPOCH, Limits, RUN, SPAN_WORDS};
+use loom_vm::Value;
+use serve_runtime::contract::{Series, Service};
+use serve_runtime::device::DeviceBuffer;
+use serve_runtime::model::Model;
+use serve_runtime::{Error, Result};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+/// One generation request, tokenized.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// The sampling parameters; choice `i` draws from stream `i` of `sampling.seed`.
+    pub sampling: SamplingParams,
+    /// The most tokens each choice may draw (the terminal token included).
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    /// Choices to generate (OpenAI's `n`).
+    pub n: u32,
+    /// Keep drawing after the terminal token (it is then ordinary output).
+    pub ignore_eos: bool,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The terminal token or a stop string.
+    Stop,
+    /// `max_tokens`, or the model's context is full.
+    Length,
+}
+
+impl Finish {
+    pub fn name(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What a request's receiver gets, per choice `index`, in order.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Final text (possibly empty: held back while it may begin a stop string) and the tokens drawn.
+    Delta {
+        index: u32,
+        text: String,
+        samples: Vec<Sample>,
+    },
+    /// The choice ended, after `completion_tokens` tokens.
+    Done {
+        index: u32,
+        finish: Finish,
+        completion_tokens: u32,
+    },
+    /// The request failed; no more events follow for any of its choices.
+    Failed(Error),
+}
+
+/// Where a request's events go (called on the engine thread; it must not block).
+pub type EventSink = Arc<dyn Fn(Event) + Send + Sync>;
+
+/// The caller's handle on a submitted request.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    cancelled: Arc<AtomicBool>,
+    pub prompt_tokens: u32,
+}
+
+impl Ticket {
+    /// The client is gone: the request's sequences stop at the next epoch and free their pages.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Counters exported as Prometheus series.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub failed: AtomicU64,
+    pub refused: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub preempted: AtomicU64,
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub pages_used: AtomicU64,
+    pub pages_capacity: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    pub epochs: AtomicU64,
+    pub epoch_ns: AtomicU64,
+    pub ttft_ns: AtomicU64,
+    pub ttft_count: AtomicU64,
+    pub itl_ns: AtomicU64,
+    pub itl_count: AtomicU64,
+}
+
+impl Metrics {
+    fn series(&self) -> Vec<Series> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let s = |name, help, kind, value| Series {
+            name,
+            help,
+            kind,
+            value,
+        };
+        let cap = g(&self.pages_capacity).max(1.0);
+        vec![
+            s(
+                "loom_text_requests_total",
+                "text requests admitted",
+                "counter",
+                g(&self.requests),
+            ),
+            s(
+                "loom_text_requests_failed_total",
+                "text requests that failed",
+                "counter",
+                g(&self.failed),
+            ),
+            s(
+                "loom_text_requests_refused_total",
+                "text requests refused because the queue was full",
+                "counter",
+                g(&self.refused),
+            ),
+            s(
+                "loom_text_requests_cancelled_total",
+                "text sequences cancelled by their client",
+                "counter",
+                g(&self.cancelled),
+            ),
+            s(
+                "loom_text_preemptions_total",
+                "running sequences whose pages were taken for older ones (recomputed later)",
+                "counter",
+                g(&self.preempted),
+            ),
+            s(
+                "loom_text_waiting",
+                "sequences waiting for admission",
+                "gauge",
+                g(&self.waiting),
+            ),
+            s(
+                "loom_text_running",
+                "sequences being generated",
+                "gauge",
+                g(&self.running),
+            ),
+            s(
+                "loom_text_pages_used",
+                "pages of the page pool in use",
+                "gauge",
+                g(&self.pages_used),
+            ),
+            s(
+                "loom_text_pages_capacity",
+                "pages in the page pool",
+                "gauge",
+                g(&self.pages_capacity),
+            ),
+            s(
+                "loom_text_page_pool_usage_ratio",
+                "fraction of the page pool in use",
+                "gauge",
+                g(&self.pages_used) / cap,
+            ),
+            s(
+                "loom_text_prefill_tokens_total",
+                "prompt tokens processed",
+                "counter",
+                g(&self.prefill_tokens),
+            ),
+            s(
+                "loom_text_decode_tokens_total",
+                "generated tokens processed",
+                "counter",
+                g(&self.decode_tokens),
+            ),
+            s(
+                "loom_text_epochs_total",
+                "epochs run",
+                "counter",
+                g(&self.epochs),
+            ),
+            s(
+                "loom_text_epoch_seconds_total",
+                "time spent in epochs (packing, device, sampling)",
+                "counter",
+                g(&self.epoch_ns) / 1e9,
+            ),
+            s(
+                "loom_text_time_to_first_token_seconds_sum",
+                "time from admission to each choice's first token, summed",
+                "counter",
+                g(&self.ttft_ns) / 1e9,
+            ),
+            s(
+                "loom_text_time_to_first_token_seconds_count",
+                "choices with a first token",
+                "counter",
+                g(&self.ttft_count),
+            ),
+            s(
+                "loom_text_inter_token_latency_seconds_sum",
+                "time between a choice's consecutive tokens, summed",
+                "counter",
+                g(&self.itl_ns) / 1e9,
+            ),
+            s(
+                "loom_text_inter_token_latency_seconds_count",
+                "intervals between consecutive tokens",
+                "counter",
+                g(&self.itl_count),
+            ),
+        ]
+    }
+}
+
+enum Cmd {
+    Submit(Box<Admitted>),
+    Drain(mpsc::Sender<()>),
+}
+
+struct Admitted {
+    req: GenRequest,
+    events: EventSink,
+    cancelled: Arc<AtomicBool>,
+    arrived: Instant,
+}
+
+/// A model serving the retained-text contract.
+pub struct RetainedService {
+    pub model: Arc<Model>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    /// Pages in the pool.
+    pub pool_pages: u32,
+    /// The package's chat template (`assets.chat_template`), if it has one.
+    pub chat: Option<super::chat::ChatTemplate>,
+    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for RetainedService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetainedService")
+            .field("model", &self.model.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The share of the model's unused budget (after cold preparation placed its parameters) the page pool takes;
+/// the rest is for each epoch's buffers.
+const POOL_SHARE: (u64, u64) = (3, 4);
+
+impl RetainedService {
+    /// Allocates the page pool and starts the engine thread.
+    pub fn start(model: Arc<Model>, limits: Limits) -> Result<Arc<RetainedService>> {
+        let free = model.budget.limit.saturating_sub(model.budget.used());
+        let pool_pages =
+            (free / POOL_SHARE.1 * POOL_SHARE.0 / limits.page_bytes).min(u32::MAX as u64) as u32;
+        let per_seq = limits.context.div_ceil(limits.page_tokens);
+        if pool_pages < per_seq.min(2) || pool_pages == 0 {
+            return Err(Error::Program(format!(
+                "model `{}`: its memory budget leaves {free} device bytes after its parameters, {pool_pages} \
+                 pages of {} bytes; raise memory.device_bytes",
+                model.name, limits.page_bytes
+            )));
+        }
+        let chat = match model.asset("chat_template")? {
+            Some(bytes) => {
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    Error::package(
+                        "model.json",
+                        "assets.chat_template",
+                        "the chat template is not UTF-8",
+                    )
+                })?;
+                Some(
+                    super::chat::ChatTemplate::new("assets.chat_template", &text, "", "")
+                        .map_err(|m| Error::package("model.json", "assets.chat_template", m))?,
+                )
+            }
+            None => None,
+        };
+        let pool = model
+            .device
+            .alloc(u64::from(pool_pages) * limits.page_bytes, &model.budget)?;
+        let metrics = Arc::new(Metrics::default());
+        metrics
+            .pages_capacity
+            .store(u64::from(pool_pages), Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let engine = Engine {
+            model: model.clone(),
+            limits,
+            metrics: metrics.clone(),
+            pool: PagePool::new(pool_pages),
+            pool_buf: pool,
+            pool_pages,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("text-{}", model.name))
+            .spawn(move || engine.run(rx))
+            .map_err(|e| Error::Internal(format!("spawning an engine thread: {e}")))?;
+        log::info!(
+            "model {}: page pool of {pool_pages} pages ({} tokens, {} bytes each)",
+            model.name,
+            limits.page_tokens,
+            limits.page_bytes
+        );
+        Ok(Arc::new(RetainedService {
+            model,
+            limits,
+            metrics,
+            pool_pages,
+            chat,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// The longest prompt a request may have (one token of the context is left to generate).
+    pub fn max_prompt(&self) -> u32 {
+        self.limits
+            .context
+            .min(self.pool_pages.saturating_mul(self.limits.page_tokens))
+            .saturating_sub(1)
+    }
+
+    /// Checks and queues `req`; its events arrive on `events`. Errors: an empty or too long prompt, invalid
+    /// sampling parameters (400), a full queue (`Overloaded`).
+    pub fn submit(&self, req: GenRequest, events: EventSink) -> Result<Ticket> {
+        if req.prompt.is_empty() {
+            return Err(Error::BadRequest("the prompt is empty".into()));
+        }
+        let max = self.max_prompt();
+        if req.prompt.len() as u64 > u64::from(max) {
+            return Err(Error::TooLarge(format!(
+                "the prompt is {} tokens; model `{}` takes at most {max} (its context is {} tokens)",
+                req.prompt.len(),
+                self.model.name,
+                self.limits.context
+            )));
+        }
+        if let Some(bad) = req.prompt.iter().find(|&&t| t >= self.limits.vocab) {
+            return Err(Error::BadRequest(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.limits.vocab
+            )));
+        }
+        req.sampling
+            .validate(self.limits.vocab as usize)
+            .map_err(Error::BadRequest)?;
+        if req.n == 0 || req.n > 16 {
+            return Err(Error::BadRequest(format!(
+                "`n` must be between 1 and 16, got {}",
+                req.n
+            )));
+        }
+        if req.max_tokens == 0 {
+            return Err(Error::BadRequest("`max_tokens` must be at least 1".into()));
+        }
+        let waiting = self.metrics.waiting.load(Ordering::Relaxed);
+        if waiting >= self.model.doc.capacities.max_queue as u64 {
+            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Overloaded(format!(
+                "model `{}` has {waiting} sequences waiting (capacities.max_queue)",
+                self.model.name
+            )));
+        }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let prompt_tokens = req.prompt.len() as u32;
+        self.metrics
+            .waiting
+            .fetch_add(u64::from(req.n), Ordering::Relaxed);
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let cmd = Cmd::Submit(Box::new(Admitted {
+            req,
+            events,
+            cancelled: cancelled.clone(),
+            arrived: Instant::now(),
+        }));
+        let sent = self
+            .tx
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
+        if sent != Some(true) {
+            return Err(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            });
+        }
+        Ok(Ticket {
+            cancelled,
+            prompt_tokens,
+        })
+    }
+
+    /// Token ids for `text` (the package's tokenizer, special tokens matched; bytes without one).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self.model.tokenizer() {
+            Some(t) => t.encode(text, 0).map_err(Error::BadRequest),
+            None => Ok(text.bytes().map(u32::from).collect()),
+        }
+    }
+
+    /// Stops accepting requests, finishes every accepted one, and joins the engine. Idempotent.
+    pub fn drain(&self) {
+        let tx = self.tx.lock().ok().and_then(|mut g| g.take());
+        if let Some(tx) = tx {
+            let (done_tx, done_rx) = mpsc::channel();
+            if tx.send(Cmd::Drain(done_tx)).is_ok() {
+                let _ = done_rx.recv();
+            }
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Service for RetainedService {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn drain(&self) {
+        RetainedService::drain(self)
+    }
+
+    fn series(&self) -> Vec<Series> {
+        self.metrics.series()
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+/// One generated choice.
+struct Seq {
+    id: u64,
+    index: u32,
+    tokens: Vec<u32>,
+    prompt_len: u32,
+    table: PageTable,
+    sampler: Sampler,
+    stop: StopMatcher,
+    utf8: Utf8Stream,
+    max_tokens: u32,
+    ignore_eos: bool,
+    events: EventSink,
+    cancelled: Arc<AtomicBool>,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    /// Tokens drawn so far.
+    generated: u32,
+}
+
+impl Seq {
+    fn progress(&self) -> Progress {
+        Progress {
+            known: self.tokens.len() as u32,
+            committed: self.table.tokens,
+        }
+    }
+}
+
+struct Engine {
+    model: Arc<Model>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    pool: PagePool,
+    pool_buf: DeviceBuffer,
+    pool_pages: u32,
+    /// Sequences not admitted yet (their requests' order).
+    waiting: VecDeque<Seq>,
+    /// Admitted sequences, oldest first.
+    running: Vec<Seq>,
+    next_id: u64,
+}
+
+impl Engine {
+    fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+        let mut drain: Option<mpsc::Sender<()>> = None;
+        loop {
+            if self.waiting.is_empty() && self.running.is_empty() {
+                if let Some(d) = drain.take() {
+                    let _ = d.send(());
+                    return;
+                }
+                match rx.recv() {
+                    Ok(c) => self.command(c, &mut drain),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(c) = rx.try_recv() {
+                self.command(c, &mut drain);
+            }
+            self.drop_cancelled();
+            self.admit();
+            if self.running.is_empty() {
+                if !self.waiting.is_empty() {
+                    // Nothing runs and the oldest waiting sequence cannot get a page: it never will.
+                    let s = self.waiting.pop_front().expect("not empty");
+                    self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                    self.fail(
+                        s,
+                        Error::TooLarge(
+                            "the sequence needs more pages than the model's page pool holds".into(),
+                        ),
+                    );
+                }
+                continue;
+            }
+            self.epoch();
+        }
+    }
+
+    fn command(&mut self, c: Cmd, drain: &mut Option<mpsc::Sender<()>>) {
+        match c {
+            Cmd::Drain(d) => *drain = Some(d),
+            Cmd::Submit(a) => {
+                let Admitted {
+                    req,
+                    events,
+                    cancelled,
+                    arrived,
+                } = *a;
+                for index in 0..req.n {
+                    self.next_id += 1;
+                    self.waiting.push_back(Seq {
+                        id: self.next_id,
+                        index,
+                        tokens: req.prompt.clone(),
+                        prompt_len: req.prompt.len() as u32,
+                        table: PageTable::default(),
+                        sampler: Sampler::new(req.sampling.clone(), u64::from(index), &req.prompt),
+                        stop: StopMatcher::new(req.stop.clone()),
+                        utf8: Utf8Stream::default(),
+                        max_tokens: req.max_tokens,
+                        ignore_eos: req.ignore_eos,
+                        events: events.clone(),
+                        cancelled: cancelled.clone(),
+                        arrived,
+                        last_token: None,
+                        generated: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let (pool, metrics) = (&mut self.pool, &self.metrics);
+        self.waiting.retain(|s| {
+            let gone = s.cancelled.load(Ordering::Relaxed);
+            if gone {
+                metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+        self.running.retain_mut(|s| {
+            let gone = s.cancelled.load(Ordering::Relaxed);
+            if gone {
+                s.table.clear(pool);
+                metrics.running.fetch_sub(1, Ordering::Relaxed);
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+    }
+
+    /// Moves waiting sequences to running, oldest first, while the pool has the pages for their prompts (so an
+    /// admitted sequence can run its prompt; its generated tokens take pages as they come).
+    fn admit(&mut self) {
+        let pt = self.limits.page_tokens;
+        while let Some(s) = self.waiting.front() {
+            let need = PageTable::pages_for(s.tokens.len() as u32 + 1, pt);
+            let reserved: u32 = self
+                .running
+                .iter()
+                .map(|r| {
+                    PageTable::pages_for(r.tokens.len() as u32 + 1, pt)
+                        .saturating_sub(r.table.pages.len() as u32)
+                })
+                .sum();
+            if need + reserved > self.pool.free() {
+                break;
+            }
+            let s = self.waiting.pop_front().expect("not empty");
+            self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.running.fetch_add(1, Ordering::Relaxed);
+            self.running.push(s);
+        }
+    }
+
+    fn fail(&mut self, mut s: Seq, e: Error) {
+        s.table.clear(&mut self.pool);
+        self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        (s.events)(Event::Failed(e));
+    }
+
+    fn epoch(&mut self) {
+        let t0 = Instant::now();
+        let pt = self.limits.page_tokens;
+        let progress: Vec<Progress> = self.running.iter().map(Seq::progress).collect();
+        let mut plan = plan_epoch(&progress, self.limits.epoch_tokens, self.limits.epoch_spans);
+        // Pages for every span, oldest sequence first. A span that cannot get them takes the pages of the
+        // youngest running sequence younger than itself (which is then recomputed from its tokens later); with
+        // none to take, it waits for pages (or fails, when the whole pool could not hold it).
+        let mut i = 0;
+        while i < plan.len() {
+            let sp = plan[i];
+            let reserved = loop {
+                match self.running[sp.seq]
+                    .table
+                    .reserve(&mut self.pool, sp.count, pt)
+                {
+                    Ok(()) => break true,
+                    Err(_) => {
+                        let younger = (sp.seq + 1..self.running.len())
+                            .rev()
+                            .find(|&k| !self.running[k].table.pages.is_empty());
+                        let Some(k) = younger else { break false };
+                        self.running[k].table.clear(&mut self.pool);
+                        self.metrics.preempted.fetch_add(1, Ordering::Relaxed);
+                        log::debug!(
+                            "model {}: preempted sequence {} for pages",
+                            self.model.name,
+                            self.running[k].id
+                        );
+                        plan.retain(|p| p.seq != k);
+                    }
+                }
+            };
+            if reserved {
+                i += 1;
+                continue;
+            }
+            plan.remove(i);
+            let s = &self.running[sp.seq];
+            if PageTable::pages_for(s.tokens.len() as u32, pt) > self.pool.capacity() {
+                let s = self.running.remove(sp.seq);
+                self.metrics.running.fetch_sub(1, Ordering::Relaxed);
+                self.fail(
+                    s,
+                    Error::TooLarge(
+                        "the sequence needs more pages than the model's page pool holds".into(),
+                    ),
+                );
+                // Indices after the removed sequence shift down by one.
+                for p in &mut plan {
+                    if p.seq > sp.seq {
+                        p.seq -= 1;
+                    }
+                }
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        match self.run_epoch(&plan) {
+            Ok(rows) => self.commit(&plan, &rows),
+            Err(e) => {
+                log::debug!(
+                    "model {}: epoch of {} spans failed: {e}",
+                    self.model.name,
+                    plan.len()
+                );
+                let mut idx: Vec<usize> = plan.iter().map(|p| p.seq).collect();
+                idx.sort_unstable();
+                for k in idx.into_iter().rev() {
+                    let s = self.running.remove(k);
+                    self.metrics.running.fetch_sub(1, Ordering::Relaxed);
+                    self.fail(s, e.clone());
+                }
+            }
+        }
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        self.metrics.epochs.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .epoch_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Packs, runs and collects one epoch: the logits rows (one per span that asked), `vocab` f32 each.
+    fn run_epoch(&self, plan: &[PlannedSpan]) -> Result<Vec<f32>> {
+        let pt = self.limits.page_tokens;
+        let mut spans = Vec::with_capacity(plan.len() * SPAN_WORDS * 8);
+        let mut tokens = Vec::new();
+        let mut pages = Vec::new();
+        let mut rows = 0i64;
+        for p in plan {
+            let s = &self.running[p.seq];
+            let table_len = PageTable::pages_for(p.position + p.count, pt) as usize;
+            let words: [i64; SPAN_WORDS] = [
+                s.id as i64,
+                i64::from(p.position),
+                i64::from(p.count),
+                (tokens.len() / 4) as i64,
+                (pages.len() / 4) as i64,
+                table_len as i64,
+                if p.logits { rows } else { -1 },
+                0,
+            ];
+            if p.logits {
+                rows += 1;
+            }
+            for w in words {
+                spans.extend_from_slice(&w.to_le_bytes());
+            }
+            for &t in &s.tokens[p.position as usize..(p.position + p.count) as usize] {
+                tokens.extend_from_slice(&(t as i32).to_le_bytes());
+            }
+            for &pg in &s.table.pages[..table_len] {
+                pages.extend_from_slice(&(pg as i32).to_le_bytes());
+            }
+        }
+        let model = &self.model;
+        let (r, decls) = model.invoke(
+            "epoch",
+            &EPOCH,
+            &[
+                model.state().clone(),
+                Value::I64(i64::from(self.pool_pages)),
+                Value::buffer(spans),
+                Value::buffer(tokens),
+                Value::buffer(pages),
+            ],
+            model.doc.fuel.entry("epoch"),
+        );
+        let out = r?;
+        let stage = out[0].as_i64().unwrap_or(-1);
+        let upload = out[1].as_buffer().unwrap_or_default().to_vec();
+        let output_bytes = out[2].as_i64().unwrap_or(-1);
+        let live = rows as u64 * u64::from(self.limits.vocab) * 4;
+        if output_bytes < 0 || (output_bytes as u64) < live {
+            return Err(Error::Program(format!(
+                "epoch returned an output of {output_bytes} bytes; {rows} logits rows of {} need {live}",
+                self.limits.vocab
+            )));
+        }
+        let set = match model.cached_stages(&decls) {
+            Some(s) => s,
+            None => model.stages_for(decls)?,
+        };
+        if usize::try_from(stage)
+            .ok()
+            .and_then(|i| set.stages.get(i))
+            .is_none()
+        {
+            return Err(Error::Program(format!(
+                "epoch selected stage {stage}; {} stages are declared",
+                set.stages.len()
+            )));
+        }
+        let input = model.device.alloc(upload.len() as u64, &model.budget)?;
+        model.device.write(&input, 0, &upload)?;
+        let output = model.device.alloc(output_bytes as u64, &model.budget)?;
+        let mut run = model.invoke_run(
+            "run",
+            &RUN,
+            &[
+                Value::I64(stage),
+                Value::native("hal.buffer", input.clone()),
+                Value::native("hal.buffer", self.pool_buf.clone()),
+                Value::native("hal.buffer", output.clone()),
+            ],
+            model.doc.fuel.entry("run"),
+            set,
+            0,
+            None,
+        );
+        model.settle(&mut run)?;
+        if run.signalled.is_empty() {
+            return Err(Error::Program(
+                "run submitted no work (call runner.execute_3)".into(),
+            ));
+        }
+        let bytes = model.device.read(&output, 0, live)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Commits each span's progress, draws the next token of the spans that asked, streams and finishes.
+    fn commit(&mut self, plan: &[PlannedSpan], logits: &[f32]) {
+        let pt = self.limits.page_tokens;
+        let vocab = self.limits.vocab as usize;
+        let mut row = 0usize;
+        let mut finished: Vec<(usize, Finish)> = Vec::new();
+        let now = Instant::now();
+        for p in plan {
+            let s = &mut self.running[p.seq];
+            s.table.commit(p.count, pt);
+            let prefill = (p.position + p.count)
+                .min(s.prompt_len)
+                .saturating_sub(p.position);
+            self.metrics
+                .prefill_tokens
+                .fetch_add(u64::from(prefill), Ordering::Relaxed);
+            self.metrics
+                .decode_tokens
+                .fetch_add(u64::from(p.count - prefill), Ordering::Relaxed);
+            if !p.logits {
+                continue;
+            }
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let sample = s.sampler.sample(l);
+            let token = sample.token;
+            s.tokens.push(token);
+            s.generated += 1;
+            match s.last_token {
+                None => {
+                    self.metrics.ttft_ns.fetch_add(
+                        now.duration_since(s.arrived).as_nanos() as u64,
+                        Ordering::Relaxed,
+                    );
+                    self.metrics.ttft_count.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(t) => {
+                    self.metrics
+                        .itl_ns
+                        .fetch_add(now.duration_since(t).as_nanos() as u64, Ordering::Relaxed);
+                    self.metrics.itl_count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            s.last_token = Some(now);
+            let terminal = !s.ignore_eos && self.limits.terminal == Some(token);
+            let mut text = String::new();
+            let mut finish = None;
+            if terminal {
+                finish = Some(Finish::Stop);
+            } else {
+                let bytes = token_bytes(&self.model, token);
+                let step = s.stop.push(&s.utf8.push(&bytes));
+                text = step.text;
+                if step.stopped.is_some() {
+                    finish = Some(Finish::Stop);
+                } else if s.generated >= s.max_tokens
+                    || s.tokens.len() as u32 >= self.limits.context
+                {
+                    finish = Some(Finish::Length);
+                }
+            }
+            if terminal || finish == Some(Finish::Length) {
+                // The end of the text: an incomplete character and text held back for a stop string that did
+                // not complete are final now (a stop string completing in them still stops).
+                let tail = s.utf8.finish();
+                let step = s.stop.push(&tail);
+                text.push_str(&step.text);
+                if step.stopped.is_some() {
+                    finish = Some(Finish::Stop);
+                } else {
+                    text.push_str(&s.stop.finish());
+                }
+            }
+            (s.events)(Event::Delta {
+                index: s.index,
+                text,
+                samples: vec![sample],
+            });
+            if let Some(f) = finish {
+                finished.push((p.seq, f));
+            }
+        }
+        finished.sort_unstable_by_key(|f| f.0);
+        for (k, f) in finished.into_iter().rev() {
+            let mut s = self.running.remove(k);
+            self.metrics.running.fetch_sub(1, Ordering::Relaxed);
+            s.table.clear(&mut self.pool);
+            (s.events)(Event::Done {
+                index: s.index,
+                finish: f,
+                completion_tokens: s.generated,
+            });
+        }
+    }
+}
+
+/// The bytes of `token` (its tokenizer's; a byte itself without one).
+fn token_bytes(model: &Model, token: u32) -> Vec<u8> {
+    match model.tokenizer() {
+        Some(t) => t.token_bytes(token).unwrap_or_default(),
+        None => vec![token as u8],
+    }
+}
