@@ -376,3 +376,73 @@ fn cancelled_streams_free_their_pages() {
     assert_eq!(v["choices"][0]["text"], oracle(b"after", 10).0);
     s.healthy();
 }
+
+/// A pool too small for every running sequence: sequences that need pages take the youngest ones', which are
+/// recomputed from their tokens later; every text is still the oracle's.
+#[test]
+fn a_small_pool_preempts_and_recomputes_without_changing_any_text() {
+    let s = start("chat-preempt", &[]);
+    let base = s.dir.join("arith-chat-small");
+    crate::support::copy_dir(&s.dir.join("arith-chat"), &base);
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(base.join("model.json")).unwrap()).unwrap();
+    // 16 words of state per token (1 KiB pages, like a small transformer's keys and values) in a 200 KiB
+    // budget: a pool of 150 pages (the pool takes 3/4) and room for an epoch's buffers.
+    doc["name"] = json!("arith-chat-small");
+    doc["memory"]["device_bytes"] = json!(204800);
+    doc["options"]["epoch_spans"] = json!(4);
+    doc["options"]["epoch_tokens"] = json!(64);
+    doc["options"]["token_words"] = json!(16);
+    std::fs::write(base.join("model.json"), doc.to_string()).unwrap();
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        s.metric("loom_text_pages_capacity{model=\"arith-chat-small\"}"),
+        150.0
+    );
+    // Four prompts of 500 tokens (32 pages each) are admitted together; growing to 1,000 tokens they would
+    // need 4 x 63 pages.
+    let prompts: Vec<String> = (0..4)
+        .map(|i| {
+            (0..500)
+                .map(|k| (b'a' + ((k * (i + 3)) % 26) as u8) as char)
+                .collect()
+        })
+        .collect();
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    complete(
+                        s,
+                        json!({"model": "arith-chat-small", "prompt": p, "max_tokens": 500,
+                               "temperature": 0, "ignore_eos": true}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, v) in prompts.iter().zip(&got) {
+        let mut seq = p.as_bytes().to_vec();
+        let mut want = String::new();
+        for _ in 0..500 {
+            let t = next(&seq);
+            seq.push(t);
+            want.push(t as char);
+        }
+        assert_eq!(v["choices"][0]["text"], want);
+    }
+    assert!(
+        s.metric("loom_text_preemptions_total{model=\"arith-chat-small\"}") >= 1.0,
+        "{}",
+        s.request("GET", "/metrics", b"").text()
+    );
+    assert_eq!(
+        s.metric("loom_text_pages_used{model=\"arith-chat-small\"}"),
+        0.0
+    );
+    s.healthy();
+}

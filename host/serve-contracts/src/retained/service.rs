@@ -628,6 +628,9 @@ impl Engine {
 
     fn fail(&mut self, mut s: Seq, e: Error) {
         s.table.clear(&mut self.pool);
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used()), Ordering::Relaxed);
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
         (s.events)(Event::Failed(e));
     }
@@ -908,6 +911,10 @@ impl Engine {
             let mut s = self.running.remove(k);
             self.metrics.running.fetch_sub(1, Ordering::Relaxed);
             s.table.clear(&mut self.pool);
+            // The gauges are current before the client hears of the end.
+            self.metrics
+                .pages_used
+                .store(u64::from(self.pool.used()), Ordering::Relaxed);
             (s.events)(Event::Done {
                 index: s.index,
                 finish: f,
