@@ -85,3 +85,67 @@ fn a_miss_compiles_while_cached_cohorts_keep_running_and_the_cache_is_bounded() 
     assert_eq!(series(&s, "loom_specialization_cache_hits_total"), 4.0);
     s.healthy();
 }
+
+/// Cohorts are pipelined: while the device is busy (here with another model's long cohort), a model's next
+/// cohorts are prepared, uploaded and submitted without waiting, up to two in flight; each still gets its own,
+/// correct result.
+#[test]
+fn cohorts_are_submitted_while_the_device_is_busy() {
+    let s = TestServer::start("pipeline", &[]);
+    let base = s.dir.join("slow-embed");
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "slow-embed", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Warm both models' stages for one short text (so nothing compiles below).
+    for m in ["slow-embed", "arith-embed"] {
+        let r = s.post_json("/v1/embeddings", &json!({"model": m, "input": "warm"}));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let texts = ["one", "two", "six"];
+    std::thread::scope(|sc| {
+        // The slow model's cohort holds the device for a while...
+        let slow = sc.spawn(|| {
+            let r = s.post_json(
+                "/v1/embeddings",
+                &json!({"model": "slow-embed", "input": "busy"}),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        // ...while three requests to arith-embed arrive one after the other.
+        let hs: Vec<_> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let s = &s;
+                sc.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(10 * i as u64));
+                    let r = s.post_json(
+                        "/v1/embeddings",
+                        &json!({"model": "arith-embed", "input": text}),
+                    );
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    let vals: Vec<i64> = text.bytes().map(i64::from).collect();
+                    let want = arith(&vals, 64);
+                    let got = r.json()["data"][0]["embedding"].clone();
+                    for (g, w) in got.as_array().unwrap().iter().zip(&want) {
+                        assert!((g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        slow.join().unwrap();
+    });
+    assert_eq!(
+        s.metric("loom_cohorts_in_flight_max{model=\"arith-embed\"}"),
+        2.0,
+        "{}",
+        s.request("GET", "/metrics", b"").text()
+    );
+    s.healthy();
+}
