@@ -30,11 +30,17 @@
 //!
 //! [`HalControl::release`] ends an executable's id (later submissions naming it are refused); its code is
 //! freed when the last accepted submission that uses it retires.
+//!
+//! # Failed readiness
+//!
+//! [`HalControl::timeline_fail`] is [`crate::HalDevice::timeline_signal`]'s failing twin: host-side work that
+//! a point stands for (the server's checkpoint gathers) failed, so the point fails instead of being reached,
+//! and everything waiting on it fails with the message rather than running on buffers nobody filled.
 
-use crate::{ExecutableId, HalDeviceBox, HalFilesBox, Submission, error};
+use crate::{ExecutableId, HalDeviceBox, HalFilesBox, Submission, TimelinePoint, error};
 use abi_stable::StableAbi;
 use abi_stable::sabi_trait;
-use abi_stable::std_types::{RBox, RBoxError, ROption, RResult};
+use abi_stable::std_types::{RBox, RBoxError, ROption, RResult, RString};
 
 /// A cancellation flag of one device (0 is "none").
 #[repr(transparent)]
@@ -82,12 +88,19 @@ pub trait HalControl: Send + Sync {
     fn cancel_destroy(&self, cancel: CancelId) -> RResult<(), RBoxError>;
 
     /// [`crate::HalDevice::submit`] with `bounds` applied to each of its dispatches.
-    #[sabi(last_prefix_field)]
     fn submit_bounded(
         &self,
         submission: Submission,
         bounds: DispatchBounds,
     ) -> RResult<(), RBoxError>;
+
+    /// Fails `point` with `message`: the timeline advances to it as [`crate::HalDevice::timeline_signal`]
+    /// would, but every wait for exactly this point, and every submission waiting on it, fails with the
+    /// message (later points of the timeline are not affected). How a host reports that work it did on the
+    /// host side for the point (a read, a transfer) failed, so that dependents never run on what it did not
+    /// produce. An error when `point` is already reached.
+    #[sabi(last_prefix_field)]
+    fn timeline_fail(&self, point: TimelinePoint, message: RString) -> RResult<(), RBoxError>;
 }
 
 /// What a 1.5 plugin without [`HalControl`] (and every codec and profile plugin) puts in

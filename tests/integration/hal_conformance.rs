@@ -1329,3 +1329,60 @@ fn hal_cancelled_dispatches_fail_and_released_executables_are_refused() {
         );
     });
 }
+
+/// A point the host fails fails only itself: a submission waiting on it fails with the host's message without
+/// running (its output keeps its bytes), and the timeline goes on past it.
+#[test]
+fn hal_failed_points_fail_their_waiters_without_running_them() {
+    let s = counted_stage(2);
+    let bytes = encode_stage(&s);
+    each_device_with_control(|id, dev, control| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        let host = ok(id, dev.timeline_create());
+        let work = ok(id, dev.timeline_create());
+        let input = upload(dev, &4i64.to_le_bytes());
+        let output = upload(dev, &f32_bytes(&[-1.0, -1.0]));
+        let dispatch = || Command::Dispatch {
+            exe,
+            inputs: RVec::from(vec![input]),
+            params: RVec::new(),
+            outputs: RVec::from(vec![output]),
+            workspace: RVec::new(),
+        };
+        // A dispatch waiting on host point 1, which the host fails.
+        submit(dev, vec![dispatch()], &[point(host, 1)], point(work, 1));
+        ok(
+            id,
+            control.timeline_fail(point(host, 1), "the read of rows 3..5 failed".into()),
+        );
+        assert_eq!(
+            failed(dev, point(host, 1)),
+            "the read of rows 3..5 failed",
+            "{id}"
+        );
+        assert!(
+            failed(dev, point(work, 1)).contains("the read of rows 3..5 failed"),
+            "{id}"
+        );
+        assert_eq!(
+            floats(&read_all(dev, output, 8)),
+            [-1.0, -1.0],
+            "{id}: it did not run"
+        );
+        // Point 2 of the host timeline is independent of the failed point 1.
+        let work2 = ok(id, dev.timeline_create());
+        submit(dev, vec![dispatch()], &[point(host, 2)], point(work2, 1));
+        ok(id, dev.timeline_signal(point(host, 2)));
+        reached(dev, point(work2, 1));
+        assert_ne!(
+            floats(&read_all(dev, output, 8)),
+            [-1.0, -1.0],
+            "{id}: it ran"
+        );
+        // A reached point cannot be failed.
+        assert!(
+            err(control.timeline_fail(point(host, 2), "late".into())).contains("already reached"),
+            "{id}"
+        );
+    });
+}

@@ -594,6 +594,14 @@ impl HalControl for CpuDevice {
             self.submit_with(submission, Some(bounds))
         })
     }
+
+    fn timeline_fail(&self, point: TimelinePoint, message: RString) -> RResult<(), RBoxError> {
+        guard("timeline_fail", || {
+            self.state().timelines.fail(point, message.into_string())?;
+            self.inner.changed.notify_all();
+            Ok::<_, String>(())
+        })
+    }
 }
 
 impl HalDevice for CpuDevice {

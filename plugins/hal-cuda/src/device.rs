@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use abi_stable::std_types::{RBoxError, RResult, RSlice, RVec};
+use abi_stable::std_types::{RBoxError, RResult, RSlice, RString, RVec};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use hal_queue::commands::Objects;
 use hal_queue::{Queue, lock};
@@ -160,6 +160,12 @@ impl HalControl for CudaDev {
     ) -> RResult<(), RBoxError> {
         guard("submit_bounded", || {
             self.submit_with(submission, Some(bounds))
+        })
+    }
+
+    fn timeline_fail(&self, point: TimelinePoint, message: RString) -> RResult<(), RBoxError> {
+        guard("timeline_fail", || {
+            self.queue.timeline_fail(point, message.into_string())
         })
     }
 }

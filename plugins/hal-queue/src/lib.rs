@@ -198,6 +198,13 @@ impl<J: Send + 'static> Queue<J> {
         Ok(())
     }
 
+    /// Fails the timeline of `point` with `message` (see `Timelines::fail`) and wakes its waiters.
+    pub fn timeline_fail(&self, point: TimelinePoint, message: String) -> Result<(), String> {
+        lock(&self.shared.state).timelines.fail(point, message)?;
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
     /// Blocks until `point` is reached, fails, or `timeout_ns` passes.
     pub fn timeline_wait(
         &self,

@@ -1,8 +1,10 @@
 //! A device's timelines: each a `u64` that only increases, or a failure (the first error wins; every later
-//! wait or value query reports it). Used by [`Queue`](crate::Queue) and by `hal-cpu`, which runs its own queue
-//! threads, so that both answer with the same texts.
+//! wait or value query reports it). A point the host fails (`fail`, for host-side work that failed) fails
+//! only itself: waits for it report the message, and the timeline goes on past it. Used by
+//! [`Queue`](crate::Queue) and by `hal-cpu`, which runs its own queue threads, so that both answer with the
+//! same texts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Condvar, MutexGuard};
 use std::time::Instant;
 
@@ -12,7 +14,13 @@ use loom_plugin_api::{TimelineId, TimelinePoint, WaitStatus};
 struct Timeline {
     value: u64,
     failure: Option<String>,
+    /// Points the host failed (at most [`MAX_FAILED_POINTS`], the oldest forgotten first).
+    failed_points: BTreeMap<u64, String>,
 }
+
+/// Failed points remembered per timeline: a wait for one comes from work submitted around its failure, long
+/// before this many later failures.
+pub const MAX_FAILED_POINTS: usize = 4096;
 
 /// A device's timelines by id.
 #[derive(Debug, Default)]
@@ -48,6 +56,9 @@ impl Timelines {
     /// the error.
     pub fn reached(&self, point: TimelinePoint) -> Result<bool, String> {
         let t = self.get(point.timeline)?;
+        if let Some(m) = t.failed_points.get(&point.value) {
+            return Err(m.clone());
+        }
         if t.value >= point.value {
             return Ok(true);
         }
@@ -86,6 +97,31 @@ impl Timelines {
             Some(f) => Err(f.clone()),
             None => Ok(t.value),
         }
+    }
+
+    /// Fails `point` from the host: the timeline advances to it (as a signal does), but waits for exactly
+    /// this point report `message`; later points are unaffected. The point must not be reached yet. The caller
+    /// notifies the waiters.
+    pub fn fail(&mut self, point: TimelinePoint, message: String) -> Result<(), String> {
+        let t = self
+            .map
+            .get_mut(&point.timeline.0)
+            .ok_or_else(|| format!("unknown timeline {}", point.timeline.0))?;
+        if let Some(f) = &t.failure {
+            return Err(f.clone());
+        }
+        if point.value <= t.value {
+            return Err(format!(
+                "timeline_fail: point {} is already reached (the timeline is at {})",
+                point.value, t.value
+            ));
+        }
+        t.value = point.value;
+        t.failed_points.insert(point.value, message);
+        while t.failed_points.len() > MAX_FAILED_POINTS {
+            t.failed_points.pop_first();
+        }
+        Ok(())
     }
 
     /// Signals a point from the host (the value must increase); the caller notifies the waiters.

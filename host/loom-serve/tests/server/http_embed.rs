@@ -518,3 +518,81 @@ fn parameters_gather_with_direct_io_refuses_misaligned_rows_and_keeps_serving() 
         );
     }
 }
+
+/// Failed readiness is never success: when a gather fails, the dispatch that waits on its fence fails with the
+/// read's message instead of running on the rows nobody read. Shown with a pooling stage that spins for a while
+/// after pooling: a request whose gather fails answers well before a good one, which runs the spin.
+#[test]
+fn a_failed_gather_fails_its_consumers_without_running_them() {
+    let s = TestServer::start("gather-ready", &[]);
+    let base = s.dir.join("lookup-slow");
+    crate::support::copy_dir(&s.dir.join("arith-lookup"), &base);
+    let kernel = std::fs::read_to_string(base.join("kernel.loom")).unwrap();
+    let kernel = kernel
+        .replace(
+            "    dispatch @mean_rows<B = B, T = T, H = H>(%x, %rows, %y)\n",
+            "    dispatch @mean_rows<B = B, T = T, H = H>(%x, %rows, %y)\n    dispatch @spin<B = B, H = H>(%y)\n",
+        )
+        .replace(
+            "  export stage @pool<",
+            "  // Spins after pooling (adds zero), so that running this stage takes a while.
+  export kernel @spin<B: i64, H: i64>
+      grid(B)
+      (%y: buffer<f32, [B, H]> readwrite)
+  {
+    %b = program_id 0
+    %rh = tile.range 0, H
+    %e = tile.load %y[%b, %rh], 0.0
+    %z = tile.zeros : tile<[H], f32>
+    %acc = for %i = 0 to 30000000 iter(%a = %z : tile<[H], f32>) -> tile<[H], f32> {
+      yield mul(%a, 0.5)
+    }
+    tile.store %y[%b, %rh], add(%e, %acc)
+  }
+
+  export stage @pool<",
+        );
+    assert!(kernel.contains("@spin<B = B"), "the fixture edit applies");
+    std::fs::write(base.join("kernel.loom"), kernel).unwrap();
+    let doc = std::fs::read_to_string(base.join("model.json"))
+        .unwrap()
+        .replace("\"name\": \"arith-lookup\"", "\"name\": \"lookup-slow\"");
+    std::fs::write(base.join("model.json"), doc).unwrap();
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Warm the stages for one-value inputs, then time a good request and a bad one of the same shape.
+    let v = embed(&s, "lookup-slow", json!([[7]]));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &lookup(&[7]),
+        "warm",
+    );
+    let t0 = std::time::Instant::now();
+    let v = embed(&s, "lookup-slow", json!([[9]]));
+    let good = t0.elapsed();
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &lookup(&[9]),
+        "good",
+    );
+    let t0 = std::time::Instant::now();
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "lookup-slow", "input": [[300]]}),
+    );
+    let bad = t0.elapsed();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("outside the entry"), "{}", r.text());
+    assert!(
+        bad * 3 < good,
+        "the failed gather's consumer ran: {bad:?} for the failing request, {good:?} for a good one"
+    );
+    // The model's next gathers use a fresh timeline: a good request after the failure succeeds.
+    let v = embed(&s, "lookup-slow", json!([[11]]));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &lookup(&[11]),
+        "after",
+    );
+    s.healthy();
+}

@@ -32,8 +32,12 @@
 //!
 //! The job holds the descriptor and target buffers and the source until it is done, so removing the model or
 //! dropping the program's handles cannot release them early. A failure (a failed `wait`, a bad record, a read
-//! error) still signals the point, so dependents never hang, and records the error against the point; the
-//! collector of the work that joined the fence ([`GatherQueue::failure`]) turns it into the cohort's error.
+//! error) **fails the point** on the device (`Device::fail`, ABI 1.5), so every dispatch that waits on the
+//! gather's fence fails with the read's message instead of running on a target nobody filled (failed readiness
+//! is never success), and records the error against the point for the collector ([`GatherQueue::failure`]).
+//! Only that point fails: the gather timeline goes on, so other gathers (another cohort's, queued behind it)
+//! are unaffected. On a device built before 1.5 the point is signalled and only the record carries the failure
+//! (the consumer runs; its cohort still fails at collection).
 //! Jobs complete in order, so point values increase monotonically.
 
 use crate::checkpoint::{Entry, Source};
@@ -69,6 +73,7 @@ pub struct GatherQueue {
     timeline: TimelineId,
     next: Mutex<u64>,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Failed gathers' messages by point, taken by the collector of the work that joined them.
     failures: Arc<Mutex<HashMap<u64, String>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -111,13 +116,22 @@ impl GatherQueue {
                 };
                 while let Ok(job) = rx.recv() {
                     let point = job.point;
-                    if let Err(e) = run(&dev, job, &mut io) {
-                        if let Ok(mut f) = fails.lock() {
-                            f.insert(point.value, e);
+                    match run(&dev, job, &mut io) {
+                        Ok(()) => {
+                            if let Err(e) = dev.signal(point) {
+                                log::error!("gather: signalling point {}: {e}", point.value);
+                            }
                         }
-                    }
-                    if let Err(e) = dev.signal(point) {
-                        log::error!("gather: signalling point {}: {e}", point.value);
+                        Err(e) => {
+                            // Failed readiness: the point fails (only it), so work waiting on it fails with the
+                            // read's message instead of running on a target nobody filled.
+                            if let Ok(mut f) = fails.lock() {
+                                f.insert(point.value, e.clone());
+                            }
+                            if let Err(e) = dev.fail(point, &e) {
+                                log::error!("gather: failing point {}: {e}", point.value);
+                            }
+                        }
                     }
                 }
                 io.close_all(&dev);
@@ -153,10 +167,6 @@ impl GatherQueue {
         tx.send(job)
             .map_err(|_| "the gather worker stopped".to_string())?;
         Ok(p)
-    }
-
-    pub fn timeline(&self) -> TimelineId {
-        self.timeline
     }
 
     /// The error of a gather whose point is `point`, if it failed (taken: reported once).

@@ -380,6 +380,20 @@ impl Device {
             .map_err(|e| dev_err("signal", e))
     }
 
+    /// Fails `point` with `message` (host-side work it stands for failed), so that every wait and submission
+    /// depending on it fails with that message. `Ok(false)` on a device without a control (a plugin built
+    /// before ABI 1.5): the point is then signalled, and only the caller's own record carries the failure.
+    pub fn fail(&self, point: TimelinePoint, message: &str) -> Result<bool, Error> {
+        match &self.control {
+            Some(c) => c
+                .timeline_fail(point, message.into())
+                .into_result()
+                .map(|()| true)
+                .map_err(|e| dev_err("timeline_fail", e)),
+            None => self.signal(point).map(|()| false),
+        }
+    }
+
     /// Waits for `point`; a failed point is `Err` with the failure's text (e.g. a kernel's checked-load error).
     pub fn wait(&self, point: TimelinePoint, timeout_ns: u64) -> Result<bool, String> {
         match self.hal.timeline_wait(point, timeout_ns).into_result() {
