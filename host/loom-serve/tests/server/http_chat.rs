@@ -446,3 +446,52 @@ fn a_small_pool_preempts_and_recomputes_without_changing_any_text() {
     );
     s.healthy();
 }
+
+/// Prefix sharing: requests that start with the same tokens read the same full pages; their prefill is not
+/// recomputed, and their text is still the oracle's.
+#[test]
+fn shared_prefixes_are_stored_once_and_not_recomputed() {
+    let s = start("chat-prefix", &[]);
+    let m = |name: &str| s.metric(&format!("{name}{{model=\"arith-chat\"}}"));
+    let system: String = (0..500)
+        .map(|k| (b'a' + ((k * 5 + 3) % 26) as u8) as char)
+        .collect();
+    let first = format!("{system} first question");
+    let v = complete(
+        &s,
+        json!({"model": "arith-chat", "prompt": first, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(v["choices"][0]["text"], oracle(first.as_bytes(), 8).0);
+    assert_eq!(m("loom_text_prefix_hit_tokens_total"), 0.0);
+    // The system prompt's 31 full pages (496 tokens) are found for every later request that starts with it.
+    let prefill0 = m("loom_text_prefill_tokens_total");
+    let prompts: Vec<String> = (0..16).map(|i| format!("{system} question {i}?")).collect();
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    complete(s, json!({"model": "arith-chat", "prompt": p, "max_tokens": 8, "temperature": 0}))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, v) in prompts.iter().zip(&got) {
+        assert_eq!(v["choices"][0]["text"], oracle(p.as_bytes(), 8).0, "{p}");
+    }
+    let hits = m("loom_text_prefix_hit_tokens_total");
+    assert_eq!(hits, 16.0 * 496.0);
+    let computed = m("loom_text_prefill_tokens_total") - prefill0;
+    let total: usize = prompts.iter().map(String::len).sum();
+    assert_eq!(
+        computed,
+        (total - 16 * 496) as f64,
+        "only the suffixes were computed"
+    );
+    // The shared pages stay cached (held once) after the requests; nothing is held by a sequence.
+    assert_eq!(m("loom_text_pages_used"), 0.0);
+    assert!(m("loom_text_prefix_cache_pages") >= 31.0);
+    s.healthy();
+}

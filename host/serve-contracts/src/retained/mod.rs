@@ -36,6 +36,7 @@
 pub mod chat;
 pub mod engine;
 pub mod pages;
+pub mod prefix;
 pub mod sampling;
 pub mod service;
 pub mod text;

@@ -10,6 +10,7 @@
 
 use super::engine::{PlannedSpan, Progress, plan_epoch};
 use super::pages::{PagePool, PageTable};
+use super::prefix::PrefixCache;
 use super::sampling::{Sample, Sampler, SamplingParams};
 use super::text::{StopMatcher, Utf8Stream};
 use super::{EPOCH, Limits, RUN, SPAN_WORDS};
@@ -104,6 +105,8 @@ pub struct Metrics {
     pub waiting: AtomicU64,
     pub running: AtomicU64,
     pub pages_used: AtomicU64,
+    pub pages_cached: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
     pub pages_capacity: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
@@ -170,9 +173,21 @@ impl Metrics {
             ),
             s(
                 "loom_text_pages_used",
-                "pages of the page pool in use",
+                "pages of the page pool held by sequences (shared pages once)",
                 "gauge",
                 g(&self.pages_used),
+            ),
+            s(
+                "loom_text_prefix_cache_pages",
+                "full pages kept for prefix sharing (shared with the sequences that read them)",
+                "gauge",
+                g(&self.pages_cached),
+            ),
+            s(
+                "loom_text_prefix_hit_tokens_total",
+                "prompt tokens whose state was found in shared pages instead of computed",
+                "counter",
+                g(&self.prefix_hit_tokens),
             ),
             s(
                 "loom_text_pages_capacity",
@@ -318,6 +333,7 @@ impl RetainedService {
             limits,
             metrics: metrics.clone(),
             pool: PagePool::new(pool_pages),
+            prefix: PrefixCache::default(),
             pool_buf: pool,
             pool_pages,
             waiting: VecDeque::new(),
@@ -482,6 +498,8 @@ struct Seq {
     last_token: Option<Instant>,
     /// Tokens drawn so far.
     generated: u32,
+    /// The chain hash of each full page of `table` known to the prefix cache, in order.
+    hashes: Vec<u64>,
 }
 
 impl Seq {
@@ -498,6 +516,8 @@ struct Engine {
     limits: Limits,
     metrics: Arc<Metrics>,
     pool: PagePool,
+    /// Full pages by token content, shared between sequences (see `super::prefix`).
+    prefix: PrefixCache,
     pool_buf: DeviceBuffer,
     pool_pages: u32,
     /// Sequences not admitted yet (their requests' order).
@@ -572,6 +592,7 @@ impl Engine {
                         arrived,
                         last_token: None,
                         generated: 0,
+                        hashes: Vec::new(),
                     });
                 }
             }
@@ -592,14 +613,13 @@ impl Engine {
             let gone = s.cancelled.load(Ordering::Relaxed);
             if gone {
                 s.table.clear(pool);
+                s.hashes.clear();
                 metrics.running.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             }
             !gone
         });
-        self.metrics
-            .pages_used
-            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        self.update_pages();
     }
 
     /// Moves waiting sequences to running, oldest first, while the pool has the pages for their prompts (so an
@@ -616,21 +636,53 @@ impl Engine {
                         .saturating_sub(r.table.pages.len() as u32)
                 })
                 .sum();
-            if need + reserved > self.pool.free() {
+            if need + reserved > self.pool.free() + self.prefix.evictable(&self.pool) {
                 break;
             }
             let s = self.waiting.pop_front().expect("not empty");
             self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
             self.metrics.running.fetch_add(1, Ordering::Relaxed);
             self.running.push(s);
+            let k = self.running.len() - 1;
+            self.attach_prefix(k);
         }
+    }
+
+    /// Gives running sequence `k`, which holds no pages, the shared pages of its longest cached prefix (whole
+    /// pages, leaving at least its last known token to compute, so that it gets logits).
+    fn attach_prefix(&mut self, k: usize) {
+        let pt = self.limits.page_tokens;
+        let s = &mut self.running[k];
+        if !s.table.pages.is_empty() || s.table.tokens != 0 {
+            return;
+        }
+        let max_pages = (s.tokens.len().saturating_sub(1)) / pt as usize;
+        let hits = self.prefix.lookup(&mut self.pool, &s.tokens, pt, max_pages);
+        if hits.is_empty() {
+            return;
+        }
+        s.table.pages = hits.iter().map(|h| h.0).collect();
+        s.table.tokens = hits.len() as u32 * pt;
+        s.hashes = hits.iter().map(|h| h.1).collect();
+        self.metrics
+            .prefix_hit_tokens
+            .fetch_add(u64::from(s.table.tokens), Ordering::Relaxed);
+    }
+
+    /// The page gauges: pages held by sequences, and pages the prefix cache knows.
+    fn update_pages(&self) {
+        let idle = self.prefix.evictable(&self.pool);
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used() - idle), Ordering::Relaxed);
+        self.metrics
+            .pages_cached
+            .store(self.prefix.len() as u64, Ordering::Relaxed);
     }
 
     fn fail(&mut self, mut s: Seq, e: Error) {
         s.table.clear(&mut self.pool);
-        self.metrics
-            .pages_used
-            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        self.update_pages();
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
         (s.events)(Event::Failed(e));
     }
@@ -638,6 +690,9 @@ impl Engine {
     fn epoch(&mut self) {
         let t0 = Instant::now();
         let pt = self.limits.page_tokens;
+        for k in 0..self.running.len() {
+            self.attach_prefix(k);
+        }
         let progress: Vec<Progress> = self.running.iter().map(Seq::progress).collect();
         let mut plan = plan_epoch(&progress, self.limits.epoch_tokens, self.limits.epoch_spans);
         // Pages for every span, oldest sequence first. A span that cannot get them takes the pages of the
@@ -652,12 +707,14 @@ impl Engine {
                     .reserve(&mut self.pool, sp.count, pt)
                 {
                     Ok(()) => break true,
+                    Err(e) if self.prefix.evict(&mut self.pool, e.needed - e.free) > 0 => continue,
                     Err(_) => {
                         let younger = (sp.seq + 1..self.running.len())
                             .rev()
                             .find(|&k| !self.running[k].table.pages.is_empty());
                         let Some(k) = younger else { break false };
                         self.running[k].table.clear(&mut self.pool);
+                        self.running[k].hashes.clear();
                         self.metrics.preempted.fetch_add(1, Ordering::Relaxed);
                         log::debug!(
                             "model {}: preempted sequence {} for pages",
@@ -694,9 +751,7 @@ impl Engine {
         if plan.is_empty() {
             return;
         }
-        self.metrics
-            .pages_used
-            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        self.update_pages();
         match self.run_epoch(&plan) {
             Ok(rows) => self.commit(&plan, &rows),
             Err(e) => {
@@ -714,9 +769,7 @@ impl Engine {
                 }
             }
         }
-        self.metrics
-            .pages_used
-            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+        self.update_pages();
         self.metrics.epochs.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .epoch_ns
@@ -834,6 +887,17 @@ impl Engine {
         for p in plan {
             let s = &mut self.running[p.seq];
             s.table.commit(p.count, pt);
+            // Pages this span filled are shared from now on.
+            let full = (s.table.tokens / pt) as usize;
+            while s.hashes.len() < full {
+                let j = s.hashes.len();
+                let parent = s.hashes.last().copied().unwrap_or(super::prefix::ROOT);
+                let block = &s.tokens[j * pt as usize..(j + 1) * pt as usize];
+                let h = self
+                    .prefix
+                    .insert(&mut self.pool, parent, block, s.table.pages[j]);
+                s.hashes.push(h);
+            }
             let prefill = (p.position + p.count)
                 .min(s.prompt_len)
                 .saturating_sub(p.position);
@@ -912,9 +976,7 @@ impl Engine {
             self.metrics.running.fetch_sub(1, Ordering::Relaxed);
             s.table.clear(&mut self.pool);
             // The gauges are current before the client hears of the end.
-            self.metrics
-                .pages_used
-                .store(u64::from(self.pool.used()), Ordering::Relaxed);
+            self.update_pages();
             (s.events)(Event::Done {
                 index: s.index,
                 finish: f,
