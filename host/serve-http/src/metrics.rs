@@ -11,36 +11,36 @@ fn model_series(svc: &dyn Service) -> Vec<Series> {
     let m = svc.model();
     let c = m.spec_cache_stats();
     vec![
-        Series {
-            name: "loom_device_bytes",
-            help: "device bytes held by the model (parameters, workspace, cohort buffers)",
-            kind: "gauge",
-            value: m.device_bytes() as f64,
-        },
-        Series {
-            name: "loom_specialization_cache_hits_total",
-            help: "invocation stage sets reused",
-            kind: "counter",
-            value: c.hits as f64,
-        },
-        Series {
-            name: "loom_specialization_cache_misses_total",
-            help: "invocation stage sets compiled",
-            kind: "counter",
-            value: c.misses as f64,
-        },
-        Series {
-            name: "loom_specialization_cache_evictions_total",
-            help: "invocation stage sets dropped to keep at most specialization_cache",
-            kind: "counter",
-            value: c.evictions as f64,
-        },
-        Series {
-            name: "loom_specialization_cache_entries",
-            help: "invocation stage sets cached (at most the package's specialization_cache)",
-            kind: "gauge",
-            value: c.entries as f64,
-        },
+        Series::sample(
+            "loom_device_bytes",
+            "device bytes held by the model (parameters, workspace, cohort buffers)",
+            "gauge",
+            m.device_bytes() as f64,
+        ),
+        Series::sample(
+            "loom_specialization_cache_hits_total",
+            "invocation stage sets reused",
+            "counter",
+            c.hits as f64,
+        ),
+        Series::sample(
+            "loom_specialization_cache_misses_total",
+            "invocation stage sets compiled",
+            "counter",
+            c.misses as f64,
+        ),
+        Series::sample(
+            "loom_specialization_cache_evictions_total",
+            "invocation stage sets dropped to keep at most specialization_cache",
+            "counter",
+            c.evictions as f64,
+        ),
+        Series::sample(
+            "loom_specialization_cache_entries",
+            "invocation stage sets cached (at most the package's specialization_cache)",
+            "gauge",
+            c.entries as f64,
+        ),
     ]
 }
 
@@ -59,23 +59,37 @@ pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
     let _ = writeln!(o, "loom_http_requests_total {http_requests}");
     // Families in first-seen order, each with one sample per model that exports it.
     let services: Vec<Arc<dyn Service>> = registry.services();
-    let mut families: Vec<(Series, Vec<(String, f64)>)> = Vec::new();
+    let mut families: Vec<(Series, Vec<(String, Series)>)> = Vec::new();
     for svc in &services {
         let name = &svc.model().name;
         for s in svc.series().into_iter().chain(model_series(svc.as_ref())) {
             match families.iter_mut().find(|(f, _)| f.name == s.name) {
-                Some((_, samples)) => samples.push((name.clone(), s.value)),
-                None => {
-                    let v = s.value;
-                    families.push((s, vec![(name.clone(), v)]));
-                }
+                Some((_, samples)) => samples.push((name.clone(), s)),
+                None => families.push((s.clone(), vec![(name.clone(), s)])),
             }
         }
     }
     for (f, samples) in &families {
         family(&mut o, f.name, f.help, f.kind);
-        for (model, v) in samples {
-            let _ = writeln!(o, "{}{{model=\"{model}\"}} {v}", f.name);
+        for (model, s) in samples {
+            match &s.histogram {
+                None => {
+                    let _ = writeln!(o, "{}{{model=\"{model}\"}} {}", f.name, s.value);
+                }
+                Some(h) => {
+                    for (le, n) in &h.buckets {
+                        let le = if le.is_infinite() {
+                            "+Inf".to_string()
+                        } else {
+                            le.to_string()
+                        };
+                        let _ =
+                            writeln!(o, "{}_bucket{{model=\"{model}\",le=\"{le}\"}} {n}", f.name);
+                    }
+                    let _ = writeln!(o, "{}_sum{{model=\"{model}\"}} {}", f.name, h.sum);
+                    let _ = writeln!(o, "{}_count{{model=\"{model}\"}} {}", f.name, h.count);
+                }
+            }
         }
     }
     family(

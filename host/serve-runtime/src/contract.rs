@@ -121,9 +121,105 @@ impl ContractInterface {
 pub struct Series {
     pub name: &'static str,
     pub help: &'static str,
-    /// `counter` or `gauge`.
+    /// `counter`, `gauge` or `histogram`.
     pub kind: &'static str,
+    /// The sample (a histogram's: its count).
     pub value: f64,
+    /// A histogram's buckets, sum and count (`kind` is then `histogram`).
+    pub histogram: Option<HistogramSnapshot>,
+}
+
+impl Series {
+    /// A counter or gauge.
+    pub fn sample(
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        value: f64,
+    ) -> Series {
+        Series {
+            name,
+            help,
+            kind,
+            value,
+            histogram: None,
+        }
+    }
+}
+
+/// Bucket bounds (seconds) for latencies from a millisecond to a minute.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// A Prometheus histogram of durations, recorded lock-free.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative), then the `+Inf` bucket.
+    counts: Vec<std::sync::atomic::AtomicU64>,
+    sum_ns: std::sync::atomic::AtomicU64,
+}
+
+/// What a [`Histogram`] holds at one moment: cumulative counts per upper bound (the last is `+Inf`), the sum
+/// (seconds) and the count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSnapshot {
+    pub buckets: Vec<(f64, u64)>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len())
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            sum_ns: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: std::time::Duration) {
+        use std::sync::atomic::Ordering;
+        let secs = d.as_secs_f64();
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        use std::sync::atomic::Ordering;
+        let mut acc = 0;
+        let mut buckets = Vec::with_capacity(self.counts.len());
+        for (i, c) in self.counts.iter().enumerate() {
+            acc += c.load(Ordering::Relaxed);
+            buckets.push((self.bounds.get(i).copied().unwrap_or(f64::INFINITY), acc));
+        }
+        HistogramSnapshot {
+            buckets,
+            sum: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            count: acc,
+        }
+    }
+
+    /// The histogram as a series named `name`.
+    pub fn series(&self, name: &'static str, help: &'static str) -> Series {
+        let h = self.snapshot();
+        Series {
+            name,
+            help,
+            kind: "histogram",
+            value: h.count as f64,
+            histogram: Some(h),
+        }
+    }
 }
 
 /// A model being served under its contract: a running scheduler over a prepared [`Model`].

@@ -129,6 +129,22 @@ fn streamed_equals_whole_and_chat_renders_the_template() {
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], n);
     assert_eq!(usage["usage"]["prompt_tokens"], 26);
+    // Latency histograms: one first token per response so far, and the intervals after them.
+    let text = s.request("GET", "/metrics", b"").text();
+    assert!(
+        text.contains("# TYPE loom_text_time_to_first_token_seconds histogram"),
+        "{text}"
+    );
+    let count = s.metric("loom_text_time_to_first_token_seconds_count{model=\"arith-chat\"}");
+    assert_eq!(count, 2.0);
+    assert_eq!(
+        s.metric("loom_text_time_to_first_token_seconds_bucket{model=\"arith-chat\",le=\"+Inf\"}"),
+        2.0
+    );
+    assert_eq!(
+        s.metric("loom_text_inter_token_latency_seconds_count{model=\"arith-chat\"}"),
+        2.0 * (n as f64 - 1.0)
+    );
     s.healthy();
 }
 

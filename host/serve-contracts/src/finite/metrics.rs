@@ -36,12 +36,7 @@ impl Metrics {
     /// The series the metrics route exports for this model (per-model labels are the exporter's).
     pub fn series(&self) -> Vec<Series> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let s = |name, help, kind, value| Series {
-            name,
-            help,
-            kind,
-            value,
-        };
+        let s = Series::sample;
         vec![
             s(
                 "loom_requests_total",

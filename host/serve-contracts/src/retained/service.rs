@@ -15,7 +15,7 @@ use super::sampling::{Sample, Sampler, SamplingParams};
 use super::text::{StopMatcher, Utf8Stream};
 use super::{EPOCH, Limits, RUN, SPAN_WORDS};
 use loom_vm::Value;
-use serve_runtime::contract::{Series, Service};
+use serve_runtime::contract::{Histogram, LATENCY_BUCKETS, Series, Service};
 use serve_runtime::device::DeviceBuffer;
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
@@ -95,7 +95,7 @@ impl Ticket {
 }
 
 /// Counters exported as Prometheus series.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     pub requests: AtomicU64,
     pub failed: AtomicU64,
@@ -112,21 +112,40 @@ pub struct Metrics {
     pub decode_tokens: AtomicU64,
     pub epochs: AtomicU64,
     pub epoch_ns: AtomicU64,
-    pub ttft_ns: AtomicU64,
-    pub ttft_count: AtomicU64,
-    pub itl_ns: AtomicU64,
-    pub itl_count: AtomicU64,
+    /// Admission to each choice's first token.
+    pub ttft: Histogram,
+    /// Between a choice's consecutive tokens.
+    pub itl: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            preempted: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            pages_used: AtomicU64::new(0),
+            pages_cached: AtomicU64::new(0),
+            prefix_hit_tokens: AtomicU64::new(0),
+            pages_capacity: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
+            decode_tokens: AtomicU64::new(0),
+            epochs: AtomicU64::new(0),
+            epoch_ns: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            itl: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
 }
 
 impl Metrics {
     fn series(&self) -> Vec<Series> {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let s = |name, help, kind, value| Series {
-            name,
-            help,
-            kind,
-            value,
-        };
+        let s = Series::sample;
         let cap = g(&self.pages_capacity).max(1.0);
         vec![
             s(
@@ -225,29 +244,13 @@ impl Metrics {
                 "counter",
                 g(&self.epoch_ns) / 1e9,
             ),
-            s(
-                "loom_text_time_to_first_token_seconds_sum",
-                "time from admission to each choice's first token, summed",
-                "counter",
-                g(&self.ttft_ns) / 1e9,
+            self.ttft.series(
+                "loom_text_time_to_first_token_seconds",
+                "time from admission to each choice's first token",
             ),
-            s(
-                "loom_text_time_to_first_token_seconds_count",
-                "choices with a first token",
-                "counter",
-                g(&self.ttft_count),
-            ),
-            s(
-                "loom_text_inter_token_latency_seconds_sum",
-                "time between a choice's consecutive tokens, summed",
-                "counter",
-                g(&self.itl_ns) / 1e9,
-            ),
-            s(
-                "loom_text_inter_token_latency_seconds_count",
-                "intervals between consecutive tokens",
-                "counter",
-                g(&self.itl_count),
+            self.itl.series(
+                "loom_text_inter_token_latency_seconds",
+                "time between a choice's consecutive tokens",
             ),
         ]
     }
@@ -917,19 +920,8 @@ impl Engine {
             s.tokens.push(token);
             s.generated += 1;
             match s.last_token {
-                None => {
-                    self.metrics.ttft_ns.fetch_add(
-                        now.duration_since(s.arrived).as_nanos() as u64,
-                        Ordering::Relaxed,
-                    );
-                    self.metrics.ttft_count.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(t) => {
-                    self.metrics
-                        .itl_ns
-                        .fetch_add(now.duration_since(t).as_nanos() as u64, Ordering::Relaxed);
-                    self.metrics.itl_count.fetch_add(1, Ordering::Relaxed);
-                }
+                None => self.metrics.ttft.observe(now.duration_since(s.arrived)),
+                Some(t) => self.metrics.itl.observe(now.duration_since(t)),
             }
             s.last_token = Some(now);
             let terminal = !s.ignore_eos && self.limits.terminal == Some(token);
