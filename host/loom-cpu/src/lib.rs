@@ -681,7 +681,14 @@ impl CpuStage {
                             ),
                         )
                     };
-                    qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
+                    // One product per row of the row form (the vector form is one row).
+                    for (x, y) in x
+                        .chunks_exact(4 * mv.k)
+                        .zip(y.chunks_exact_mut(4 * mv.n))
+                        .take(mv.m)
+                    {
+                        qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
+                    }
                     continue;
                 }
             }

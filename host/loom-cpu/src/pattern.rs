@@ -288,6 +288,8 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
 /// A matched quantised matrix-vector product `y[n] = sum_k W[n, k] * x[k]` (parameter indices).
 #[derive(Debug, Clone)]
 pub(crate) struct MatvecMatch {
+    /// Rows of `X: [M, K]` and `Y: [M, N]` (the row form); 1 for the vector form (`X: [K]`, `Y: [N]`).
+    pub(crate) m: usize,
     pub(crate) n: usize,
     pub(crate) k: usize,
     pub(crate) dtype: DType,
@@ -311,6 +313,10 @@ pub(crate) struct MatvecMatch {
 /// over a `cdiv(N, BN)` grid and nothing else (a load without fill is accepted where its ranges divide the
 /// extents, so it can never be out of range). The kernel computes every `y[n]` exactly once from the whole
 /// contraction, which `qdot::matvec` computes directly.
+///
+/// The **row form** is the same product for each row of `X: [M, K]` into `Y: [M, N]`, over an
+/// `(M, cdiv(N, BN))` grid: `m = pid(0)`, `rn = range(pid(1) * BN, BN)`, `load(X[m, rk], 0.0)` and
+/// `store Y[m, rn], ...` (`qdot::matvec` once per row; `m` is always in range).
 pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     let ops = match &k.body.ops[..] {
         [
@@ -322,9 +328,11 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
         ] if ys.is_empty() => rest,
         all => all,
     };
-    if ops.len() != 7 {
+    // The row form has one more op: `m = pid(0)`.
+    if ops.len() != 7 && ops.len() != 8 {
         return None;
     }
+    let row_form = ops.len() == 8;
     let [store] = &ops
         .iter()
         .filter(|op| matches!(op.kind, KOpKind::Store { .. }))
@@ -340,8 +348,17 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     else {
         return None;
     };
-    let [srn] = &sidx[..] else { return None };
-    let bn = pid_range(ops, srn, 0)?;
+    // The row form's row index `m = pid(0)`, on the store and on X's load alike.
+    let row_pid = |o: &KOperand| -> Option<KValue> {
+        let v = val(o)?;
+        matches!(def(ops, v)?.kind, KOpKind::ProgramId { axis: 0 }).then_some(v)
+    };
+    let (srow, srn) = match (&sidx[..], row_form) {
+        ([srn], false) => (None, srn),
+        ([sm, srn], true) => (Some(row_pid(sm)?), srn),
+        _ => return None,
+    };
+    let bn = pid_range(ops, srn, u8::from(row_form))?;
     let KOpKind::Reshape { a: racc, shape } = &def(ops, val(value)?)?.kind else {
         return None;
     };
@@ -430,7 +447,11 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     };
     let (px, ix, fx) = load(xl)?;
     let (pw, iw, fw) = load(wl)?;
-    let [xrk] = &ix[..] else { return None };
+    let xrk = match (&ix[..], srow) {
+        ([xrk], None) => xrk,
+        ([xm, xrk], Some(m)) if val(xm)? == m => xrk,
+        _ => return None,
+    };
     let [wrn, wrk] = &iw[..] else { return None };
     let r_op = def(bops, val(xrk)?)?;
     let KOpKind::Range { start, len } = &r_op.kind else {
@@ -460,7 +481,19 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     let [n, kdim] = pw_.shape[..] else {
         return None;
     };
-    if px_.shape[..] != [kdim] || py_.shape[..] != [n] || kdim as i64 != kk || kdim % 32 != 0 {
+    let m = if row_form {
+        let [m, xk] = px_.shape[..] else { return None };
+        if xk != kdim || py_.shape[..] != [m, n] || m == 0 {
+            return None;
+        }
+        m
+    } else {
+        if px_.shape[..] != [kdim] || py_.shape[..] != [n] {
+            return None;
+        }
+        1
+    };
+    if kdim as i64 != kk || kdim % 32 != 0 {
         return None;
     }
     let (n_div, k_div) = (n % u64::from(bn) == 0, kdim % bk as u64 == 0);
@@ -468,10 +501,16 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     if !x_safe || !w_safe {
         return None;
     }
-    if k.grid != [n.div_ceil(u64::from(bn)), 1, 1] || *y == pw || *y == px {
+    let grid = if row_form {
+        [m, n.div_ceil(u64::from(bn)), 1]
+    } else {
+        [n.div_ceil(u64::from(bn)), 1, 1]
+    };
+    if k.grid != grid || *y == pw || *y == px {
         return None;
     }
     Some(MatvecMatch {
+        m: m as usize,
         n: n as usize,
         k: kdim as usize,
         dtype: pw_.dtype,

@@ -816,6 +816,83 @@ fn quantised_matvec_jit_and_pattern_agree_with_the_reference() {
     }
 }
 
+/// The row form (`x: [m, k]`, `y: [m, n]`, the row `pid(0)`): one quantised product per row, each row as the
+/// vector form computes it (the same bound against the reference), and the same as the JIT's rows.
+#[test]
+fn quantised_matvec_rows_agree_with_the_reference() {
+    let mut rng = Rng::new(29);
+    for dtype in [DType::Q8_0, DType::Q4_1] {
+        for (m, n, k, bn, bk) in [
+            (1u64, 70u64, 96u64, 16u32, 32u32),
+            (5, 37, 576, 16, 64),
+            (3, 64, 128, 64, 64),
+        ] {
+            let st = one_kernel_stage(matvec_rows_kernel(dtype, m, n, k, bn, bk));
+            let w = random_blocks(&mut rng, dtype, (n * k / 32) as usize);
+            let xs = rng.f32s((m * k) as usize, -2.0, 2.0);
+            let ins = [w.clone(), f32_bytes(&xs)];
+            let ins_ref: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
+            let mut want = loom_reference::alloc_outputs(&st).unwrap();
+            loom_reference::run_stage(&st, &ins_ref, &[], &mut want).expect("reference run");
+            let want = f32s(&want[0]);
+            let wd = loom_reference::dequantize(dtype, &w).unwrap();
+            for (match_gemm, path) in [(false, "jit"), (true, "qmatvec")] {
+                let cs =
+                    loom_cpu::compile_stage_with(&st, loom_cpu::Options { match_gemm }).unwrap();
+                assert_eq!(cs.compile_report().kernels[0].path, path);
+                for threads in [1, 2] {
+                    let mut got = loom_reference::alloc_outputs(&st).unwrap();
+                    cs.run(&ins_ref, &[], &mut got, threads).expect("cpu run");
+                    for (idx, g) in f32s(&got[0]).iter().enumerate() {
+                        let (r, c) = (idx / n as usize, idx % n as usize);
+                        let x = &xs[r * k as usize..(r + 1) * k as usize];
+                        let row = &wd[c * k as usize..(c + 1) * k as usize];
+                        let dx: Vec<f64> = x
+                            .chunks(32)
+                            .map(|b| b.iter().fold(0f64, |a, v| a.max(f64::from(v.abs()))) / 127.0)
+                            .collect();
+                        let s: f64 = row.iter().zip(x).map(|(a, b)| f64::from(a * b).abs()).sum();
+                        let wq: f64 = row
+                            .iter()
+                            .enumerate()
+                            .map(|(j, a)| f64::from(a.abs()) * dx[j / 32])
+                            .sum();
+                        let bound = if path == "jit" {
+                            1e-5 * s
+                        } else {
+                            wq / 2.0 + 1e-5 * (s + wq)
+                        };
+                        let err = (f64::from(*g) - f64::from(want[idx])).abs();
+                        assert!(
+                            err <= bound,
+                            "{dtype} {m}x{n}x{k} {path} {threads} threads: y[{r}, {c}] = {g}, want {} (error {err:e} > {bound:e})",
+                            want[idx]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A row index that is not pid(0) on both sides (here: the store's row from pid(0), the load's a constant)
+    // is not the row form.
+    let mut kern = matvec_rows_kernel(DType::Q8_0, 2, 64, 64, 16, 32);
+    for op in &mut kern.body.ops {
+        if let loom_ir::kernel::KOpKind::For { body, .. } = &mut op.kind {
+            for bop in &mut body.ops {
+                // Parameter 1 is x.
+                if let loom_ir::kernel::KOpKind::Load {
+                    param: 1, indices, ..
+                } = &mut bop.kind
+                {
+                    indices[0] = i(0);
+                }
+            }
+        }
+    }
+    let cs = loom_cpu::compile_stage(&one_kernel_stage(kern)).unwrap();
+    assert_eq!(cs.compile_report().kernels[0].path, "jit");
+}
+
 #[test]
 fn matvec_pattern_only_matches_the_exact_form() {
     // An f32 weight, or a weight shape whose K is not a multiple of 32 blocks, stays on the JIT.
