@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 /// Which route: the chat form (messages) or the text form (a prompt).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Form {
+pub(crate) enum Form {
     Chat,
     Text,
 }
@@ -43,7 +43,10 @@ pub(crate) async fn completions(
 }
 
 /// The retained-text model `name` (404 unknown, 503 not ready, 501 not a chat model).
-fn text_service(st: &crate::state::AppState, name: &str) -> Result<Arc<RetainedService>, ApiError> {
+pub(crate) fn text_service(
+    st: &crate::state::AppState,
+    name: &str,
+) -> Result<Arc<RetainedService>, ApiError> {
     let svc = st.registry.service(name)?;
     if svc.model().doc.role != "chat" {
         return Err(ApiError::from(serve_runtime::Error::Unsupported(format!(
@@ -82,7 +85,10 @@ fn count(o: &Map<String, Json>, name: &str) -> Result<Option<u64>, ApiError> {
 }
 
 /// The sampling and length parameters common to both forms.
-fn parse_request(o: &Map<String, Json>, form: Form) -> Result<(GenRequest, bool, bool), ApiError> {
+pub(crate) fn parse_request(
+    o: &Map<String, Json>,
+    form: Form,
+) -> Result<(GenRequest, bool, bool), ApiError> {
     let mut p = SamplingParams::default();
     if let Some(t) = number(o, "temperature")? {
         p.temperature = t;
@@ -239,30 +245,60 @@ async fn complete(
                 .map_err(ApiError::bad_request)?;
             svc.encode(&text)?
         }
-        Form::Text => match o.get("prompt") {
-            Some(Json::String(s)) => svc.encode(s)?,
-            Some(Json::Array(a)) if a.iter().all(Json::is_u64) => a
-                .iter()
-                .map(|v| v.as_u64().unwrap_or(0).min(u64::from(u32::MAX)) as u32)
-                .collect(),
-            Some(Json::Array(_)) => {
-                return Err(ApiError::bad_request(
-                    "`prompt` must be a string or an array of token ids (one prompt per request)",
-                ));
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "`prompt` (a string or an array of token ids) is required",
-                ));
-            }
-        },
+        Form::Text => text_prompt(&svc, o.get("prompt"))?.ok_or_else(|| {
+            ApiError::bad_request("`prompt` (a string or an array of token ids) is required")
+        })?,
     };
+    let (sink, rx) = event_channel();
+    let n = req.n;
+    let ticket = svc.submit(req, sink)?;
+    respond(svc, model, form, n, ticket, rx, stream, include_usage).await
+}
+
+/// A prompt given as text or as token ids (`None`: absent or null).
+pub(crate) fn text_prompt(
+    svc: &RetainedService,
+    v: Option<&Json>,
+) -> Result<Option<Vec<u32>>, ApiError> {
+    Ok(Some(match v {
+        None | Some(Json::Null) => return Ok(None),
+        Some(Json::String(s)) => svc.encode(s)?,
+        Some(Json::Array(a)) if a.iter().all(Json::is_u64) => a
+            .iter()
+            .map(|v| v.as_u64().unwrap_or(0).min(u64::from(u32::MAX)) as u32)
+            .collect(),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`prompt` must be a string or an array of token ids (one prompt per request)",
+            ));
+        }
+    }))
+}
+
+/// An event sink for the engine and the receiver the response reads.
+pub(crate) fn event_channel() -> (
+    serve_contracts::retained::EventSink,
+    mpsc::UnboundedReceiver<Event>,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
     let sink: serve_contracts::retained::EventSink = Arc::new(move |e| {
         let _ = tx.send(e);
     });
-    let n = req.n;
-    let ticket = svc.submit(req, sink)?;
+    (sink, rx)
+}
+
+/// The response to a submitted request, whole or streamed (the client going away cancels it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn respond(
+    svc: Arc<RetainedService>,
+    model: String,
+    form: Form,
+    n: u32,
+    ticket: Ticket,
+    rx: mpsc::UnboundedReceiver<Event>,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
     let id = format!(
         "{}-{}",
         if form == Form::Chat {

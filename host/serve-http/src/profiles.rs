@@ -69,6 +69,14 @@ pub(crate) const BUILTIN_PATHS: &[&str] = &[
     "/v1/embeddings",
     "/v1/decisions",
     "/classify",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/sessions",
+    "/v1/sessions/{id}",
+    "/v1/sessions/{id}/append",
+    "/v1/sessions/{id}/checkpoints",
+    "/v1/sessions/{id}/fork",
+    "/v1/sessions/{id}/rewind",
 ];
 
 /// Longest profile route path.

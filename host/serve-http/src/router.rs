@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::{AppState, St};
-use crate::{chat, classify, decisions, embeddings, lifecycle};
+use crate::{chat, classify, decisions, embeddings, lifecycle, sessions};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -47,6 +47,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/classify", post(classify::classify))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get).delete(sessions::delete),
+        )
+        .route("/v1/sessions/{id}/append", post(sessions::append))
+        .route("/v1/sessions/{id}/checkpoints", post(sessions::checkpoint))
+        .route("/v1/sessions/{id}/fork", post(sessions::fork))
+        .route("/v1/sessions/{id}/rewind", post(sessions::rewind))
         .merge(crate::profiles::routes(&state))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), frame))

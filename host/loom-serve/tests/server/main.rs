@@ -14,6 +14,7 @@ mod http_minilm;
 mod http_nanoguard;
 mod http_packages;
 mod http_robustness;
+mod http_sessions;
 mod http_specialize;
 mod plugins;
 mod profiles;

@@ -39,6 +39,7 @@ pub mod pages;
 pub mod prefix;
 pub mod sampling;
 pub mod service;
+pub mod sessions;
 pub mod text;
 
 pub use service::{Event, EventSink, Finish, GenRequest, RetainedService, Ticket};

@@ -1,8 +1,9 @@
 //! Paged retained state: the server owns a pool of fixed-size pages per prepared model (the package declares
 //! tokens per page and bytes per page per layer; the pool's size comes from the model's memory budget), and each
-//! sequence owns a page table. Pages are reference counted so that a shared prefix, a checkpoint or a fork
-//! holds the same immutable pages; the only page a writer may change is one it holds alone (a fork's partial
-//! frontier page is copied, never shared).
+//! sequence owns a page table. Pages are reference counted so that a shared prefix, a session, a checkpoint or
+//! a fork holds the same immutable full pages; the only page a writer may change is one it holds alone. Sessions
+//! never copy a partial page: its few tokens are recomputed into the writer's own page ([`super::sessions`]);
+//! [`PageTable::fork`] (a copy plan for the partial page) is kept for a package-side copy, unused by the server.
 //!
 //! The pool is owned by the model's scheduler thread (no locks); every page index it hands out is released
 //! exactly once per retain, which the tests check by returning the pool to full.

@@ -12,6 +12,7 @@ use super::engine::{PlannedSpan, Progress, plan_epoch};
 use super::pages::{PagePool, PageTable};
 use super::prefix::PrefixCache;
 use super::sampling::{Sample, Sampler, SamplingParams};
+use super::sessions::{SessionError, SessionInfo, SessionOp};
 use super::text::{StopMatcher, Utf8Stream};
 use super::{EPOCH, Limits, RUN, SPAN_WORDS};
 use loom_vm::Value;
@@ -20,10 +21,10 @@ use serve_runtime::device::DeviceBuffer;
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One generation request, tokenized.
 #[derive(Debug, Clone)]
@@ -107,6 +108,7 @@ pub struct Metrics {
     pub pages_used: AtomicU64,
     pub pages_cached: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
+    pub sessions: AtomicU64,
     pub pages_capacity: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
@@ -131,6 +133,7 @@ impl Default for Metrics {
             pages_used: AtomicU64::new(0),
             pages_cached: AtomicU64::new(0),
             prefix_hit_tokens: AtomicU64::new(0),
+            sessions: AtomicU64::new(0),
             pages_capacity: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
             decode_tokens: AtomicU64::new(0),
@@ -209,6 +212,12 @@ impl Metrics {
                 g(&self.prefix_hit_tokens),
             ),
             s(
+                "loom_text_sessions",
+                "sessions alive (their pinned pages count in loom_text_pages_used)",
+                "gauge",
+                g(&self.sessions),
+            ),
+            s(
                 "loom_text_pages_capacity",
                 "pages in the page pool",
                 "gauge",
@@ -256,9 +265,38 @@ impl Metrics {
     }
 }
 
+type SessionReply = std::result::Result<Vec<SessionInfo>, SessionError>;
+
 enum Cmd {
     Submit(Box<Admitted>),
+    /// An append to session `id`: `Admitted`'s prompt is the new tokens; the reply is the whole prompt's length.
+    Append {
+        id: String,
+        admitted: Box<Admitted>,
+        reply: mpsc::Sender<std::result::Result<u32, SessionError>>,
+    },
+    Session {
+        id: String,
+        op: SessionOp,
+        reply: mpsc::Sender<SessionReply>,
+    },
     Drain(mpsc::Sender<()>),
+}
+
+/// Idle sessions are deleted after this long unless the model's `options.session_idle_seconds` says otherwise.
+pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// A session on the engine thread (see [`super::sessions`]).
+struct Session {
+    tokens: Vec<u32>,
+    /// One pool reference on each cached full page of `tokens`, in order.
+    pins: Vec<u32>,
+    /// By name: the tokens at the checkpoint and their pins.
+    checkpoints: BTreeMap<String, (Vec<u32>, Vec<u32>)>,
+    last_used: Instant,
+    busy: bool,
 }
 
 struct Admitted {
@@ -342,6 +380,13 @@ impl RetainedService {
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
+            sessions: HashMap::new(),
+            session_idle: model
+                .options()
+                .get("session_idle_seconds")
+                .and_then(serde_json::Value::as_f64)
+                .filter(|s| *s > 0.0)
+                .map_or(SESSION_IDLE, Duration::from_secs_f64),
         };
         let thread = std::thread::Builder::new()
             .name(format!("text-{}", model.name))
@@ -378,21 +423,106 @@ impl RetainedService {
         if req.prompt.is_empty() {
             return Err(Error::BadRequest("the prompt is empty".into()));
         }
+        self.check(&req)?;
+        let (cmd, ticket) = self.admitted(req, events);
+        self.send(Cmd::Submit(cmd))?;
+        Ok(ticket)
+    }
+
+    /// Appends `req.prompt` to session `id` and generates after it (`req.n` must be 1): a sequence over the
+    /// session's tokens and the new ones, which reads the session's pages and computes only what follows them.
+    /// When it finishes the session holds every token it knows (the terminal token excepted).
+    pub fn append(
+        &self,
+        id: &str,
+        req: GenRequest,
+        events: EventSink,
+    ) -> std::result::Result<Ticket, SessionError> {
+        if req.n != 1 {
+            return Err(
+                Error::BadRequest("an append generates one choice (`n` must be 1)".into()).into(),
+            );
+        }
+        self.check(&req)?;
+        let (admitted, mut ticket) = self.admitted(req, events);
+        let (reply, rx) = mpsc::channel();
+        let sent = self.send(Cmd::Append {
+            id: id.to_string(),
+            admitted,
+            reply,
+        });
+        let r = sent.map_err(SessionError::from).and_then(|()| {
+            rx.recv().unwrap_or_else(|_| {
+                Err(SessionError::Failed(Error::NotReady {
+                    name: self.model.name.clone(),
+                    status: "draining".into(),
+                }))
+            })
+        });
+        match r {
+            Ok(prompt_tokens) => {
+                ticket.prompt_tokens = prompt_tokens;
+                Ok(ticket)
+            }
+            Err(e) => {
+                self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs a session operation on the engine thread.
+    pub fn session(&self, id: &str, op: SessionOp) -> SessionReply {
+        if let SessionOp::Create { tokens } | SessionOp::Extend { tokens } = &op {
+            self.check_tokens(tokens)?;
+        }
+        let (reply, rx) = mpsc::channel();
+        self.send(Cmd::Session {
+            id: id.to_string(),
+            op,
+            reply,
+        })?;
+        rx.recv()
+            .unwrap_or_else(|_| Err(SessionError::NotFound(format!("no session `{id}`"))))
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let max = self.max_prompt();
-        if req.prompt.len() as u64 > u64::from(max) {
+        if tokens.len() as u64 > u64::from(max) {
             return Err(Error::TooLarge(format!(
                 "the prompt is {} tokens; model `{}` takes at most {max} (its context is {} tokens)",
-                req.prompt.len(),
+                tokens.len(),
                 self.model.name,
                 self.limits.context
             )));
         }
-        if let Some(bad) = req.prompt.iter().find(|&&t| t >= self.limits.vocab) {
+        if let Some(bad) = tokens.iter().find(|&&t| t >= self.limits.vocab) {
             return Err(Error::BadRequest(format!(
                 "token {bad} is outside the vocabulary of {}",
                 self.limits.vocab
             )));
         }
+        Ok(())
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        let sent = self
+            .tx
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
+        if sent != Some(true) {
+            return Err(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks everything about `req` but whether its prompt is empty.
+    fn check(&self, req: &GenRequest) -> Result<()> {
+        self.check_tokens(&req.prompt)?;
         req.sampling
             .validate(self.limits.vocab as usize)
             .map_err(Error::BadRequest)?;
@@ -413,33 +543,30 @@ impl RetainedService {
                 self.model.name
             )));
         }
+        Ok(())
+    }
+
+    /// The engine's form of a checked request, and its ticket (counted as waiting).
+    fn admitted(&self, req: GenRequest, events: EventSink) -> (Box<Admitted>, Ticket) {
         let cancelled = Arc::new(AtomicBool::new(false));
         let prompt_tokens = req.prompt.len() as u32;
         self.metrics
             .waiting
             .fetch_add(u64::from(req.n), Ordering::Relaxed);
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
-        let cmd = Cmd::Submit(Box::new(Admitted {
+        let cmd = Box::new(Admitted {
             req,
             events,
             cancelled: cancelled.clone(),
             arrived: Instant::now(),
-        }));
-        let sent = self
-            .tx
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
-        if sent != Some(true) {
-            return Err(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            });
-        }
-        Ok(Ticket {
-            cancelled,
-            prompt_tokens,
-        })
+        });
+        (
+            cmd,
+            Ticket {
+                cancelled,
+                prompt_tokens,
+            },
+        )
     }
 
     /// Token ids for `text` (the package's tokenizer, special tokens matched; bytes without one).
@@ -503,6 +630,8 @@ struct Seq {
     generated: u32,
     /// The chain hash of each full page of `table` known to the prefix cache, in order.
     hashes: Vec<u64>,
+    /// The session this sequence appends to.
+    session: Option<String>,
 }
 
 impl Seq {
@@ -528,6 +657,8 @@ struct Engine {
     /// Admitted sequences, oldest first.
     running: Vec<Seq>,
     next_id: u64,
+    sessions: HashMap<String, Session>,
+    session_idle: Duration,
 }
 
 impl Engine {
@@ -539,11 +670,18 @@ impl Engine {
                     let _ = d.send(());
                     return;
                 }
-                match rx.recv() {
+                let c = if self.sessions.is_empty() {
+                    rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(self.session_idle.min(Duration::from_secs(1)))
+                };
+                match c {
                     Ok(c) => self.command(c, &mut drain),
-                    Err(_) => return,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             }
+            self.expire_sessions();
             while let Ok(c) = rx.try_recv() {
                 self.command(c, &mut drain);
             }
@@ -570,13 +708,68 @@ impl Engine {
     fn command(&mut self, c: Cmd, drain: &mut Option<mpsc::Sender<()>>) {
         match c {
             Cmd::Drain(d) => *drain = Some(d),
-            Cmd::Submit(a) => {
+            Cmd::Submit(a) => self.enqueue(*a, None),
+            Cmd::Append {
+                id,
+                admitted,
+                reply,
+            } => {
+                let r = self.append(&id, *admitted);
+                let _ = reply.send(r);
+            }
+            Cmd::Session { id, op, reply } => {
+                let r = self.session_op(&id, op);
+                self.update_pages();
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// Queues an append to session `id` (its tokens, then the request's); returns the whole prompt's length.
+    fn append(&mut self, id: &str, mut a: Admitted) -> std::result::Result<u32, SessionError> {
+        let max = self.limits.context.saturating_sub(1);
+        let s = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| SessionError::NotFound(format!("no session `{id}`")))?;
+        if s.busy {
+            return Err(SessionError::Conflict(format!(
+                "session `{id}` is busy with another append"
+            )));
+        }
+        let mut prompt = s.tokens.clone();
+        prompt.extend_from_slice(&a.req.prompt);
+        if prompt.is_empty() {
+            return Err(
+                Error::BadRequest("the session and the appended prompt are empty".into()).into(),
+            );
+        }
+        if prompt.len() as u64 > u64::from(max) {
+            return Err(Error::TooLarge(format!(
+                "the session would hold {} tokens; model `{}` takes at most {max} (its context is {} tokens)",
+                prompt.len(),
+                self.model.name,
+                self.limits.context
+            ))
+            .into());
+        }
+        s.busy = true;
+        s.last_used = Instant::now();
+        let n = prompt.len() as u32;
+        a.req.prompt = prompt;
+        self.enqueue(a, Some(id.to_string()));
+        Ok(n)
+    }
+
+    fn enqueue(&mut self, a: Admitted, session: Option<String>) {
+        {
+            {
                 let Admitted {
                     req,
                     events,
                     cancelled,
                     arrived,
-                } = *a;
+                } = a;
                 for index in 0..req.n {
                     self.next_id += 1;
                     self.waiting.push_back(Seq {
@@ -596,19 +789,234 @@ impl Engine {
                         last_token: None,
                         generated: 0,
                         hashes: Vec::new(),
+                        session: session.clone(),
                     });
                 }
             }
         }
     }
 
+    /// The cached full pages of `tokens`, retained once more (a session's pins).
+    fn pins_for(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let pt = self.limits.page_tokens;
+        let full = tokens.len() / pt as usize;
+        self.prefix
+            .lookup(&mut self.pool, tokens, pt, full)
+            .into_iter()
+            .map(|h| h.0)
+            .collect()
+    }
+
+    fn session_op(&mut self, id: &str, op: SessionOp) -> SessionReply {
+        let pt = self.limits.page_tokens as usize;
+        let now = Instant::now();
+        let missing = || SessionError::NotFound(format!("no session `{id}`"));
+        let info = |id: &str, s: &Session, full: bool| SessionInfo {
+            id: id.to_string(),
+            token_ids: if full { s.tokens.clone() } else { Vec::new() },
+            tokens: s.tokens.len() as u32,
+            pages: s.pins.len() as u32,
+            checkpoints: s
+                .checkpoints
+                .iter()
+                .map(|(n, (t, p))| (n.clone(), t.len() as u32, p.len() as u32))
+                .collect(),
+            busy: s.busy,
+            idle_seconds: now.duration_since(s.last_used).as_secs_f64(),
+        };
+        let new_session = |this: &mut Engine, tokens: Vec<u32>, pins: Vec<u32>| {
+            let id = format!("sess-{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
+            let s = Session {
+                tokens,
+                pins,
+                checkpoints: BTreeMap::new(),
+                last_used: now,
+                busy: false,
+            };
+            let r = info(&id, &s, true);
+            this.sessions.insert(id, s);
+            this.metrics
+                .sessions
+                .store(this.sessions.len() as u64, Ordering::Relaxed);
+            r
+        };
+        match op {
+            SessionOp::Create { tokens } => {
+                let pins = self.pins_for(&tokens);
+                Ok(vec![new_session(self, tokens, pins)])
+            }
+            SessionOp::List => {
+                let mut v: Vec<SessionInfo> = self
+                    .sessions
+                    .iter()
+                    .map(|(id, s)| info(id, s, false))
+                    .collect();
+                v.sort_by_key(|i| i.id[5..].parse::<u64>().unwrap_or(0));
+                Ok(v)
+            }
+            SessionOp::Get => {
+                let s = self.sessions.get(id).ok_or_else(missing)?;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::Delete => {
+                let s = self.sessions.remove(id).ok_or_else(missing)?;
+                self.release_session(s);
+                Ok(Vec::new())
+            }
+            SessionOp::Extend { tokens } => {
+                let s = self.sessions.get(id).ok_or_else(missing)?;
+                if s.busy {
+                    return Err(SessionError::Conflict(format!(
+                        "session `{id}` is busy with another append"
+                    )));
+                }
+                let mut all = s.tokens.clone();
+                all.extend_from_slice(&tokens);
+                let max = self.limits.context.saturating_sub(1);
+                if all.len() as u64 > u64::from(max) {
+                    return Err(Error::TooLarge(format!(
+                        "the session would hold {} tokens; model `{}` takes at most {max}",
+                        all.len(),
+                        self.model.name
+                    ))
+                    .into());
+                }
+                let pins = self.pins_for(&all);
+                let s = self.sessions.get_mut(id).expect("checked");
+                self.pool.release(&s.pins);
+                s.pins = pins;
+                s.tokens = all;
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::Checkpoint { name } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                self.pool.retain(&s.pins);
+                if let Some((_, old)) = s
+                    .checkpoints
+                    .insert(name, (s.tokens.clone(), s.pins.clone()))
+                {
+                    self.pool.release(&old);
+                }
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::Fork { checkpoint } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                s.last_used = now;
+                let (tokens, pins) = match &checkpoint {
+                    None => (s.tokens.clone(), s.pins.clone()),
+                    Some(c) => s.checkpoints.get(c).cloned().ok_or_else(|| {
+                        SessionError::NotFound(format!("session `{id}` has no checkpoint `{c}`"))
+                    })?,
+                };
+                self.pool.retain(&pins);
+                Ok(vec![new_session(self, tokens, pins)])
+            }
+            SessionOp::RewindCheckpoint { name } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                if s.busy {
+                    return Err(SessionError::Conflict(format!(
+                        "session `{id}` is busy with an append"
+                    )));
+                }
+                let (tokens, pins) = s.checkpoints.get(&name).cloned().ok_or_else(|| {
+                    SessionError::NotFound(format!("session `{id}` has no checkpoint `{name}`"))
+                })?;
+                self.pool.retain(&pins);
+                self.pool.release(&s.pins);
+                s.tokens = tokens;
+                s.pins = pins;
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::RewindTokens { tokens } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                if s.busy {
+                    return Err(SessionError::Conflict(format!(
+                        "session `{id}` is busy with an append"
+                    )));
+                }
+                let n = tokens as usize;
+                if n > s.tokens.len() {
+                    return Err(Error::BadRequest(format!(
+                        "cannot rewind session `{id}` to {n} tokens: it holds {}",
+                        s.tokens.len()
+                    ))
+                    .into());
+                }
+                s.tokens.truncate(n);
+                let keep = (n / pt).min(s.pins.len());
+                self.pool.release(&s.pins[keep..]);
+                s.pins.truncate(keep);
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+        }
+    }
+
+    /// Releases a session's pins and its checkpoints' pins.
+    fn release_session(&mut self, s: Session) {
+        self.pool.release(&s.pins);
+        for (_, (_, pins)) in s.checkpoints {
+            self.pool.release(&pins);
+        }
+        self.metrics
+            .sessions
+            .store(self.sessions.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Deletes sessions idle for longer than the idle timeout (never one with an append running).
+    fn expire_sessions(&mut self) {
+        if self.sessions.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let idle = self.session_idle;
+        let gone: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.busy && now.duration_since(s.last_used) >= idle)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(s) = self.sessions.remove(&id) {
+                log::debug!("model {}: session {id} expired", self.model.name);
+                self.release_session(s);
+            }
+        }
+        self.update_pages();
+    }
+
+    /// An append's sequence ended: with the tokens it knows (`Some`, the terminal token dropped), or failed or
+    /// cancelled (`None`: the session keeps what it had).
+    fn settle_session(&mut self, s: &Seq, tokens: Option<Vec<u32>>) {
+        let Some(id) = &s.session else { return };
+        if !self.sessions.contains_key(id) {
+            return;
+        }
+        let pins = tokens.as_ref().map(|t| self.pins_for(t));
+        let sess = self.sessions.get_mut(id).expect("checked");
+        sess.busy = false;
+        sess.last_used = Instant::now();
+        if let (Some(tokens), Some(pins)) = (tokens, pins) {
+            self.pool.release(&sess.pins);
+            sess.pins = pins;
+            sess.tokens = tokens;
+        }
+    }
+
     fn drop_cancelled(&mut self) {
         let (pool, metrics) = (&mut self.pool, &self.metrics);
+        let mut ended = Vec::new();
         self.waiting.retain(|s| {
             let gone = s.cancelled.load(Ordering::Relaxed);
             if gone {
                 metrics.waiting.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                if s.session.is_some() {
+                    ended.push(s.session.clone());
+                }
             }
             !gone
         });
@@ -619,9 +1027,18 @@ impl Engine {
                 s.hashes.clear();
                 metrics.running.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                if s.session.is_some() {
+                    ended.push(s.session.clone());
+                }
             }
             !gone
         });
+        for id in ended.into_iter().flatten() {
+            if let Some(sess) = self.sessions.get_mut(&id) {
+                sess.busy = false;
+                sess.last_used = Instant::now();
+            }
+        }
         self.update_pages();
     }
 
@@ -684,6 +1101,7 @@ impl Engine {
     }
 
     fn fail(&mut self, mut s: Seq, e: Error) {
+        self.settle_session(&s, None);
         s.table.clear(&mut self.pool);
         self.update_pages();
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
@@ -885,7 +1303,7 @@ impl Engine {
         let pt = self.limits.page_tokens;
         let vocab = self.limits.vocab as usize;
         let mut row = 0usize;
-        let mut finished: Vec<(usize, Finish)> = Vec::new();
+        let mut finished: Vec<(usize, Finish, bool)> = Vec::new();
         let now = Instant::now();
         for p in plan {
             let s = &mut self.running[p.seq];
@@ -959,13 +1377,20 @@ impl Engine {
                 samples: vec![sample],
             });
             if let Some(f) = finish {
-                finished.push((p.seq, f));
+                finished.push((p.seq, f, terminal));
             }
         }
         finished.sort_unstable_by_key(|f| f.0);
-        for (k, f) in finished.into_iter().rev() {
+        for (k, f, terminal) in finished.into_iter().rev() {
             let mut s = self.running.remove(k);
             self.metrics.running.fetch_sub(1, Ordering::Relaxed);
+            if s.session.is_some() {
+                let mut known = s.tokens.clone();
+                if terminal {
+                    known.pop();
+                }
+                self.settle_session(&s, Some(known));
+            }
             s.table.clear(&mut self.pool);
             // The gauges are current before the client hears of the end.
             self.update_pages();

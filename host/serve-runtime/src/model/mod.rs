@@ -196,6 +196,11 @@ pub(crate) fn invoke(
 }
 
 impl Model {
+    /// The options it was prepared with (the registration's, else `model.json`'s).
+    pub fn options(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.options
+    }
+
     /// A fresh invocation context in `phase`.
     fn ctx(&self, phase: &'static Phase) -> Ctx {
         let mut c = Ctx::new(phase, self.phases, self.options.clone());

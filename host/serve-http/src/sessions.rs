@@ -1,0 +1,283 @@
+//! Sessions over retained-text models (loom-native routes, documented in `docs/serving/http.md`): create a
+//! session, append text or token ids to it (optionally generating, streamed or not, in the shape of
+//! `/v1/completions`), take named checkpoints, fork a session or a checkpoint into a new session, rewind to a
+//! checkpoint or a token count, list and delete. The engine side is
+//! `serve_contracts::retained::sessions`: a session is a token list with its full pages pinned, so a fork
+//! copies no page and an append computes only what follows the session's full pages.
+
+use crate::chat::{Form, event_channel, parse_request, respond, text_prompt, text_service};
+use crate::error::ApiError;
+use crate::state::{AppState, St, body_json};
+use axum::Json as AxJson;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value as Json, json};
+use serve_contracts::retained::RetainedService;
+use serve_contracts::retained::sessions::{SessionError, SessionInfo, SessionOp};
+use std::sync::Arc;
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> ApiError {
+        match e {
+            SessionError::NotFound(m) => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "session_not_found",
+                m,
+            ),
+            SessionError::Conflict(m) => ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "session_busy",
+                m,
+            ),
+            SessionError::Failed(e) => ApiError::from(e),
+        }
+    }
+}
+
+fn object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Json>, ApiError> {
+    match body_json(body)? {
+        Json::Object(o) => Ok(o),
+        _ => Err(ApiError::bad_request("the body must be a JSON object")),
+    }
+}
+
+/// A body that may be empty (`{}`).
+fn object_or_empty(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Json>, ApiError> {
+    match &body {
+        Ok(b) if b.iter().all(u8::is_ascii_whitespace) => Ok(Map::new()),
+        _ => object(body),
+    }
+}
+
+/// Runs `op` on `svc`'s engine thread (off the async workers: it waits for the engine's current epoch).
+async fn run(
+    svc: Arc<RetainedService>,
+    id: String,
+    op: SessionOp,
+) -> Result<Vec<SessionInfo>, ApiError> {
+    tokio::task::spawn_blocking(move || svc.session(&id, op))
+        .await
+        .map_err(|e| ApiError::from(serve_runtime::Error::Internal(format!("session task: {e}"))))?
+        .map_err(ApiError::from)
+}
+
+/// Every ready retained-text model.
+fn text_services(st: &AppState) -> Vec<Arc<RetainedService>> {
+    st.registry
+        .services()
+        .into_iter()
+        .filter_map(|s| s.as_any().downcast::<RetainedService>().ok())
+        .collect()
+}
+
+/// The model holding session `id` (404 when none does).
+async fn owner(st: &AppState, id: &str) -> Result<Arc<RetainedService>, ApiError> {
+    for svc in text_services(st) {
+        match run(svc.clone(), id.to_string(), SessionOp::Get).await {
+            Ok(_) => return Ok(svc),
+            Err(e) if e.status == StatusCode::NOT_FOUND => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(SessionError::NotFound(format!("no session `{id}`")).into())
+}
+
+fn session_json(model: &str, s: &SessionInfo, full: bool) -> Json {
+    let checkpoints: Vec<Json> = s
+        .checkpoints
+        .iter()
+        .map(|(n, t, p)| json!({"name": n, "tokens": t, "pages": p}))
+        .collect();
+    let mut v = json!({
+        "id": s.id,
+        "object": "session",
+        "model": model,
+        "tokens": s.tokens,
+        "pages": s.pages,
+        "checkpoints": checkpoints,
+        "busy": s.busy,
+        "idle_seconds": s.idle_seconds,
+    });
+    if full {
+        v["token_ids"] = json!(s.token_ids);
+    }
+    v
+}
+
+fn one(model: &str, v: Vec<SessionInfo>) -> Response {
+    match v.first() {
+        Some(s) => AxJson(session_json(model, s, true)).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+/// `POST /v1/sessions {model, prompt? | tokens?}`.
+pub(crate) async fn create(
+    State(st): St,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let o = object(body)?;
+    let model = o
+        .get("model")
+        .and_then(Json::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` (a string) is required"))?
+        .to_string();
+    let svc = text_service(&st, &model)?;
+    let tokens = input(&svc, &o)?.unwrap_or_default();
+    let v = run(svc, String::new(), SessionOp::Create { tokens }).await?;
+    Ok(one(&model, v))
+}
+
+/// The `prompt` (text or token ids) or `tokens` (token ids) of a body.
+fn input(svc: &RetainedService, o: &Map<String, Json>) -> Result<Option<Vec<u32>>, ApiError> {
+    match (o.get("prompt"), o.get("tokens")) {
+        (Some(p), Some(t)) if !p.is_null() && !t.is_null() => {
+            Err(ApiError::bad_request("give `prompt` or `tokens`, not both"))
+        }
+        (Some(p), _) if !p.is_null() => text_prompt(svc, Some(p)),
+        (_, Some(t)) if !t.is_null() => match text_prompt(svc, Some(t))? {
+            Some(_) if t.is_string() => Err(ApiError::bad_request(
+                "`tokens` must be an array of token ids",
+            )),
+            r => Ok(r),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// `GET /v1/sessions`.
+pub(crate) async fn list(State(st): St) -> Result<Response, ApiError> {
+    let mut data = Vec::new();
+    for svc in text_services(&st) {
+        let model = svc.model.name.clone();
+        for s in run(svc, String::new(), SessionOp::List).await? {
+            data.push(session_json(&model, &s, false));
+        }
+    }
+    Ok(AxJson(json!({"object": "list", "data": data})).into_response())
+}
+
+/// `GET /v1/sessions/{id}`.
+pub(crate) async fn get(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let svc = owner(&st, &id).await?;
+    let model = svc.model.name.clone();
+    Ok(one(&model, run(svc, id, SessionOp::Get).await?))
+}
+
+/// `DELETE /v1/sessions/{id}`.
+pub(crate) async fn delete(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let svc = owner(&st, &id).await?;
+    run(svc, id.clone(), SessionOp::Delete).await?;
+    Ok(AxJson(json!({"id": id, "object": "session.deleted", "deleted": true})).into_response())
+}
+
+/// `POST /v1/sessions/{id}/checkpoints {name}`.
+pub(crate) async fn checkpoint(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let o = object(body)?;
+    let name = match o.get("name").and_then(Json::as_str) {
+        Some(n) if !n.is_empty() && n.len() <= 256 => n.to_string(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "`name` (a string of 1 to 256 bytes) is required",
+            ));
+        }
+    };
+    let svc = owner(&st, &id).await?;
+    let model = svc.model.name.clone();
+    Ok(one(
+        &model,
+        run(svc, id, SessionOp::Checkpoint { name }).await?,
+    ))
+}
+
+/// `POST /v1/sessions/{id}/fork {checkpoint?}`.
+pub(crate) async fn fork(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let o = object_or_empty(body)?;
+    let checkpoint = match o.get("checkpoint") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::bad_request("`checkpoint` must be a string")),
+    };
+    let svc = owner(&st, &id).await?;
+    let model = svc.model.name.clone();
+    Ok(one(
+        &model,
+        run(svc, id, SessionOp::Fork { checkpoint }).await?,
+    ))
+}
+
+/// `POST /v1/sessions/{id}/rewind {checkpoint | tokens}`.
+pub(crate) async fn rewind(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let o = object(body)?;
+    let op = match (o.get("checkpoint"), o.get("tokens")) {
+        (Some(Json::String(c)), None | Some(Json::Null)) => {
+            SessionOp::RewindCheckpoint { name: c.clone() }
+        }
+        (None | Some(Json::Null), Some(t)) => match t.as_u64() {
+            Some(n) => SessionOp::RewindTokens {
+                tokens: n.min(u64::from(u32::MAX)) as u32,
+            },
+            None => {
+                return Err(ApiError::bad_request(
+                    "`tokens` must be a non-negative integer (a token count)",
+                ));
+            }
+        },
+        _ => {
+            return Err(ApiError::bad_request(
+                "give `checkpoint` (a name) or `tokens` (a token count)",
+            ));
+        }
+    };
+    let svc = owner(&st, &id).await?;
+    let model = svc.model.name.clone();
+    Ok(one(&model, run(svc, id, op).await?))
+}
+
+/// `POST /v1/sessions/{id}/append {prompt | tokens, max_tokens?, temperature?, ..., stream?}`: a completion in
+/// the shape of `/v1/completions`; `max_tokens: 0` only adds the tokens (answered with the session).
+pub(crate) async fn append(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let o = object(body)?;
+    let svc = owner(&st, &id).await?;
+    let model = svc.model.name.clone();
+    let tokens = input(&svc, &o)?.unwrap_or_default();
+    if o.get("max_tokens").and_then(Json::as_u64) == Some(0) {
+        return Ok(one(
+            &model,
+            run(svc, id, SessionOp::Extend { tokens }).await?,
+        ));
+    }
+    let (mut req, stream, include_usage) = parse_request(&o, Form::Text)?;
+    req.max_tokens = req.max_tokens.min(svc.limits.context);
+    req.prompt = tokens;
+    let (sink, rx) = event_channel();
+    let n = req.n;
+    let s2 = svc.clone();
+    let ticket = tokio::task::spawn_blocking(move || s2.append(&id, req, sink))
+        .await
+        .map_err(|e| {
+            ApiError::from(serve_runtime::Error::Internal(format!("append task: {e}")))
+        })??;
+    respond(svc, model, Form::Text, n, ticket, rx, stream, include_usage).await
+}
