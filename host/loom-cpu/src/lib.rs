@@ -59,6 +59,7 @@ mod kernels;
 mod pattern;
 pub mod pool;
 mod qdot;
+mod qdotf;
 mod quant;
 mod rows;
 mod rt;
@@ -681,12 +682,9 @@ impl CpuStage {
                             ),
                         )
                     };
-                    // One product per row of the row form (the vector form is one row).
-                    for (x, y) in x
-                        .chunks_exact(4 * mv.k)
-                        .zip(y.chunks_exact_mut(4 * mv.n))
-                        .take(mv.m)
-                    {
+                    if mv.row_form {
+                        qdotf::matmul_rows(*isa, mv.dtype, mv.m, mv.n, mv.k, w, x, y, threads);
+                    } else {
                         qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
                     }
                     continue;

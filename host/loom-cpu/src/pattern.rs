@@ -290,6 +290,8 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
 pub(crate) struct MatvecMatch {
     /// Rows of `X: [M, K]` and `Y: [M, N]` (the row form); 1 for the vector form (`X: [K]`, `Y: [N]`).
     pub(crate) m: usize,
+    /// The row form (run by `qdotf::matmul_rows`, activations kept in f32).
+    pub(crate) row_form: bool,
     pub(crate) n: usize,
     pub(crate) k: usize,
     pub(crate) dtype: DType,
@@ -316,7 +318,9 @@ pub(crate) struct MatvecMatch {
 ///
 /// The **row form** is the same product for each row of `X: [M, K]` into `Y: [M, N]`, over an
 /// `(M, cdiv(N, BN))` grid: `m = pid(0)`, `rn = range(pid(1) * BN, BN)`, `load(X[m, rk], 0.0)` and
-/// `store Y[m, rn], ...` (`qdot::matvec` once per row; `m` is always in range).
+/// `store Y[m, rn], ...` (`m` is always in range). It runs on `qdotf::matmul_rows`, which keeps the activations
+/// in f32 (each weight row dequantised once for all M rows): the JIT's and the reference's numbers up to f32
+/// rounding, where the vector form's `qdot::matvec` quantises the activation to Q8 blocks as ggml does.
 pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     let ops = match &k.body.ops[..] {
         [
@@ -511,6 +515,7 @@ pub(crate) fn match_matvec(k: &Kernel) -> Option<MatvecMatch> {
     }
     Some(MatvecMatch {
         m: m as usize,
+        row_form,
         n: n as usize,
         k: kdim as usize,
         dtype: pw_.dtype,

@@ -1,0 +1,292 @@
+//! Quantised weights times **f32** activations: `y[i, n] = sum_k deq(W[n, k]) * x[i, k]` for `M` activation rows,
+//! with a GGUF weight `W: [N, K]` (Q8_0, Q4_0 or Q4_1 blocks of 32 along K), for the row form of the quantised
+//! matrix-vector pattern (`pattern::match_matvec`).
+//!
+//! Unlike `qdot.rs` (which quantises the activation to Q8 blocks as ggml does), the activations stay f32: each
+//! weight row is dequantised once into f32 (`x = d * q` or `d * q + m`, the block's f16 scale and minimum) and
+//! dotted with every activation row in f32 (8 lanes, four accumulators), so the result is the dequantised
+//! product up to f32 rounding, as the JIT's `tile.dot` and the reference compute it (within `1e-5 * sum |w x|`,
+//! what the tests check). Dequantising a row costs about as much as one dot with it, so the M rows share it.
+//!
+//! Threads split the weight rows; each computes its rows for every activation row.
+
+use loom_ir::kernel::DType;
+
+use crate::qdot::Isa;
+
+const QK: usize = 32;
+
+fn block_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+/// One weight row (`K / 32` whole blocks) to f32.
+fn dequant_row_scalar(dtype: DType, w: &[u8], out: &mut [f32]) {
+    let bs = block_bytes(dtype);
+    for (blk, o) in w.chunks_exact(bs).zip(out.chunks_exact_mut(QK)) {
+        let d = crate::rt::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+        match dtype {
+            DType::Q8_0 => {
+                for (o, &q) in o.iter_mut().zip(&blk[2..]) {
+                    *o = d * f32::from(q as i8);
+                }
+            }
+            DType::Q4_0 => {
+                for j in 0..16 {
+                    o[j] = d * f32::from(i16::from(blk[2 + j] & 15) - 8);
+                    o[j + 16] = d * f32::from(i16::from(blk[2 + j] >> 4) - 8);
+                }
+            }
+            _ => {
+                let m = crate::rt::f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                for j in 0..16 {
+                    o[j] = d * f32::from(blk[4 + j] & 15) + m;
+                    o[j + 16] = d * f32::from(blk[4 + j] >> 4) + m;
+                }
+            }
+        }
+    }
+}
+
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{DType, QK, block_bytes};
+    use std::arch::x86_64::*;
+
+    /// [`super::dequant_row_scalar`] with AVX2 + FMA + F16C (the scale multiply and minimum add fused).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequant_row(dtype: DType, w: &[u8], out: &mut [f32]) {
+        let bs = block_bytes(dtype);
+        let nb = w.len() / bs;
+        assert!(out.len() >= nb * QK);
+        let half = |lo: u8, hi: u8| {
+            let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
+            _mm_cvtss_f32(_mm_cvtph_ps(h))
+        };
+        for b in 0..nb {
+            let blk = &w[b * bs..(b + 1) * bs];
+            let op = out[b * QK..].as_mut_ptr();
+            let d = _mm256_set1_ps(half(blk[0], blk[1]));
+            // SAFETY: `blk` is one whole block (loads of 16 or 32 bytes inside it); `op` has 32 f32 of room.
+            unsafe {
+                match dtype {
+                    DType::Q8_0 => {
+                        let q = _mm256_loadu_si256(blk[2..].as_ptr() as *const __m256i);
+                        let lo = _mm256_castsi256_si128(q);
+                        let hi = _mm256_extracti128_si256(q, 1);
+                        for (i, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+                            _mm256_storeu_ps(op.add(8 * i), _mm256_mul_ps(f, d));
+                        }
+                    }
+                    _ => {
+                        let (qs, m) = if dtype == DType::Q4_0 {
+                            (&blk[2..18], _mm256_set1_ps(0.0))
+                        } else {
+                            (&blk[4..20], _mm256_set1_ps(half(blk[2], blk[3])))
+                        };
+                        let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                        let mask = _mm_set1_epi8(15);
+                        let lo = _mm_and_si128(q, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                        let off = _mm256_set1_epi32(if dtype == DType::Q4_0 { 8 } else { 0 });
+                        for (i, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let qi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(part), off);
+                            let f = _mm256_cvtepi32_ps(qi);
+                            let v = if dtype == DType::Q4_0 {
+                                _mm256_mul_ps(f, d)
+                            } else {
+                                _mm256_fmadd_ps(f, d, m)
+                            };
+                            _mm256_storeu_ps(op.add(8 * i), v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `sum a[k] b[k]` (lengths a multiple of 32) in four 8-lane accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len()) / 32 * 32;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut k = 0;
+        while k < n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: k + 8 j + 8 <= n <= both lengths.
+                unsafe {
+                    *acc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pa.add(k + 8 * j)),
+                        _mm256_loadu_ps(pb.add(k + 8 * j)),
+                        *acc,
+                    );
+                }
+            }
+            k += 32;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        _mm_cvtss_f32(h)
+    }
+}
+
+fn dequant_row(isa: Isa, dtype: DType, w: &[u8], out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2, fma and f16c.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::dequant_row(dtype, w, out) },
+        _ => dequant_row_scalar(dtype, w, out),
+    }
+}
+
+fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dequant_row`.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::dot(a, b) },
+        _ => dot_scalar(a, b),
+    }
+}
+
+/// `y [m, n] = x [m, k] @ W^T` with `W: [n, k]` quantised (`dtype`), `x` and `y` little-endian f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_rows(
+    isa: Isa,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    w: &[u8],
+    x: &[u8],
+    y: &mut [u8],
+    threads: usize,
+) {
+    let row = k / QK * block_bytes(dtype);
+    assert!(
+        k.is_multiple_of(QK) && w.len() == n * row && x.len() == 4 * m * k && y.len() == 4 * m * n
+    );
+    let xf: Vec<f32> = x
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    // At least 128 K weights per thread (see qdot::matvec).
+    let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
+    let per = n.div_ceil(threads);
+    let parts: Vec<std::sync::Mutex<Vec<f32>>> = (0..threads)
+        .map(|_| std::sync::Mutex::new(Vec::new()))
+        .collect();
+    let work = |t: usize| {
+        let (r0, r1) = (t * per, ((t + 1) * per).min(n));
+        let mut out = vec![0f32; m * (r1 - r0)];
+        let mut wf = vec![0f32; k];
+        for r in r0..r1 {
+            dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
+            for i in 0..m {
+                out[i * (r1 - r0) + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
+            }
+        }
+        *parts[t].lock().unwrap_or_else(|e| e.into_inner()) = out;
+    };
+    if threads <= 1 {
+        work(0);
+    } else {
+        crate::pool::run(threads, threads - 1, &work);
+    }
+    for (t, part) in parts.into_iter().enumerate() {
+        let part = part.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (r0, r1) = (t * per, ((t + 1) * per).min(n));
+        if r1 <= r0 {
+            continue;
+        }
+        for i in 0..m {
+            for (j, v) in part[i * (r1 - r0)..(i + 1) * (r1 - r0)].iter().enumerate() {
+                let at = 4 * (i * n + r0 + j);
+                y[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD dequantisation and dot equal the scalar ones (dequantisation exactly up to the fused
+    /// multiply-add's single rounding; dots up to summation order).
+    #[test]
+    fn simd_matches_scalar() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+            let nb = 6;
+            let bs = block_bytes(dtype);
+            let mut w: Vec<u8> = (0..nb * bs).map(|_| next() as u8).collect();
+            for b in 0..nb {
+                // Normal f16 scales (0x3000..0x3bff: ~0.125..1) and minimums.
+                let d = 0x3000u16 + (next() % 0xbff) as u16;
+                w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
+                if dtype == DType::Q4_1 {
+                    let m = 0xb000u16 + (next() % 0xbff) as u16;
+                    w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+            let mut want = vec![0f32; nb * QK];
+            dequant_row_scalar(dtype, &w, &mut want);
+            for isa in [Isa::detect(), Isa::Scalar] {
+                let mut got = vec![0f32; nb * QK];
+                dequant_row(isa, dtype, &w, &mut got);
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                        "{dtype} {isa:?}: {g} vs {e}"
+                    );
+                }
+                let x: Vec<f32> = (0..nb * QK).map(|i| (i as f32 * 0.37).sin()).collect();
+                let exact: f64 = want
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let scale: f64 = want
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from((a * b).abs()))
+                    .sum();
+                let d = dot(isa, &got, &x);
+                assert!(
+                    (f64::from(d) - exact).abs() <= 1e-5 * scale,
+                    "{dtype} {isa:?}: {d} vs {exact}"
+                );
+            }
+        }
+    }
+}
