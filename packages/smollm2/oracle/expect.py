@@ -3,7 +3,8 @@
 prompts.jsonl, its token ids, the float64 oracle's teacher-forced log-softmax over its first POSITIONS ids (per
 position: the top-K ids with their log-probabilities and texts, the top-1 id and the top-1 - top-2 margin) and, for the chat
 prompts, the greedy 32-token continuation of the whole prompt (ids, text with special tokens, and each id's text); and
-the chat route's prompt for one question with its greedy 16 tokens.
+the chat route's prompt for one question with its greedy 16 tokens; and a long prompt (the eight back to back)
+with its greedy 8 tokens.
 
     PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/expect.py OUT.json [--top 40]
 
@@ -55,9 +56,14 @@ def main():
     g = llama.cached_greedy(ids, 16)
     chat = {"question": question, "ids": ids, "greedy": g["greedy"],
             "greedy_text": tok.decode(g["greedy"], skip_special_tokens=False)}
+    # A long prompt (all eight prompts back to back, 590 ids: three epochs of chunked prefill at 256 tokens)
+    # with its greedy 8 tokens.
+    ids = [i for r in rows for i in r["ids"]]
+    g = llama.cached_greedy(ids, 8)
+    long = {"ids": ids, "greedy": g["greedy"], "greedy_text": tok.decode(g["greedy"], skip_special_tokens=False)}
     tmp = f"{out}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"prompts": rows, "chat": chat}, f)
+        json.dump({"prompts": rows, "chat": chat, "long": long}, f)
     os.replace(tmp, out)
 
 

@@ -10,6 +10,7 @@
 //!   the oracle's log-softmax, and the greedy token the oracle's top-1 wherever its top-2 margin exceeds 1e-2;
 //! - greedy continuations: 32 tokens (`ignore_eos`) after each chat prompt equal to the oracle's, alone and
 //!   inside 8 staggered concurrent requests;
+//! - a 590-token prompt (chunked prefill over three epochs) continues as the oracle's;
 //! - the chat route: the template's rendering of one question continues as the oracle's.
 //!
 //! The oracle's outputs come from `oracle/expect.py` (llama.py's cache in `.models/smollm2/oracle-cache`;
@@ -277,6 +278,14 @@ fn greedy_continuations_equal_the_oracle_alone_and_batched() {
     for (i, t) in together.iter().enumerate() {
         assert_eq!(t, &solo[i % 4], "request {i} batched differs from alone");
     }
+    // A 590-token prompt: chunked prefill over three epochs (256 tokens each), then 8 greedy tokens.
+    let l = &want["long"];
+    let v = complete(
+        &s,
+        &json!({"model": MODEL, "prompt": l["ids"], "max_tokens": 8, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap(), 590);
+    assert_eq!(v["choices"][0]["text"], l["greedy_text"]);
     // The chat route: one question through the package's template.
     let c = &want["chat"];
     let v = s
