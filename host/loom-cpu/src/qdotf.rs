@@ -126,6 +126,110 @@ mod x86 {
         }
     }
 
+    /// One quantised weight row (whole blocks) dotted with one f32 activation row without storing the
+    /// dequantised row: per block `d * sum q x` (+ `m * sum x` for Q4_1, `xsum` holding each block's `sum x`),
+    /// the `q x` products in 8-lane f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn fused_dot(dtype: DType, w: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+        let bs = block_bytes(dtype);
+        let nb = w.len() / bs;
+        assert!(x.len() >= nb * QK && xsum.len() >= nb);
+        let half = |lo: u8, hi: u8| {
+            let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
+            _mm_cvtss_f32(_mm_cvtph_ps(h))
+        };
+        let mut tot = [_mm256_setzero_ps(); 2];
+        let mut msum = 0f32;
+        for b in 0..nb {
+            let blk = &w[b * bs..(b + 1) * bs];
+            let xp = x[b * QK..].as_ptr();
+            // SAFETY: `blk` is one whole block; `xp` has 32 f32 (checked above).
+            unsafe {
+                let parts = match dtype {
+                    DType::Q8_0 => {
+                        let q = _mm256_loadu_si256(blk[2..].as_ptr() as *const __m256i);
+                        let lo = _mm256_castsi256_si128(q);
+                        let hi = _mm256_extracti128_si256(q, 1);
+                        [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+                            .map(|p| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(p)))
+                    }
+                    _ => {
+                        let qs = if dtype == DType::Q4_0 {
+                            &blk[2..18]
+                        } else {
+                            &blk[4..20]
+                        };
+                        let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                        let mask = _mm_set1_epi8(15);
+                        let lo = _mm_and_si128(q, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                        let off = _mm256_set1_epi32(if dtype == DType::Q4_0 { 8 } else { 0 });
+                        [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].map(|p| {
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(p), off))
+                        })
+                    }
+                };
+                let a = _mm256_fmadd_ps(
+                    parts[1],
+                    _mm256_loadu_ps(xp.add(8)),
+                    _mm256_mul_ps(parts[0], _mm256_loadu_ps(xp)),
+                );
+                let c = _mm256_fmadd_ps(
+                    parts[3],
+                    _mm256_loadu_ps(xp.add(24)),
+                    _mm256_mul_ps(parts[2], _mm256_loadu_ps(xp.add(16))),
+                );
+                let d = _mm256_set1_ps(half(blk[0], blk[1]));
+                tot[b & 1] = _mm256_fmadd_ps(d, _mm256_add_ps(a, c), tot[b & 1]);
+                if dtype == DType::Q4_1 {
+                    msum += half(blk[2], blk[3]) * xsum[b];
+                }
+            }
+        }
+        hsum(_mm256_add_ps(tot[0], tot[1])) + msum
+    }
+
+    /// The dots of two weight rows with four activation rows (lengths a multiple of 8): eight 8-lane
+    /// accumulators, each loaded vector used four or two times. `out[a][b] = w[a] . x[b]`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_2x4(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+        let n = w
+            .iter()
+            .map(|v| v.len())
+            .chain(x.iter().map(|v| v.len()))
+            .min()
+            .unwrap_or(0)
+            / 8
+            * 8;
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        let mut k = 0;
+        while k < n {
+            // SAFETY: k + 8 <= n <= every length.
+            unsafe {
+                let wv = [
+                    _mm256_loadu_ps(w[0].as_ptr().add(k)),
+                    _mm256_loadu_ps(w[1].as_ptr().add(k)),
+                ];
+                for b in 0..4 {
+                    let xv = _mm256_loadu_ps(x[b].as_ptr().add(k));
+                    acc[0][b] = _mm256_fmadd_ps(wv[0], xv, acc[0][b]);
+                    acc[1][b] = _mm256_fmadd_ps(wv[1], xv, acc[1][b]);
+                }
+            }
+            k += 8;
+        }
+        acc.map(|row| row.map(|v| hsum(v)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum(s: __m256) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        _mm_cvtss_f32(h)
+    }
+
     /// `sum a[k] b[k]` (lengths a multiple of 32) in four 8-lane accumulators.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -202,11 +306,59 @@ pub(crate) fn matmul_rows(
     let work = |t: usize| {
         let (r0, r1) = (t * per, ((t + 1) * per).min(n));
         let mut out = vec![0f32; m * (r1 - r0)];
-        let mut wf = vec![0f32; k];
-        for r in r0..r1 {
+        let (mut wf, mut wf2) = (vec![0f32; k], vec![0f32; k]);
+        let wide = r1 - r0;
+        let mut r = r0;
+        // Two weight rows by four activation rows at a time where the ISA has the blocked dot (each loaded
+        // vector feeds several FMAs); the rest row by row.
+        #[cfg(target_arch = "x86_64")]
+        if isa != Isa::Scalar && m >= 4 {
+            while r + 2 <= r1 {
+                dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
+                dequant_row(isa, dtype, &w[(r + 1) * row..(r + 2) * row], &mut wf2);
+                let mut i = 0;
+                while i + 4 <= m {
+                    let xs = [0, 1, 2, 3].map(|j| &xf[(i + j) * k..(i + j + 1) * k]);
+                    // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma.
+                    let d = unsafe { x86::dot_2x4([&wf, &wf2], xs) };
+                    for j in 0..4 {
+                        out[(i + j) * wide + (r - r0)] = d[0][j];
+                        out[(i + j) * wide + (r + 1 - r0)] = d[1][j];
+                    }
+                    i += 4;
+                }
+                for i in i..m {
+                    out[i * wide + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
+                    out[i * wide + (r + 1 - r0)] = dot(isa, &wf2, &xf[i * k..(i + 1) * k]);
+                }
+                r += 2;
+            }
+        }
+        // Fewer than four activation rows: each weight row straight into the dots (no dequantised copy).
+        #[cfg(target_arch = "x86_64")]
+        if isa != Isa::Scalar && m < 4 {
+            let xsum: Vec<f32> = xf.chunks_exact(QK).map(|c| c.iter().sum()).collect();
+            let nb = k / QK;
+            for r in r..r1 {
+                for i in 0..m {
+                    // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2, fma and
+                    // f16c.
+                    out[i * wide + (r - r0)] = unsafe {
+                        x86::fused_dot(
+                            dtype,
+                            &w[r * row..(r + 1) * row],
+                            &xf[i * k..(i + 1) * k],
+                            &xsum[i * nb..(i + 1) * nb],
+                        )
+                    };
+                }
+            }
+            r = r1;
+        }
+        for r in r..r1 {
             dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
             for i in 0..m {
-                out[i * (r1 - r0) + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
+                out[i * wide + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
             }
         }
         *parts[t].lock().unwrap_or_else(|e| e.into_inner()) = out;

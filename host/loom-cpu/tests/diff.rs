@@ -828,6 +828,8 @@ fn quantised_matvec_rows_agree_with_the_reference() {
             (3, 64, 128, 64, 64),
             // Enough weights for two threads (a split of the weight rows).
             (2, 600, 576, 16, 64),
+            // Two weight rows by four activation rows, with remainders of both, on two threads.
+            (6, 601, 576, 16, 64),
         ] {
             let st = one_kernel_stage(matvec_rows_kernel(dtype, m, n, k, bn, bk));
             let w = random_blocks(&mut rng, dtype, (n * k / 32) as usize);
