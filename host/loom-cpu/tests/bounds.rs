@@ -194,8 +194,10 @@ fn a_failed_compile_frees_the_code_it_had_defined() {
     }
     let after = vm_data_kib();
     eprintln!("VmData {before} -> {after} KiB over 2000 failed compiles");
+    // VmData is the whole process's: the other tests of this binary run in threads beside this one and move it
+    // by a few MB. Leaking the code grew it by ~22 MB over these 2000 compiles.
     assert!(
-        after <= before + 4096,
+        after <= before + 12288,
         "VmData grew from {before} to {after} KiB over 2000 failed compiles"
     );
 }
