@@ -246,11 +246,11 @@ fn deactivate_releases_parameters_and_activate_serves_again() {
 #[test]
 fn packages_are_validated_by_contract_and_role() {
     let reg = registry();
-    let (_d, files) = package("arith-embed", |d| d["contract"] = "retained".into());
+    let (_d, files) = package("arith-embed", |d| d["contract"] = "recognition".into());
     let e = reg.register("c", files, Overrides::default()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "model.json: field `contract`: expected one of [\"finite\"] (the contracts this server serves), found \"retained\""
+        "model.json: field `contract`: expected one of [\"finite\", \"retained\"] (the contracts this server serves), found \"recognition\""
     );
     let (_d, files) = package("arith-embed", |d| d["role"] = "chat".into());
     let e = reg.register("r", files, Overrides::default()).unwrap_err();
