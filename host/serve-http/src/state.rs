@@ -251,29 +251,26 @@ pub(crate) async fn submit_records(
     let svc2 = svc.clone();
     // prepare_request runs VM code: off the async workers unless it is known to be quick.
     let admit = move || {
-        let alone = records.len() == 1;
-        let mut tickets = Vec::with_capacity(records.len());
-        for (i, (rec, tx)) in records.into_iter().zip(txs).enumerate() {
-            let reply: Reply = Box::new(move |r| {
-                let _ = tx.send(r);
-            });
+        let mut inputs: Vec<(Vec<u8>, Reply)> = records
+            .into_iter()
+            .zip(txs)
+            .map(|(rec, tx)| {
+                let reply: Reply = Box::new(move |r| {
+                    let _ = tx.send(r);
+                });
+                (rec, reply)
+            })
+            .collect();
+        if inputs.len() == 1 {
             // A request that arrives alone may run its cohort right here when cohorts are quick.
-            let submitted = if alone {
-                svc2.submit_one(rec, reply)
-            } else {
-                svc2.submit(rec, reply)
-            };
-            match submitted {
-                Ok(t) => tickets.push(t),
-                Err(e) => {
-                    for t in &tickets {
-                        t.cancel();
-                    }
-                    return Err((i, e));
-                }
-            }
+            let (rec, reply) = inputs.remove(0);
+            return svc2
+                .submit_one(rec, reply)
+                .map(|t| vec![t])
+                .map_err(|e| (0, e));
         }
-        Ok(tickets)
+        // The records are queued together, so that they can share a cohort.
+        svc2.submit_all(inputs)
     };
     let admitted = if svc.admits_inline() {
         admit()

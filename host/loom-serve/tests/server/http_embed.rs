@@ -217,6 +217,39 @@ fn concurrent_requests_share_cohorts_and_each_gets_its_own_rows() {
     assert!(s.metric("loom_specialization_cache_hits_total{model=\"arith-embed\"}") >= 1.0);
 }
 
+/// The records of one request are queued together: on an idle model, a request of 24 inputs is one cohort of
+/// 24 (queued one by one, the first record would start a cohort of its own while the rest were admitted).
+#[test]
+fn a_request_of_many_inputs_is_one_cohort() {
+    let s = TestServer::start("one-cohort", &[]);
+    let mut rng = Rng(77);
+    for round in 1..=3 {
+        let texts: Vec<String> = (0..24)
+            .map(|_| {
+                let l = 1 + rng.below(60) as usize;
+                text(&mut rng, l)
+            })
+            .collect();
+        let v = embed(&s, "arith-embed", json!(texts));
+        for (i, d) in v["data"].as_array().unwrap().iter().enumerate() {
+            let vals: Vec<i64> = texts[i].bytes().map(i64::from).collect();
+            close(
+                d["embedding"].as_array().unwrap(),
+                &arith(&vals, 64),
+                "one cohort",
+            );
+        }
+        assert_eq!(
+            s.metric("loom_cohorts_total{model=\"arith-embed\"}"),
+            f64::from(round)
+        );
+        assert_eq!(
+            s.metric("loom_cohort_max_members{model=\"arith-embed\"}"),
+            24.0
+        );
+    }
+}
+
 /// A lone request runs its cohort of one on the admitting thread once the model has shown quick cohorts; those
 /// results are as right as the scheduler's, and a failing request in place fails only itself.
 #[test]

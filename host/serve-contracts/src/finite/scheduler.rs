@@ -36,8 +36,8 @@ pub(crate) struct Pending {
 
 /// What the scheduler is told.
 pub(crate) enum Cmd {
-    /// Queue an admitted request.
-    Request(Pending),
+    /// Queue admitted requests (the records of one HTTP request arrive together).
+    Requests(Vec<Pending>),
     /// Finish everything accepted, then stop (and say so on the channel).
     Drain(mpsc::Sender<()>),
     /// The specialization of a parked cohort's declarations finished.
@@ -253,7 +253,7 @@ fn handle(
     drain: &mut Option<mpsc::Sender<()>>,
 ) {
     match c {
-        Cmd::Request(p) => waiting.push_back(p),
+        Cmd::Requests(ps) => waiting.extend(ps),
         Cmd::Drain(d) => *drain = Some(d),
         Cmd::Specialized(decls, r) => {
             let Some(i) = parked.iter().position(|(d, _)| *d == decls) else {

@@ -189,40 +189,71 @@ impl FiniteService {
     /// thread, unless this returns an error (then it is not called).
     pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
         let prepared = self.admit(input)?;
-        self.enqueue(prepared, reply)
+        let mut t = self.enqueue(vec![(prepared, reply)])?;
+        Ok(t.remove(0))
     }
 
-    /// Queues an admitted request for the scheduler.
-    fn enqueue(&self, prepared: Prepared, reply: Reply) -> Result<Ticket> {
-        let q = self.metrics.queue.fetch_add(1, Ordering::Relaxed);
-        if q >= self.model.doc.capacities.max_queue {
-            self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
-            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+    /// Admits every input (`prepare_request`, in order), then queues them all at once, so that the scheduler
+    /// sees the request's records together and can place them in one cohort (queued one by one, the first
+    /// would start a cohort of its own while the others are still being admitted). All or none: when input
+    /// `i` is refused, nothing is queued, no reply is called and the error is `(i, error)`; otherwise every
+    /// reply is called exactly once, from the scheduler, and the tickets are in input order.
+    pub fn submit_all(
+        &self,
+        inputs: Vec<(Vec<u8>, Reply)>,
+    ) -> std::result::Result<Vec<Ticket>, (usize, Error)> {
+        let mut admitted = Vec::with_capacity(inputs.len());
+        for (i, (input, reply)) in inputs.into_iter().enumerate() {
+            admitted.push((self.admit(input).map_err(|e| (i, e))?, reply));
+        }
+        self.enqueue(admitted).map_err(|e| (0, e))
+    }
+
+    /// Queues admitted requests for the scheduler, in one command (all or none against `max_queue`).
+    fn enqueue(&self, requests: Vec<(Prepared, Reply)>) -> Result<Vec<Ticket>> {
+        let n = requests.len();
+        let q = self.metrics.queue.fetch_add(n, Ordering::Relaxed);
+        if q + n > self.model.doc.capacities.max_queue {
+            self.metrics.queue.fetch_sub(n, Ordering::Relaxed);
+            self.metrics.refused.fetch_add(n as u64, Ordering::Relaxed);
             return Err(Error::Overloaded(format!(
-                "model `{}` has {q} requests waiting (capacities.max_queue)",
-                self.model.name
+                "model `{}` has {q} requests waiting (capacities.max_queue is {}){}",
+                self.model.name,
+                self.model.doc.capacities.max_queue,
+                if n > 1 {
+                    format!("; this request adds {n}")
+                } else {
+                    String::new()
+                }
             )));
         }
-        let cancelled = Arc::new(RequestCancel::default());
-        let units = prepared.units;
-        let p = Pending {
-            prepared,
-            reply,
-            cancelled: cancelled.clone(),
-        };
+        let mut tickets = Vec::with_capacity(n);
+        let mut pending = Vec::with_capacity(n);
+        for (prepared, reply) in requests {
+            let cancelled = Arc::new(RequestCancel::default());
+            tickets.push(Ticket {
+                cancelled: cancelled.clone(),
+                units: prepared.units,
+            });
+            pending.push(Pending {
+                prepared,
+                reply,
+                cancelled,
+            });
+        }
         let sent = self
             .tx
             .lock()
             .ok()
-            .and_then(|g| g.as_ref().map(|tx| tx.send(Cmd::Request(p)).is_ok()));
+            .and_then(|g| g.as_ref().map(|tx| tx.send(Cmd::Requests(pending)).is_ok()));
         if sent != Some(true) {
-            self.metrics.queue.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.queue.fetch_sub(n, Ordering::Relaxed);
             return Err(Error::NotReady {
                 name: self.model.name.clone(),
                 status: "draining".into(),
             });
         }
-        Ok(Ticket { cancelled, units })
+        Ok(tickets)
     }
 
     /// Counts the request, checks its size and runs `prepare_request`.
@@ -288,7 +319,8 @@ impl FiniteService {
             (Ok(_), None) => {
                 // Needs specialization: the scheduler parks it while its code compiles.
                 self.gate.release();
-                return self.enqueue(prepared, reply);
+                let mut t = self.enqueue(vec![(prepared, reply)])?;
+                return Ok(t.remove(0));
             }
             (Err(e), _) => {
                 self.gate.release();
