@@ -20,6 +20,8 @@ pub struct Metrics {
     pub retried_alone: AtomicU64,
     pub device_ns: AtomicU64,
     pub queue: AtomicUsize,
+    /// Requests taken off the queue into a cohort and not yet answered (or a lone request run in place).
+    pub running: AtomicUsize,
     /// A moving average of `prepare_request`'s wall time (ns), for [`FiniteService::admits_inline`].
     pub admit_ns: AtomicU64,
     /// A moving average of a cohort's wall time (ns), for [`FiniteService::submit_one`].
@@ -109,6 +111,12 @@ impl Metrics {
                 "requests waiting for a cohort",
                 "gauge",
                 self.queue.load(Ordering::Relaxed) as f64,
+            ),
+            s(
+                "loom_requests_running",
+                "requests in a cohort being executed, not yet answered",
+                "gauge",
+                self.running.load(Ordering::Relaxed) as f64,
             ),
             s(
                 "loom_cohorts_specializing",

@@ -274,6 +274,7 @@ fn handle(
 /// Counts a formed cohort.
 pub(crate) fn count_cohort(metrics: &Metrics, n: u64) {
     metrics.queue.fetch_sub(n as usize, Ordering::Relaxed);
+    metrics.running.fetch_add(n as usize, Ordering::Relaxed);
     metrics.cohorts.fetch_add(1, Ordering::Relaxed);
     metrics.cohort_members.fetch_add(n, Ordering::Relaxed);
     metrics.cohort_max.fetch_max(n, Ordering::Relaxed);
@@ -395,6 +396,7 @@ pub(crate) fn finish(
             metrics.failed.fetch_add(1, Ordering::Relaxed);
         }
         (p.reply)(r);
+        metrics.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -334,8 +334,11 @@ impl FiniteService {
         self.metrics
             .cohorts_in_place
             .fetch_add(1, Ordering::Relaxed);
+        // Running while it runs here; in_place_done counts it as a cohort (running until replied to).
+        self.metrics.running.fetch_add(1, Ordering::Relaxed);
         let r = cohort::submit(&self.model, &staged, set, None)
             .and_then(|f| cohort::collect(&self.model, f));
+        self.metrics.running.fetch_sub(1, Ordering::Relaxed);
         self.gate.release();
         self.in_place_done(vec![(prepared, reply)], r, t1);
         Ok(Ticket {
