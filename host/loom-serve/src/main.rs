@@ -26,7 +26,9 @@
 //! Loads plugins (a bad plugin is one log line), opens devices (the built-in CPU HAL when no plugin gives a
 //! CPU device), mounts the routes of HTTP profile plugins (a profile whose route collides with a built-in
 //! route or an earlier profile's is one "plugin rejected" line), starts listening, registers the `--model` packages, then reports ready on `/health`. On
-//! SIGINT/SIGTERM it stops accepting connections, drains accepted work and exits 0; if that takes longer than
+//! SIGINT/SIGTERM it drains: `/health` answers 503 at once and new work is refused with 503, while the listener
+//! keeps answering until every accepted request (streams included) is answered; then it stops accepting,
+//! drains the models' queues and exits 0; if that takes longer than
 //! `--drain-timeout` (default 30 s; 0: no deadline) it exits 1, failing the work still in flight. With `--port 0` it prints the
 //! bound address on stdout (`listening on http://127.0.0.1:PORT`) for tests.
 
@@ -311,7 +313,7 @@ fn main() -> Result<()> {
             });
         }
         let app = serve_http::router(state.clone());
-        axum_serve(listener, app, state.config.idle_timeout).await?;
+        axum_serve(listener, app, state.clone()).await?;
         log::info!("shutting down: draining accepted work");
         let reg = registry.clone();
         tokio::task::spawn_blocking(move || reg.drain_all()).await?;

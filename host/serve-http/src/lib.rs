@@ -26,25 +26,28 @@ pub use profiles::{ProfilePlugin, Profiles, RejectedProfile};
 pub use router::router;
 pub use state::{AppState, Config, DEFAULT_MAX_UPLOAD_BYTES};
 
-/// Serves `app` over HTTP/1.1 on `listener` until SIGINT or SIGTERM; then stops accepting, closes idle
-/// connections and lets in-flight requests finish (the caller drains the models afterwards).
+/// Serves `app` over HTTP/1.1 on `listener` until SIGINT or SIGTERM, then drains: [`AppState::begin_drain`]
+/// (`/health` answers 503, new work is refused with 503 and `Retry-After`), the listener keeps answering
+/// until every accepted request is answered in full (streams included), then it stops accepting, closes idle
+/// connections and returns (the caller drains the models' queues afterwards and exits).
 ///
-/// `idle_timeout` bounds how long a connection may take to send a request's headers, counted from when the
-/// server starts waiting for them: from the accept, and after each response on a keep-alive connection. A
-/// connection over it is closed (a client that sends half a request line and stops holds nothing for long).
-/// It does not bound request bodies or responses. `None`: no limit.
+/// `state.config.idle_timeout` bounds how long a connection may take to send a request's headers, counted
+/// from when the server starts waiting for them: from the accept, and after each response on a keep-alive
+/// connection. A connection over it is closed (a client that sends half a request line and stops holds
+/// nothing for long). It does not bound request bodies or responses. `None`: no limit.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
-    idle_timeout: Option<std::time::Duration>,
+    state: std::sync::Arc<AppState>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(idle_timeout);
+        .header_read_timeout(state.config.idle_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown_signal());
+    let mut draining = false;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -56,7 +59,16 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if !draining => {
+                state.begin_drain();
+                draining = true;
+                log::info!(
+                    "draining: /health answers 503, new work is refused; waiting for {} request(s) in flight",
+                    state.work_in_flight()
+                );
+                continue;
+            }
+            _ = state.work_done(), if draining => break,
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -67,6 +79,7 @@ pub async fn serve(
             }
         });
     }
+    log::info!("draining: accepted requests answered; closing the listener");
     drop(listener);
     graceful.shutdown().await;
     Ok(())

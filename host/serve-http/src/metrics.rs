@@ -1,10 +1,13 @@
 //! Prometheus text exposition: the HTTP counter, each service's own series (its contract's metrics), the
-//! generic series of every prepared model (device bytes, specialization cache), and device allocations.
+//! generic series of every prepared model (device bytes, specialization cache), device allocations, and the
+//! server-wide gauges of the inference gateway's model-server protocol ([`Load`]).
 
+use crate::state::AppState;
 use serve_runtime::contract::{Series, Service};
 use serve_runtime::registry::Registry;
 use std::fmt::Write;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// The generic series of a served model, whatever its contract.
 fn model_series(svc: &dyn Service) -> Vec<Series> {
@@ -48,7 +51,43 @@ fn family(o: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
+/// The server-wide load the Gateway API Inference Extension's endpoint picker reads (its model-server
+/// protocol, `docs/proposals/003-model-server-protocol`): requests queued, requests running, and the KV-cache
+/// (page pool) utilization as a fraction, summed over every served model from their own series.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct Load {
+    pub(crate) waiting: f64,
+    pub(crate) running: f64,
+    pub(crate) pages_used: f64,
+    pub(crate) pages_capacity: f64,
+}
+
+impl Load {
+    /// Adds one model's series: finite models count `loom_queue_depth` as queued and
+    /// `loom_requests_running` as running, retained-text models `loom_text_waiting` and `loom_text_running`
+    /// (sequences: a request for `n` choices counts `n`) and their page pool.
+    pub(crate) fn add(&mut self, s: &Series) {
+        match s.name {
+            "loom_queue_depth" | "loom_text_waiting" => self.waiting += s.value,
+            "loom_requests_running" | "loom_text_running" => self.running += s.value,
+            "loom_text_pages_used" => self.pages_used += s.value,
+            "loom_text_pages_capacity" => self.pages_capacity += s.value,
+            _ => {}
+        }
+    }
+
+    /// Pages in use over pages in every pool; 0 without a retained-text model.
+    pub(crate) fn kv_utilization(&self) -> f64 {
+        if self.pages_capacity > 0.0 {
+            (self.pages_used / self.pages_capacity).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+pub(crate) fn render(st: &AppState) -> String {
+    let registry: &Registry = &st.registry;
     let mut o = String::new();
     family(
         &mut o,
@@ -56,7 +95,25 @@ pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
         "HTTP requests received",
         "counter",
     );
-    let _ = writeln!(o, "loom_http_requests_total {http_requests}");
+    let _ = writeln!(
+        o,
+        "loom_http_requests_total {}",
+        st.requests.load(Ordering::Relaxed)
+    );
+    family(
+        &mut o,
+        "loom_http_requests_in_flight",
+        "requests accepted and not yet answered in full (streams until their last byte; probes not counted)",
+        "gauge",
+    );
+    let _ = writeln!(o, "loom_http_requests_in_flight {}", st.work_in_flight());
+    family(
+        &mut o,
+        "loom_draining",
+        "1 from the shutdown signal on (readiness fails, new work is refused), else 0",
+        "gauge",
+    );
+    let _ = writeln!(o, "loom_draining {}", u8::from(st.draining()));
     // Families in first-seen order, each with one sample per model that exports it.
     let services: Vec<Arc<dyn Service>> = registry.services();
     let mut families: Vec<(Series, Vec<(String, Series)>)> = Vec::new();
@@ -68,6 +125,32 @@ pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
                 None => families.push((s.clone(), vec![(name.clone(), s)])),
             }
         }
+    }
+    let mut load = Load::default();
+    for (_, samples) in &families {
+        for (_, s) in samples {
+            load.add(s);
+        }
+    }
+    for (name, help, value) in [
+        (
+            "loom_num_requests_waiting",
+            "requests queued, summed over every model (model-server protocol: TotalQueuedRequests)",
+            load.waiting,
+        ),
+        (
+            "loom_num_requests_running",
+            "requests being served, summed over every model (model-server protocol: TotalRunningRequests)",
+            load.running,
+        ),
+        (
+            "loom_kv_cache_utilization",
+            "fraction (0 to 1) of the retained-text page pools in use (model-server protocol: KVCacheUtilization)",
+            load.kv_utilization(),
+        ),
+    ] {
+        family(&mut o, name, help, "gauge");
+        let _ = writeln!(o, "{name} {value}");
     }
     for (f, samples) in &families {
         family(&mut o, f.name, f.help, f.kind);
@@ -107,4 +190,30 @@ pub(crate) fn render(registry: &Registry, http_requests: u64) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_sums_the_models_and_utilization_is_a_fraction() {
+        let mut l = Load::default();
+        assert_eq!(l.kv_utilization(), 0.0, "no pool: idle");
+        for (name, v) in [
+            ("loom_queue_depth", 2.0),
+            ("loom_requests_running", 3.0),
+            ("loom_text_waiting", 4.0),
+            ("loom_text_running", 5.0),
+            ("loom_text_pages_used", 30.0),
+            ("loom_text_pages_capacity", 40.0),
+            ("loom_text_pages_used", 10.0),
+            ("loom_text_pages_capacity", 60.0),
+            ("loom_cohorts_total", 99.0),
+        ] {
+            l.add(&Series::sample(name, "", "gauge", v));
+        }
+        assert_eq!((l.waiting, l.running), (6.0, 8.0));
+        assert_eq!(l.kv_utilization(), 0.4);
+    }
 }

@@ -59,6 +59,7 @@ use std::sync::Arc;
 /// Every path the built-in router serves (`routes::router`; a test keeps the two in step).
 pub(crate) const BUILTIN_PATHS: &[&str] = &[
     "/health",
+    "/health/live",
     "/metrics",
     "/v1/models",
     "/v1/models/upload",

@@ -3,7 +3,7 @@
 //! and the `frame` middleware (request ids, authentication, the request counter).
 
 use crate::error::ApiError;
-use crate::state::{AppState, St};
+use crate::state::{AppState, St, WorkGuard};
 use crate::{chat, classify, decisions, embeddings, lifecycle, sessions};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -12,6 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
+use serve_runtime::registry::Status;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -20,6 +21,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.body_limit;
     Router::new()
         .route("/health", get(health))
+        .route("/health/live", get(live))
         .route("/metrics", get(metrics))
         .route(
             "/v1/models",
@@ -72,7 +74,10 @@ async fn not_found() -> ApiError {
     )
 }
 
-/// Request ids, authentication, the request counter.
+/// Request ids, authentication, the request counter, and the drain: every request but the probes
+/// ([`is_probe`]) is counted in [`AppState::work_in_flight`] until its response's last byte; while the server
+/// drains, requests other than reads are refused with `503 server_draining` and every response closes its
+/// connection (so that a client's next request opens one to another replica).
 async fn frame(State(st): St, req: Request, next: Next) -> Response {
     let n = st.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let id = req
@@ -84,15 +89,79 @@ async fn frame(State(st): St, req: Request, next: Next) -> Response {
         .unwrap_or_else(|| format!("req-{n}"));
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    // Counted before the drain flag is read: the drain waits for every request that got past this point.
+    let guard = (!is_probe(&path)).then(|| WorkGuard::new(&st));
+    let draining = st.draining();
     let mut resp = match refusal(&st.config, &req) {
-        None => next.run(req).await,
         Some(refused) => refused,
+        None if draining && !is_read(&method) => draining_refusal(),
+        None => next.run(req).await,
     };
     log::debug!("{id} {method} {path} -> {}", resp.status().as_u16());
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
     }
-    resp
+    if draining || st.draining() {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    match guard {
+        Some(guard) => resp.map(|body| {
+            axum::body::Body::new(Counted {
+                body,
+                _guard: guard,
+            })
+        }),
+        None => resp,
+    }
+}
+
+/// The probes, never counted as work in flight: `/health`, `/health/live`, `/metrics`.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/health" | "/health/live" | "/metrics")
+}
+
+fn is_read(method: &axum::http::Method) -> bool {
+    method == axum::http::Method::GET || method == axum::http::Method::HEAD
+}
+
+/// What a request that is not a read gets while the server drains (`Retry-After: 1` comes with every 503).
+fn draining_refusal() -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "server_draining",
+        "this server is shutting down: it finishes the requests it accepted and takes no new ones; retry \
+         (another replica will answer)",
+    )
+    .into_response()
+}
+
+/// A response body that keeps its request counted in [`AppState::work_in_flight`] until it is dropped
+/// (after its last frame, or when the client goes away).
+struct Counted {
+    body: axum::body::Body,
+    _guard: WorkGuard,
+}
+
+impl axum::body::HttpBody for Counted {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// The realm of the `WWW-Authenticate` challenges.
@@ -110,12 +179,12 @@ fn same_key(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// Authentication and scopes: with no keys configured everything is open; `/health` always is. An admin key
-/// may call every route; an inference key every route but the [admin routes](is_admin_route) (403); no
-/// valid key is a 401. Both carry a `WWW-Authenticate` challenge. `None`: the request may go on.
+/// Authentication and scopes: with no keys configured everything is open; `/health` and `/health/live`
+/// always are. An admin key may call every route; an inference key every route but the
+/// [admin routes](is_admin_route) (403); no valid key is a 401. Both carry a `WWW-Authenticate` challenge. `None`: the request may go on.
 fn refusal(config: &crate::state::Config, req: &Request) -> Option<Response> {
-    if req.uri().path() == "/health" || (config.api_keys.is_empty() && config.admin_keys.is_empty())
-    {
+    let open = matches!(req.uri().path(), "/health" | "/health/live");
+    if open || (config.api_keys.is_empty() && config.admin_keys.is_empty()) {
         return None;
     }
     let key = req
@@ -165,30 +234,59 @@ fn refusal(config: &crate::state::Config, req: &Request) -> Option<Response> {
     Some(r)
 }
 
+/// Readiness: `200` when the server serves every model it has; `503` while start-up registrations run, while
+/// a model is being prepared with no version serving (a first registration, an activation), and from the
+/// drain's start (SIGTERM) on. Failed models do not make it `503` (the server serves the others); they are
+/// listed.
 async fn health(State(st): St) -> Response {
-    if st.ready.load(Ordering::Relaxed) {
-        let ready = st
-            .registry
-            .list()
-            .iter()
-            .filter(|m| m.status == serve_runtime::registry::Status::Ready)
-            .count();
-        (
-            StatusCode::OK,
-            axum::Json(json!({"status": "ok", "models_ready": ready})),
-        )
-            .into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "starting"})),
-        )
-            .into_response()
+    let unavailable = |body: serde_json::Value| {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    };
+    if st.draining() {
+        return unavailable(json!({
+            "status": "draining",
+            "reason": "shutting down: finishing accepted work, refusing new work",
+            "in_flight": st.work_in_flight(),
+        }));
     }
+    if !st.ready.load(Ordering::Relaxed) {
+        return unavailable(json!({"status": "starting"}));
+    }
+    let models = st.registry.list();
+    let serving: Vec<String> = st
+        .registry
+        .services()
+        .iter()
+        .map(|s| s.model().name.clone())
+        .collect();
+    let preparing: Vec<&str> = models
+        .iter()
+        .filter(|m| m.status == Status::Preparing && !serving.contains(&m.name))
+        .map(|m| m.name.as_str())
+        .collect();
+    if !preparing.is_empty() {
+        return unavailable(json!({"status": "preparing", "preparing": preparing}));
+    }
+    let ready = models.iter().filter(|m| m.status == Status::Ready).count();
+    let failed: Vec<&str> = models
+        .iter()
+        .filter(|m| m.status == Status::Failed)
+        .map(|m| m.name.as_str())
+        .collect();
+    let mut body = json!({"status": "ok", "models_ready": ready});
+    if !failed.is_empty() {
+        body["models_failed"] = json!(failed);
+    }
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// Liveness: `200` whenever the process answers HTTP, also while models prepare and while it drains.
+async fn live() -> Response {
+    (StatusCode::OK, axum::Json(json!({"status": "alive"}))).into_response()
 }
 
 async fn metrics(State(st): St) -> Response {
-    let text = crate::metrics::render(&st.registry, st.requests.load(Ordering::Relaxed));
+    let text = crate::metrics::render(&st);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

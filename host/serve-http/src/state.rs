@@ -12,7 +12,7 @@ use serve_contracts::finite::{FiniteService, Reply, Rows, Ticket};
 use serve_runtime::registry::{Registry, Status};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Server settings the routes need.
 #[derive(Debug, Clone)]
@@ -73,6 +73,11 @@ pub struct AppState {
     pub config: Config,
     /// False until start-up registrations are done (then `/health` is 200).
     pub ready: AtomicBool,
+    /// Set by [`AppState::begin_drain`] (SIGTERM/SIGINT): `/health` answers 503, new work is refused with 503,
+    /// accepted work finishes.
+    draining: AtomicBool,
+    /// Requests accepted and not yet answered in full (streams until their last byte), probes excepted.
+    pub(crate) work: Work,
     pub(crate) requests: AtomicU64,
     /// The HTTP profiles from plugins (`profiles.rs`).
     pub(crate) profiles: crate::profiles::Profiles,
@@ -93,9 +98,73 @@ impl AppState {
             registry,
             config,
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            work: Work::default(),
             requests: AtomicU64::new(0),
             profiles,
         })
+    }
+
+    /// Starts the drain: from now on `/health` answers `503 {"status": "draining"}` and requests other than
+    /// reads (`GET`, `HEAD`) are refused with `503 server_draining`; requests already accepted go on.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`AppState::begin_drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Requests accepted and not answered in full yet (a streamed response counts until its last byte);
+    /// `/health` and `/metrics` are not counted.
+    pub fn work_in_flight(&self) -> usize {
+        self.work.count.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when no counted request is in flight.
+    pub async fn work_done(&self) {
+        self.work.idle().await
+    }
+}
+
+/// Counts requests in flight; [`Work::idle`] waits for none.
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl Work {
+    /// Resolves when the count is zero.
+    async fn idle(&self) {
+        loop {
+            // Registered before the count is read: a guard dropping in between still wakes it.
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One counted request ([`AppState::work_in_flight`]); dropping it ends the count.
+#[derive(Debug)]
+pub(crate) struct WorkGuard(Arc<AppState>);
+
+impl WorkGuard {
+    pub(crate) fn new(st: &Arc<AppState>) -> WorkGuard {
+        st.work.count.fetch_add(1, Ordering::SeqCst);
+        WorkGuard(st.clone())
+    }
+}
+
+impl Drop for WorkGuard {
+    fn drop(&mut self) {
+        if self.0.work.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.work.idle.notify_waiters();
+        }
     }
 }
 
