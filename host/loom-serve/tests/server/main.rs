@@ -14,6 +14,7 @@ mod http_minilm;
 mod http_nanoguard;
 mod http_packages;
 mod http_robustness;
+mod http_scaleout;
 mod http_sessions;
 mod http_smollm2;
 mod http_specialize;

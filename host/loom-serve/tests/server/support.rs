@@ -213,21 +213,29 @@ impl TestServer {
     }
 
     /// Sends SIGTERM and waits for the exit status.
-    pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().unwrap();
+    pub(crate) fn terminate(self) -> std::process::ExitStatus {
+        self.sigterm();
+        self.wait_exit(Duration::from_secs(30)).0
+    }
+
+    /// Sends SIGTERM (the server starts draining) and returns at once.
+    pub(crate) fn sigterm(&self) {
+        let child = self.child.as_ref().expect("running");
         Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
             .unwrap();
+    }
+
+    /// Waits up to `limit` for the server to exit: its exit status and its whole log.
+    pub(crate) fn wait_exit(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
         let t0 = Instant::now();
         loop {
             if let Some(st) = child.try_wait().unwrap() {
-                return st;
+                return (st, self.log());
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "server did not stop"
-            );
+            assert!(t0.elapsed() < limit, "server did not stop");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
