@@ -52,36 +52,30 @@ fn family(o: &mut String, name: &str, help: &str, kind: &str) {
 }
 
 /// The server-wide load the Gateway API Inference Extension's endpoint picker reads (its model-server
-/// protocol, `docs/proposals/003-model-server-protocol`): requests queued, requests running, and the KV-cache
-/// (page pool) utilization as a fraction, summed over every served model from their own series.
+/// protocol, `docs/proposals/003-model-server-protocol`): requests queued and requests running, summed over
+/// every served model, and the KV-cache utilization as a fraction: that of the fullest page pool (models'
+/// pools differ in page size and are not shared, so a sum of pages would let a large idle pool hide a full
+/// one; the fullest pool is where the next request is likeliest to wait).
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub(crate) struct Load {
     pub(crate) waiting: f64,
     pub(crate) running: f64,
-    pub(crate) pages_used: f64,
-    pub(crate) pages_capacity: f64,
+    pub(crate) kv_utilization: f64,
 }
 
 impl Load {
     /// Adds one model's series: finite models count `loom_queue_depth` as queued and
     /// `loom_requests_running` as running, retained-text models `loom_text_waiting` and `loom_text_running`
-    /// (sequences: a request for `n` choices counts `n`) and their page pool.
+    /// (sequences: a request for `n` choices counts `n`) and their page pool's
+    /// `loom_text_page_pool_usage_ratio`.
     pub(crate) fn add(&mut self, s: &Series) {
         match s.name {
             "loom_queue_depth" | "loom_text_waiting" => self.waiting += s.value,
             "loom_requests_running" | "loom_text_running" => self.running += s.value,
-            "loom_text_pages_used" => self.pages_used += s.value,
-            "loom_text_pages_capacity" => self.pages_capacity += s.value,
+            "loom_text_page_pool_usage_ratio" => {
+                self.kv_utilization = self.kv_utilization.max(s.value.clamp(0.0, 1.0))
+            }
             _ => {}
-        }
-    }
-
-    /// Pages in use over pages in every pool; 0 without a retained-text model.
-    pub(crate) fn kv_utilization(&self) -> f64 {
-        if self.pages_capacity > 0.0 {
-            (self.pages_used / self.pages_capacity).clamp(0.0, 1.0)
-        } else {
-            0.0
         }
     }
 }
@@ -145,8 +139,8 @@ pub(crate) fn render(st: &AppState) -> String {
         ),
         (
             "loom_kv_cache_utilization",
-            "fraction (0 to 1) of the retained-text page pools in use (model-server protocol: KVCacheUtilization)",
-            load.kv_utilization(),
+            "fraction (0 to 1) of the fullest retained-text page pool in use (model-server protocol: KVCacheUtilization)",
+            load.kv_utilization,
         ),
     ] {
         family(&mut o, name, help, "gauge");
@@ -197,23 +191,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn load_sums_the_models_and_utilization_is_a_fraction() {
+    fn load_sums_requests_and_takes_the_fullest_pool() {
         let mut l = Load::default();
-        assert_eq!(l.kv_utilization(), 0.0, "no pool: idle");
+        assert_eq!(l.kv_utilization, 0.0, "no pool: idle");
         for (name, v) in [
             ("loom_queue_depth", 2.0),
             ("loom_requests_running", 3.0),
             ("loom_text_waiting", 4.0),
             ("loom_text_running", 5.0),
-            ("loom_text_pages_used", 30.0),
-            ("loom_text_pages_capacity", 40.0),
-            ("loom_text_pages_used", 10.0),
-            ("loom_text_pages_capacity", 60.0),
+            ("loom_text_page_pool_usage_ratio", 0.75),
+            ("loom_text_page_pool_usage_ratio", 0.1),
             ("loom_cohorts_total", 99.0),
         ] {
             l.add(&Series::sample(name, "", "gauge", v));
         }
         assert_eq!((l.waiting, l.running), (6.0, 8.0));
-        assert_eq!(l.kv_utilization(), 0.4);
+        assert_eq!(l.kv_utilization, 0.75, "the fullest pool");
     }
 }
