@@ -218,6 +218,8 @@ pub(crate) struct Lowered {
     pub(crate) scratch: usize,
     /// Op locations indexed by the site number in the error header.
     pub(crate) sites: Vec<Loc>,
+    /// Machine code bytes (for the profiler map, [`perf_map`]).
+    pub(crate) code_bytes: usize,
 }
 
 /// A JIT module collecting the functions of one stage.
@@ -339,8 +341,17 @@ impl Jit {
         module
             .define_function(id, &mut self.ctx)
             .map_err(|e| jerr(format!("{e:?}")))?;
+        let code_bytes = self
+            .ctx
+            .compiled_code()
+            .map_or(0, |c| c.code_buffer().len());
         module.clear_context(&mut self.ctx);
-        Ok(Lowered { id, scratch, sites })
+        Ok(Lowered {
+            id,
+            scratch,
+            sites,
+            code_bytes,
+        })
     }
 
     /// Links everything and returns the module (which owns the code) and a lookup for function addresses.
@@ -360,6 +371,32 @@ impl Drop for Jit {
         if let Some(m) = self.module.take() {
             // SAFETY: the module was never finished, so no function pointer into it was handed out.
             unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// With `LOOM_PERF_MAP=1` in the environment, appends `start size name` for a compiled kernel to
+/// `/tmp/perf-<pid>.map`, the file `perf report` reads to name JIT code (the address would otherwise show as
+/// `[JIT] tid ...`). Off by default: the map grows with every compilation and names kernels of every package.
+pub(crate) fn perf_map(f: KernelFn, bytes: usize, name: &str) {
+    static ON: std::sync::OnceLock<Option<std::sync::Mutex<std::fs::File>>> =
+        std::sync::OnceLock::new();
+    let file = ON.get_or_init(|| {
+        (std::env::var("LOOM_PERF_MAP").as_deref() == Ok("1"))
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(format!("/tmp/perf-{}.map", std::process::id()))
+                    .ok()
+            })
+            .flatten()
+            .map(std::sync::Mutex::new)
+    });
+    if let Some(m) = file {
+        use std::io::Write;
+        if let Ok(mut f2) = m.lock() {
+            let _ = writeln!(f2, "{:x} {bytes:x} loom:{name}", f as usize);
         }
     }
 }
@@ -1500,12 +1537,87 @@ impl<'k, 'f> Lower<'k, 'f> {
         let o = self.alloc(target, t.dtype)?;
         let ty = cty(t.dtype);
         let (so, d) = (t.off, o.off);
+        let last = target.len() - 1;
+        let n = target[last];
+        if ty.bytes() == 4 && n >= 4 && (st[last] == 1 || st[last] == 0) {
+            // Rows four lanes at a time: a row of the source repeated (stride 1) or one element splat
+            // (stride 0) over the last dimension.
+            let (splat, n4) = (st[last] == 0, n / 4 * 4);
+            let vt = if ty == F32 {
+                types::F32X4
+            } else {
+                types::I32X4
+            };
+            let f = flags_buf();
+            return self
+                .nest2(&target[..last], &st[..last], &mut |l, s, row| {
+                    let r0 = l.b.ins().imul_imm_s(row, i64::from(n));
+                    let one = if splat {
+                        let x = l.ld(ty, so, s);
+                        Some((x, l.b.ins().splat(vt, x)))
+                    } else {
+                        None
+                    };
+                    let hi = l.iconst(i64::from(n4));
+                    l.for_range(0, hi, 4, &mut |l, j| {
+                        let v = match one {
+                            Some((_, v)) => v,
+                            None => {
+                                let sj = l.b.ins().iadd(s, j);
+                                let sb = l.b.ins().imul_imm_s(sj, 4);
+                                let sa = l.b.ins().iadd(l.base, sb);
+                                l.b.ins().load(vt, f, sa, so as i32)
+                            }
+                        };
+                        let dj = l.b.ins().iadd(r0, j);
+                        let db = l.b.ins().imul_imm_s(dj, 4);
+                        let da = l.b.ins().iadd(l.base, db);
+                        l.b.ins().store(f, v, da, d as i32);
+                        Ok(())
+                    })?;
+                    for j in n4..n {
+                        let j = l.iconst(i64::from(j));
+                        let x = match one {
+                            Some((x, _)) => x,
+                            None => {
+                                let sj = l.b.ins().iadd(s, j);
+                                l.ld(ty, so, sj)
+                            }
+                        };
+                        let dj = l.b.ins().iadd(r0, j);
+                        l.st(x, d, dj);
+                    }
+                    Ok(())
+                })
+                .and_then(|()| self.def_tile(res, o));
+        }
         self.nest2(target, &st, &mut |l, s, di| {
             let x = l.ld(ty, so, s);
             l.st(x, d, di);
             Ok(())
         })?;
         self.def_tile(res, o)
+    }
+
+    /// Copies `n` elements of `ty` between scratch tiles, sixteen bytes at a time.
+    fn copy_scratch(&mut self, ty: Type, from: u32, to: u32, n: u32) -> R<()> {
+        let bytes = n * ty.bytes();
+        let (v16, f) = (bytes / 16 * 16, flags_buf());
+        if v16 > 0 {
+            let hi = self.iconst(i64::from(v16));
+            self.for_range(0, hi, 16, &mut |l, b| {
+                let a = l.b.ins().iadd(l.base, b);
+                let x = l.b.ins().load(types::I8X16, f, a, from as i32);
+                l.b.ins().store(f, x, a, to as i32);
+                Ok(())
+            })?;
+        }
+        for i in (v16 / ty.bytes())..n {
+            let i = self.iconst(i64::from(i));
+            let x = self.ld(ty, from, i);
+            self.st(x, to, i);
+        }
+        Ok(())
     }
 
     // ---- buffers ----
@@ -1700,6 +1812,112 @@ impl<'k, 'f> Lower<'k, 'f> {
         }
     }
 
+    /// Whether the fast mode of an access to `param` can copy whole rows: f32 elements (in the buffer and in
+    /// the tile), every index a scalar or a range, and the last one a range over a unit-stride dimension (so
+    /// each row of the tile is contiguous in the buffer and in scratch).
+    fn row_copyable(&self, param: u32, ixs: &[Ix], strides: &[i64]) -> bool {
+        let p = &self.k.params[param as usize];
+        p.dtype == DType::F32
+            && strides.last() == Some(&1)
+            && matches!(ixs.last(), Some(Ix::T(t)) if t.range.is_some())
+            && ixs
+                .iter()
+                .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()))
+    }
+
+    /// The fast mode of a [`row_copyable`](Self::row_copyable) access: row by row, four lanes at a time,
+    /// between the buffer at `ptr` and the tile at scratch offset `off` (`load`: into the tile). Bounds were
+    /// tested once by [`fast_or_masked`](Self::fast_or_masked).
+    fn copy_rows(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        ptr: Value,
+        off: u32,
+        load: bool,
+    ) -> R<()> {
+        let z = self.iconst(0);
+        self.copy_rows_at(ixs, strides, 0, z, z, ptr, off, load)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_rows_at(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        d: usize,
+        g: Value,
+        r: Value,
+        ptr: Value,
+        off: u32,
+        load: bool,
+    ) -> R<()> {
+        let st = strides[d];
+        let start = |l: &mut Self, t: &TileV| {
+            let v = t
+                .range
+                .unwrap_or_else(|| unreachable!("checked by row_copyable"));
+            l.b.use_var(v)
+        };
+        if d + 1 == ixs.len() {
+            let Ix::T(t) = &ixs[d] else {
+                unreachable!("checked by row_copyable")
+            };
+            let len = t.shape[0];
+            let s = start(self, t);
+            let g = self.b.ins().iadd(g, s);
+            let r0 = self.b.ins().imul_imm_s(r, i64::from(len));
+            let n4 = len / 4 * 4;
+            let f = flags_buf();
+            let lanes = |l: &mut Self, j: Value, ty: Type| {
+                let gj = l.b.ins().iadd(g, j);
+                let ba = l.buf_addr(ptr, gj, 4);
+                let rj = l.b.ins().iadd(r0, j);
+                let so = l.b.ins().imul_imm_s(rj, 4);
+                let sa = l.b.ins().iadd(l.base, so);
+                if load {
+                    let x = l.b.ins().load(ty, f, ba, 0);
+                    l.b.ins().store(f, x, sa, off as i32);
+                } else {
+                    let x = l.b.ins().load(ty, f, sa, off as i32);
+                    l.b.ins().store(f, x, ba, 0);
+                }
+            };
+            if n4 > 0 {
+                let hi = self.iconst(i64::from(n4));
+                self.for_range(0, hi, 4, &mut |l, j| {
+                    lanes(l, j, types::F32X4);
+                    Ok(())
+                })?;
+            }
+            for j in n4..len {
+                let j = self.iconst(i64::from(j));
+                lanes(self, j, F32);
+            }
+            return Ok(());
+        }
+        match &ixs[d] {
+            Ix::S(v) => {
+                let c = self.b.ins().imul_imm_s(*v, st);
+                let g = self.b.ins().iadd(g, c);
+                self.copy_rows_at(ixs, strides, d + 1, g, r, ptr, off, load)
+            }
+            Ix::T(t) => {
+                let t = t.clone();
+                let len = t.shape[0];
+                let s = start(self, &t);
+                self.for_n(len, &mut |l, j| {
+                    let v = l.b.ins().iadd(s, j);
+                    let c = l.b.ins().imul_imm_s(v, st);
+                    let g = l.b.ins().iadd(g, c);
+                    let r0 = l.b.ins().imul_imm_s(r, i64::from(len));
+                    let r = l.b.ins().iadd(r0, j);
+                    l.copy_rows_at(ixs, strides, d + 1, g, r, ptr, off, load)
+                })
+            }
+        }
+    }
+
     /// Runs `body(mode)` in the fast mode when every tile index is a range whose bounds are inside the buffer
     /// (one test), otherwise in the masked mode.
     fn fast_or_masked(
@@ -1855,8 +2073,13 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             self.visit(&ixs, &strides, &extents, 0, &mut leaf)?;
         } else {
-            self.fast_or_masked(&ixs, &extents, &mut |l, mode| {
-                l.visit(&ixs, &strides, &extents, mode, &mut leaf)
+            let rows = match &out {
+                Some(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
+                _ => None,
+            };
+            self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
+                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, true),
+                _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
             })?;
         }
         match out {
@@ -1923,8 +2146,13 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             Ok(())
         };
-        self.fast_or_masked(&ixs, &extents, &mut |l, mode| {
-            l.visit(&ixs, &strides, &extents, mode, &mut leaf)
+        let rows = match &v {
+            Opnd::T(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
+            _ => None,
+        };
+        self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
+            Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, false),
+            _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
         })
     }
 
@@ -1947,13 +2175,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             (Val::Tile(t), Opnd::T(s)) if t.shape == s.shape && t.dtype == s.dtype => {
                 if t.off != s.off {
-                    let ty = cty(t.dtype);
-                    let (so, d) = (s.off, t.off);
-                    self.for_n(t.n(), &mut |l, i| {
-                        let x = l.ld(ty, so, i);
-                        l.st(x, d, i);
-                        Ok(())
-                    })?;
+                    self.copy_scratch(cty(t.dtype), s.off, t.off, t.n())?;
                 }
                 Ok(())
             }

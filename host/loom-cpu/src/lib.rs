@@ -54,6 +54,7 @@
 
 #![allow(unsafe_code)]
 
+mod epilogue;
 mod jit;
 mod kernels;
 mod pattern;
@@ -132,6 +133,8 @@ struct GemmPlan {
     c: u32,
     trans_b: bool,
     epilogue: Option<(Kernel, Func)>,
+    /// The epilogue's native row form (`epilogue.rs`), run instead of the JIT epilogue when the buffers allow.
+    native: Option<epilogue::Epilogue>,
 }
 
 #[derive(Debug)]
@@ -208,11 +211,17 @@ pub struct Options {
     /// exactly a quantised matrix-vector product on the `qdot` microkernels; `false` JIT-compiles them like
     /// any other kernel (tests use this to check both paths).
     pub match_gemm: bool,
+    /// Run a matched GEMM's elementwise epilogue row by row natively (`epilogue.rs`) when it is one of the
+    /// forms that path runs; `false` keeps the JIT epilogue (tests compare the two, bit for bit).
+    pub native_epilogues: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { match_gemm: true }
+        Options {
+            match_gemm: true,
+            native_epilogues: true,
+        }
     }
 }
 
@@ -271,6 +280,10 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             }
             None => None,
         };
+        let native = match (&gm, &epi) {
+            (Some(g), Some((e, _))) if options.native_epilogues => epilogue::match_epilogue(g, e),
+            _ => None,
+        };
         reports.push(KernelReport {
             name: k.name.clone(),
             path: match (&gm, &epi) {
@@ -278,12 +291,13 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 _ if rw.is_some() => "rows",
                 (None, _) => "jit",
                 (Some(_), None) => "gemm",
+                (Some(_), Some(_)) if native.is_some() => "gemm+native-epilogue",
                 (Some(_), Some(_)) => "gemm+epilogue",
             },
             scratch_bytes: main.scratch,
             compile_time: tk.elapsed(),
         });
-        lowered.push((main, gm, epi, mv, rw));
+        lowered.push((main, gm, epi, native, mv, rw));
     }
     let maps = bind_dispatches(stage, &at)?;
     let module = jit.finish().map_err(|message| Error::Unsupported {
@@ -291,18 +305,22 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         kernel: String::new(),
         message,
     })?;
-    let func = |l: jit::Lowered| Func {
-        f: jit::func_ptr(&module, l.id),
-        scratch: l.scratch,
-        sites: l.sites,
+    let func = |l: jit::Lowered, name: &str| {
+        let f = jit::func_ptr(&module, l.id);
+        jit::perf_map(f, l.code_bytes, name);
+        Func {
+            f,
+            scratch: l.scratch,
+            sites: l.sites,
+        }
     };
     let plans = stage
         .kernels
         .iter()
         .zip(lowered)
-        .map(|(k, (main, gm, epi, mv, rw))| KPlan {
+        .map(|(k, (main, gm, epi, native, mv, rw))| KPlan {
             kernel: k.clone(),
-            func: func(main),
+            func: func(main, &k.name),
             gemm: gm.map(|g| GemmPlan {
                 m: g.m,
                 n: g.n,
@@ -311,7 +329,8 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 b: g.b,
                 c: g.c,
                 trans_b: g.trans_b,
-                epilogue: epi.map(|(e, l)| (e, func(l))),
+                epilogue: epi.map(|(e, l)| (e, func(l, &format!("{}.epilogue", k.name)))),
+                native,
             }),
             matvec: mv,
             rows: rw,
@@ -658,7 +677,15 @@ impl CpuStage {
                         g.trans_b,
                         threads,
                     );
-                    if let Some((ek, ef)) = &g.epilogue {
+                    let native = g.native.as_ref().filter(|e| {
+                        e.params().all(|p| {
+                            map.get(p as usize)
+                                .is_some_and(|&s| slots[s].0.is_multiple_of(4))
+                        })
+                    });
+                    if let Some(e) = native {
+                        epilogue::run(e, &|p| slots[map[p as usize]].0 as *mut f32, threads);
+                    } else if let Some((ek, ef)) = &g.epilogue {
                         run_grid(ef, ek.grid, &desc, threads, bounds)
                             .map_err(|f| failure_error(stage, bounds, ek, ef, f))?;
                     }

@@ -32,6 +32,9 @@ pub(crate) struct GemmMatch {
     /// rk], 0.0))`.
     pub(crate) trans_b: bool,
     pub(crate) epilogue: Option<Kernel>,
+    /// The kernel's tile (`BM x BN` programs over C).
+    pub(crate) bm: u32,
+    pub(crate) bn: u32,
 }
 
 fn imm_i(o: &KOperand) -> Option<i64> {
@@ -53,7 +56,7 @@ fn def(ops: &[KOp], v: KValue) -> Option<&KOp> {
 }
 
 /// `range(pid(axis) * B, B)` defined among `ops`: returns B.
-fn pid_range(ops: &[KOp], o: &KOperand, axis: u8) -> Option<u32> {
+pub(crate) fn pid_range(ops: &[KOp], o: &KOperand, axis: u8) -> Option<u32> {
     let KOpKind::Range { start, len } = &def(ops, val(o)?)?.kind else {
         return None;
     };
@@ -282,6 +285,8 @@ pub(crate) fn match_gemm(k: &Kernel) -> Option<GemmMatch> {
         c: *c,
         trans_b,
         epilogue,
+        bm,
+        bn,
     })
 }
 

@@ -134,7 +134,7 @@ fn tiled_gemm_with_and_without_epilogue() {
         diff(&st, &ins, Tol::Rel(1e-5, 1e-6));
         let rep = loom_cpu::compile_stage(&st).unwrap();
         let path = rep.compile_report().kernels[0].path;
-        assert_eq!(path, if epi { "gemm+epilogue" } else { "gemm" });
+        assert_eq!(path, if epi { "gemm+native-epilogue" } else { "gemm" });
     }
 }
 
@@ -780,8 +780,14 @@ fn quantised_matvec_jit_and_pattern_agree_with_the_reference() {
                 .map(|b| b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs()))) / 127.0)
                 .collect();
             for (match_gemm, path) in [(false, "jit"), (true, "qmatvec")] {
-                let cs =
-                    loom_cpu::compile_stage_with(&st, loom_cpu::Options { match_gemm }).unwrap();
+                let cs = loom_cpu::compile_stage_with(
+                    &st,
+                    loom_cpu::Options {
+                        match_gemm,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 assert_eq!(cs.compile_report().kernels[0].path, path);
                 for threads in [1, 2] {
                     let mut got = loom_reference::alloc_outputs(&st).unwrap();
@@ -841,8 +847,14 @@ fn quantised_matvec_rows_agree_with_the_reference() {
             let want = f32s(&want[0]);
             let wd = loom_reference::dequantize(dtype, &w).unwrap();
             for (match_gemm, path) in [(false, "jit"), (true, "qmatvec")] {
-                let cs =
-                    loom_cpu::compile_stage_with(&st, loom_cpu::Options { match_gemm }).unwrap();
+                let cs = loom_cpu::compile_stage_with(
+                    &st,
+                    loom_cpu::Options {
+                        match_gemm,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 assert_eq!(cs.compile_report().kernels[0].path, path);
                 for threads in [1, 2] {
                     let mut got = loom_reference::alloc_outputs(&st).unwrap();

@@ -55,7 +55,10 @@ pub fn diff(stage: &Stage, inputs: &[Vec<u8>], tol: Tol) -> Vec<Vec<u8>> {
         }
     }
     for match_gemm in [true, false] {
-        let opts = loom_cpu::Options { match_gemm };
+        let opts = loom_cpu::Options {
+            match_gemm,
+            ..Default::default()
+        };
         let cs = loom_cpu::compile_stage_with(stage, opts).expect("compile");
         for threads in [1, 2] {
             let mut got = loom_reference::alloc_outputs(stage).unwrap();
