@@ -12,7 +12,8 @@ For every overlay (overlays/*), the rendered documents are validated:
 and the documents are checked against each other and against the server: the drain's numbers (preStop sleep +
 --drain-timeout + margin <= terminationGracePeriodSeconds), the probes' paths, the memory request against the
 models' declared budgets (model.json of each package the deployment file names), selectors that select, the
-endpoint picker's metric names against the ones the server exports, one InferenceObjective per served chat model.
+endpoint picker's metric names against the ones the server exports, one InferenceObjective per served chat model,
+the Deployment's arguments against the CMD of the Containerfile that builds its image (and that image's plugins).
 Then it checks itself: a copy with a misspelt field and one with an inconsistent grace period must fail.
 
 Usage: check.py KUBECTL   (exit status 0: every check passed; 1: the failures are listed)
@@ -246,10 +247,48 @@ def check_consistency(docs, failures):
         failures.append(f"consistency: {type(e).__name__}: {e}")
 
 
-def check_docs(docs, crds, report):
+def containerfile(name):
+    """(ENTRYPOINT, CMD, the plugin libraries copied, the runtime base image) of a Containerfile."""
+    text = (HERE / name).read_text().replace("\\\n", " ")
+    def instr(word):
+        found = re.findall(rf"^{word}\s+(.*)$", text, re.M)
+        return found
+    entry = json.loads(instr("ENTRYPOINT")[-1])
+    cmd = json.loads(instr("CMD")[-1])
+    libs = re.findall(r"target/release/(lib\w+\.so)", text)
+    return entry, cmd, libs, instr("FROM")[-1]
+
+
+def check_images(overlay, docs, failures):
+    """The image an overlay runs is built by a Containerfile whose defaults are the Deployment's arguments."""
+    dep = one(docs, "Deployment", "loom-serve")
+    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "loom-serve")
+    tag = c["image"].rsplit(":", 1)[-1]
+    name = {"latest": "Containerfile", "cuda": "Containerfile.cuda"}.get(tag)
+    if name is None:
+        failures.append(f"{overlay}: image {c['image']} is built by no Containerfile")
+        return
+    entry, cmd, libs, _ = containerfile(name)
+    if c.get("command", entry) != entry:
+        failures.append(f"{overlay}: the container's command is not {name}'s ENTRYPOINT")
+    if c["args"] != cmd:
+        failures.append(f"{overlay}: the Deployment's args {c['args']} are not {name}'s CMD {cmd}")
+    want = {"libhal_cpu.so", "libprofile_tei.so"} | ({"libhal_cuda.so"} if tag == "cuda" else set())
+    if not want <= set(libs):
+        failures.append(f"{overlay}: {name} installs {sorted(set(libs))}, not {sorted(want)}")
+    gpus = c["resources"].get("limits", {}).get("nvidia.com/gpu")
+    if (tag == "cuda") != (gpus is not None):
+        failures.append(f"{overlay}: image {c['image']} with nvidia.com/gpu limit {gpus}")
+
+
+def check_docs(docs, crds, report, overlay="(copy)"):
     failures = []
     validate_schemas(docs, crds, failures, report)
     check_consistency(docs, failures)
+    try:
+        check_images(overlay, docs, failures)
+    except (KeyError, StopIteration, ValueError, IndexError, AssertionError) as e:
+        failures.append(f"{overlay}: images: {type(e).__name__}: {e}")
     return failures
 
 
@@ -263,7 +302,7 @@ def main():
         docs = render(kubectl, o)
         rendered[o.name] = docs
         report = []
-        failures = check_docs(docs, crds, report)
+        failures = check_docs(docs, crds, report, o.name)
         print(f"overlay {o.name}: {len(docs)} documents")
         print("\n".join(report))
         for f in failures:
@@ -285,6 +324,12 @@ def main():
     one(docs, "InferencePool")["spec"]["endpointPickerRef"]["prot"] = 9002
     if not any("prot" in f for f in check_docs(docs, crds, [])):
         print("  FAIL self-test: a misspelt field of an InferencePool passed")
+        failed = True
+    docs = copy.deepcopy(rendered[overlays[0].name])
+    args = one(docs, "Deployment", "loom-serve")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--drain-timeout") + 1] = "30"
+    if not any("CMD" in f for f in check_docs(docs, crds, [], overlays[0].name)):
+        print("  FAIL self-test: arguments other than the image's CMD passed")
         failed = True
     print(f"{len(overlays)} overlays: {'FAILED' if failed else 'every document valid and consistent'}"
           f" (Kubernetes {', '.join(KUBERNETES_VERSIONS)}; CRDs: "

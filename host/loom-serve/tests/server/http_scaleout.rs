@@ -215,20 +215,20 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 #[test]
 fn sigterm_fails_readiness_finishes_streams_refuses_new_work_and_exits_0() {
     let home = package_home("drain");
-    let pkg = slow_chat(&home, 8, 200_000);
+    let pkg = slow_chat(&home, 8, 300_000);
     let s = TestServer::start_models("drain", &[pkg], &["--drain-timeout", "60"]);
     let addr = s.addr.clone();
     let streams: Vec<_> = ["abcd", "wxyz"]
         .into_iter()
         .map(|p| {
             let addr = addr.clone();
-            std::thread::spawn(move || (p, stream_completion(&addr, p, 10).unwrap()))
+            std::thread::spawn(move || (p, stream_completion(&addr, p, 14).unwrap()))
         })
         .collect();
     let whole = {
         let addr = addr.clone();
         std::thread::spawn(move || {
-            let body = json!({"model": "slow-chat", "prompt": "mnop", "max_tokens": 10,
+            let body = json!({"model": "slow-chat", "prompt": "mnop", "max_tokens": 14,
                               "temperature": 0, "ignore_eos": true});
             raw_request(
                 &addr,
@@ -278,12 +278,12 @@ fn sigterm_fails_readiness_finishes_streams_refuses_new_work_and_exits_0() {
         let (p, st) = t.join().unwrap();
         assert_eq!(st.status, 200);
         assert!(st.done, "stream {p} ended without [DONE]");
-        assert_eq!(st.text, oracle(p.as_bytes(), 10), "stream {p}");
+        assert_eq!(st.text, oracle(p.as_bytes(), 14), "stream {p}");
     }
     let (status, body, _) = whole.join().unwrap();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(v["choices"][0]["text"], oracle(b"mnop", 10));
+    assert_eq!(v["choices"][0]["text"], oracle(b"mnop", 14));
     let (st, log) = s.wait_exit(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "{st:?}\n{log}");
     assert!(log.contains("draining: /health answers 503"), "{log}");
@@ -313,14 +313,16 @@ fn protocol_gauges_read_running_queued_and_pages_in_use() {
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
-    let prompts = ["aaaa", "bbbb", "cccc", "dddd", "eeee"];
-    let streams: Vec<_> = prompts
-        .into_iter()
-        .map(|p| {
-            let addr = addr.clone();
-            std::thread::spawn(move || (p, stream_completion(&addr, p, 10).unwrap()))
-        })
-        .collect();
+    let send = |p: &'static str| {
+        let addr = addr.clone();
+        std::thread::spawn(move || (p, stream_completion(&addr, p, 10).unwrap()))
+    };
+    // Three fill the pool; the next two wait (sent once the three run, so that none can have finished).
+    let mut streams: Vec<_> = ["aaaa", "bbbb", "cccc"].into_iter().map(send).collect();
+    wait_for("3 running", 30, || {
+        load(&addr).is_some_and(|(_, running, _)| running == 3.0)
+    });
+    streams.extend(["dddd", "eeee"].into_iter().map(send));
     // Within one scrape: 3 running (the pool's pages), 2 queued, every page in use.
     wait_for("3 running and 2 queued", 30, || {
         load(&addr) == Some((2.0, 3.0, 1.0))
@@ -344,10 +346,15 @@ fn protocol_gauges_read_running_queued_and_pages_in_use() {
         assert_eq!(st.text, oracle(p.as_bytes(), 10), "stream {p}");
     }
     wait_for("idle again", 10, || load(&addr) == Some((0.0, 0.0, 0.0)));
-    // Every scrape on the way was consistent: never more running than pages, utilization = running / 3.
+    // Every scrape on the way was consistent: never more running than pages, and utilization = running / 3
+    // within one page (a sequence is counted running when admitted, its page is taken when its epoch is
+    // planned; a finished one frees its page as it stops running).
     for (w, r, kv) in seen.into_iter().flatten() {
         assert!(r <= 3.0 && w <= 2.0, "{w} {r}");
-        assert!((kv - r / 3.0).abs() < 1e-9, "kv {kv} with {r} running");
+        assert!(
+            (kv - r / 3.0).abs() <= 1.0 / 3.0 + 1e-9,
+            "kv {kv} with {r} running"
+        );
     }
     s.healthy();
     let _ = std::fs::remove_dir_all(&home);
@@ -358,7 +365,7 @@ fn protocol_gauges_read_running_queued_and_pages_in_use() {
 /// `/metrics`: the lowest `loom_num_requests_waiting`, then the lowest `loom_kv_cache_utilization`, ties in
 /// turn) among the replicas whose `/health` is 200 (the picker considers ready pods only). One replica is
 /// drained (SIGTERM) mid-run: no request is lost (those it accepted finish; one it refuses with 503 is sent
-/// again to another replica, as a gateway's retry would), it exits 0, and the load spreads over all three.
+/// again to another replica, as a gateway's retry would), it exits 0, and the load spreads.
 #[test]
 fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains() {
     let home = package_home("replicas");
@@ -448,7 +455,7 @@ fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains()
         "served per replica: {served:?} (replica 0 drained after {drain_after}); retried after 503: {retried}"
     );
     assert!(
-        served.iter().all(|&n| n >= 2),
+        served[1] >= 4 && served[2] >= 4,
         "the load did not spread: {served:?}"
     );
     assert!(
@@ -492,4 +499,74 @@ fn a_running_finite_cohort_counts_as_a_running_request() {
     assert!(seen, "the spinning request was never seen running");
     assert_eq!(s.metric("loom_requests_running{model=\"slow-embed\"}"), 0.0);
     assert_eq!(load(&s.addr), Some((0.0, 0.0, 0.0)));
+}
+
+/// The deployment files of `deploy/kubernetes` (the base's, on the CPU, and the CUDA overlay's, `cuda:0` else
+/// the CPU) serve every model they name, with `/models` standing for this repository's `packages/` and the
+/// server started with the image's flags (`--package-root`, `--drain-timeout`), and a SIGTERM ends it with 0.
+#[test]
+fn the_kubernetes_deployment_files_serve_their_models() {
+    let packages = repo_root().join("packages").canonicalize().unwrap();
+    let gguf = packages.join("smollm2/model/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.exists() {
+        eprintln!(
+            "SKIPPED: {} is missing: run `bash scripts/fetch-smollm2.sh` (scripts/test.sh does)",
+            gguf.display()
+        );
+        return;
+    }
+    for (tag, file) in [
+        ("k8s-base", "deploy/kubernetes/base/deployment.json"),
+        (
+            "k8s-cuda",
+            "deploy/kubernetes/overlays/cuda/deployment.json",
+        ),
+    ] {
+        let home = package_home(tag);
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        assert!(
+            text.contains("\"/models/"),
+            "{file}: packages under /models"
+        );
+        let deployment = home.join("deployment.json");
+        std::fs::write(
+            &deployment,
+            text.replace("\"/models/", &format!("\"{}/", packages.display())),
+        )
+        .unwrap();
+        let s = TestServer::start_models(
+            tag,
+            &[],
+            &[
+                "--deployment",
+                &deployment.display().to_string(),
+                "--package-root",
+                &packages.display().to_string(),
+                "--drain-timeout",
+                "60",
+            ],
+        );
+        let named: Vec<Value> = serde_json::from_str::<Value>(&text).unwrap()["models"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let h = s.request("GET", "/health", b"").json();
+        assert_eq!(h["models_ready"], named.len(), "{file}: {h}");
+        assert!(h.get("models_failed").is_none(), "{file}: {h}");
+        let list = s.request("GET", "/v1/models", b"").json();
+        for m in list["data"].as_array().unwrap() {
+            assert_eq!(m["status"], "ready", "{file}: {m}");
+            assert_eq!(m["device"], "cpu:0", "{file}: {m}");
+        }
+        let r = s.post_json(
+            "/v1/chat/completions",
+            &json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        );
+        assert_eq!(r.status, 200, "{file}: {}", r.text());
+        assert_eq!(s.request("GET", "/health/live", b"").status, 200);
+        s.sigterm();
+        let (st, log) = s.wait_exit(Duration::from_secs(30));
+        assert_eq!(st.code(), Some(0), "{file}: {st:?}\n{log}");
+        let _ = std::fs::remove_dir_all(&home);
+    }
 }
