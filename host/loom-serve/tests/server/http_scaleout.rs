@@ -360,47 +360,99 @@ fn protocol_gauges_read_running_queued_and_pages_in_use() {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// The endpoint picker's default scheduling profile (gateway-api-inference-extension v1.5.0, `epp-config.yaml`),
+/// as this simulation applies it: among the ready replicas, the highest `2 q + 2 k + 3 p` where `q` is the
+/// queue scorer's `(max - queue) / (max - min)` (1 when all queues are equal), `k` the KV-cache scorer's
+/// `1 - utilization`, and `p` the prefix-cache scorer's share of the prompt's 16-byte blocks (one page of
+/// slow-chat) already sent to that replica; ties broken at random (seeded here).
+struct Picker {
+    /// Per replica: the prompt prefixes (whole blocks) sent to it.
+    sent: Vec<std::collections::HashSet<String>>,
+    rng: u64,
+}
+
+const BLOCK: usize = 16;
+
+impl Picker {
+    fn new(n: usize) -> Picker {
+        Picker {
+            sent: vec![Default::default(); n],
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// `ready`: (replica, (queued, running, KV utilization)).
+    fn pick(&mut self, prompt: &str, ready: &[(usize, (f64, f64, f64))]) -> usize {
+        assert!(!ready.is_empty(), "no replica is ready");
+        let (min_q, max_q) = ready.iter().fold((f64::MAX, f64::MIN), |(a, b), (_, l)| {
+            (a.min(l.0), b.max(l.0))
+        });
+        let blocks = prompt.len() / BLOCK;
+        let mut best = (f64::MIN, Vec::new());
+        for &(i, (queued, _, kv)) in ready {
+            let q = if max_q == min_q {
+                1.0
+            } else {
+                (max_q - queued) / (max_q - min_q)
+            };
+            let matched = (1..=blocks)
+                .take_while(|b| self.sent[i].contains(&prompt[..b * BLOCK]))
+                .count();
+            let p = if blocks == 0 {
+                0.0
+            } else {
+                matched as f64 / blocks as f64
+            };
+            let score = 2.0 * q + 2.0 * (1.0 - kv) + 3.0 * p;
+            if score > best.0 + 1e-9 {
+                best = (score, vec![i]);
+            } else if (score - best.0).abs() <= 1e-9 {
+                best.1.push(i);
+            }
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let chosen = best.1[(self.rng % best.1.len() as u64) as usize];
+        self.record(prompt, chosen);
+        chosen
+    }
+
+    /// Like the picker's prefix index: the prompt's blocks are now on `replica`.
+    fn record(&mut self, prompt: &str, replica: usize) {
+        for b in 1..=prompt.len() / BLOCK {
+            self.sent[replica].insert(prompt[..b * BLOCK].to_string());
+        }
+    }
+}
+
 /// A simulation of a Kubernetes scale-out on one machine, not a replacement for the gateway: three replicas,
-/// and a client that routes each request the way the endpoint picker's default scorers do (from scraped
-/// `/metrics`: the lowest `loom_num_requests_waiting`, then the lowest `loom_kv_cache_utilization`, ties in
-/// turn) among the replicas whose `/health` is 200 (the picker considers ready pods only). One replica is
-/// drained (SIGTERM) mid-run: no request is lost (those it accepted finish; one it refuses with 503 is sent
-/// again to another replica, as a gateway's retry would), it exits 0, and the load spreads.
+/// and a client that routes each request the way the endpoint picker's default profile does, from each
+/// ready replica's scraped `/metrics` (queue depth, KV-cache utilization) and the prompts it was sent (prefix
+/// affinity): [`Picker`]. The 24 streamed completions belong to three conversations (a 32-byte prefix each, two
+/// pages the server shares by content, and a 4-byte suffix). One replica is drained (SIGTERM) mid-run, while it
+/// runs a stream: no request is lost (those it accepted finish; one it refuses with 503 is sent to another
+/// replica, as a gateway's retry would), it exits 0, the load spreads, and the prefix affinity shows as prompt
+/// tokens the servers found in shared pages.
 #[test]
 fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains() {
     let home = package_home("replicas");
-    let pkg = slow_chat(&home, 4, 100_000);
+    let pkg = slow_chat(&home, 12, 100_000);
     let replicas: Vec<TestServer> = (0..3)
         .map(|i| TestServer::start_models(&format!("replica{i}"), std::slice::from_ref(&pkg), &[]))
         .collect();
     let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
     let mut replicas: Vec<Option<TestServer>> = replicas.into_iter().map(Some).collect();
-    let total = 24;
-    let drain_after = 8;
-    let mut turn = 0usize;
+    let conversations = [
+        "You are a terse assistant. Hi!: ",
+        "Translate to French, please: ab ",
+        "Summarise the following text: x ",
+    ];
+    assert!(conversations.iter().all(|c| c.len() == 2 * BLOCK));
+    let (total, drain_after) = (24, 8);
+    let mut picker = Picker::new(3);
     let mut sent = Vec::new();
-    let mut retried = 0;
     let mut drained: Option<std::thread::JoinHandle<std::process::ExitStatus>> = None;
-    let pick = |turn: &mut usize| -> usize {
-        let scored: Vec<(usize, (f64, f64, f64))> = addrs
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| raw_request(a, "GET", "/health", b"").is_ok_and(|r| r.0 == 200))
-            .filter_map(|(i, a)| Some((i, load(a)?)))
-            .collect();
-        assert!(!scored.is_empty(), "no replica is ready");
-        let best = scored
-            .iter()
-            .map(|(_, (w, _, kv))| (*w, *kv))
-            .fold((f64::MAX, f64::MAX), |a, b| if b < a { b } else { a });
-        let tied: Vec<usize> = scored
-            .iter()
-            .filter(|(_, (w, _, kv))| (*w, *kv) == best)
-            .map(|(i, _)| *i)
-            .collect();
-        *turn += 1;
-        tied[*turn % tied.len()]
-    };
     for k in 0..total {
         if k == drain_after {
             // Drain replica 0 while it runs a stream (the one sent to it just before).
@@ -413,17 +465,24 @@ fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains()
                 r.wait_exit(Duration::from_secs(60)).0
             }));
         }
-        let prompt = format!("{:04}", k * 37);
+        let prompt = format!("{}{:04}", conversations[k % 3], k * 37);
         // The last request before the drain goes to replica 0 whatever the picker says, so that the drain
         // certainly finds a stream running there.
         let first = if k + 1 == drain_after {
+            picker.record(&prompt, 0);
             0
         } else {
-            pick(&mut turn)
+            let ready: Vec<(usize, (f64, f64, f64))> = addrs
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| raw_request(a, "GET", "/health", b"").is_ok_and(|r| r.0 == 200))
+                .filter_map(|(i, a)| Some((i, load(a)?)))
+                .collect();
+            picker.pick(&prompt, &ready)
         };
         let addrs = addrs.clone();
         sent.push(std::thread::spawn(move || {
-            // Like a gateway's retry: a 503 from a draining replica goes to the next replica.
+            // Like a gateway's retry: a 503 from a draining replica goes to the next live replica.
             let mut to = first;
             let mut tries = Vec::new();
             loop {
@@ -432,15 +491,13 @@ fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains()
                 if st.status != 503 || tries.len() > 3 {
                     return (prompt, to, st, tries);
                 }
-                to = (to + 1) % addrs.len();
-                if to == 0 {
-                    to = 1;
-                }
+                to = if to == 2 { 1 } else { to + 1 };
             }
         }));
         std::thread::sleep(Duration::from_millis(120));
     }
     let mut served = [0usize; 3];
+    let mut retried = 0;
     for t in sent {
         let (prompt, to, st, tries) = t.join().unwrap();
         assert_eq!(st.status, 200, "{prompt}: {tries:?}");
@@ -451,16 +508,28 @@ fn three_replicas_routed_like_the_endpoint_picker_lose_nothing_when_one_drains()
     }
     let st = drained.unwrap().join().unwrap();
     assert_eq!(st.code(), Some(0), "the drained replica's exit: {st:?}");
+    let hits: Vec<f64> = replicas
+        .iter()
+        .flatten()
+        .map(|r| r.metric("loom_text_prefix_hit_tokens_total{model=\"slow-chat\"}"))
+        .collect();
     eprintln!(
-        "served per replica: {served:?} (replica 0 drained after {drain_after}); retried after 503: {retried}"
-    );
-    assert!(
-        served[1] >= 4 && served[2] >= 4,
-        "the load did not spread: {served:?}"
+        "served per replica: {served:?} (replica 0 drained after {drain_after}); retried after 503: {retried}; \
+         prefix hit tokens on replicas 1 and 2: {hits:?}"
     );
     assert!(
         (1..=drain_after).contains(&served[0]),
         "replica 0 answered {served:?}"
+    );
+    // Three conversations on two live replicas split about 2:1 once each sticks to its replica.
+    assert!(
+        served[1] >= 3 && served[2] >= 3,
+        "the load did not spread: {served:?}"
+    );
+    // Conversations came back to the replica that had their prefix: its pages were found, not recomputed.
+    assert!(
+        hits.iter().sum::<f64>() >= (8 * 2 * BLOCK) as f64,
+        "prefix hits {hits:?}"
     );
     for r in replicas.iter().flatten() {
         r.healthy();
