@@ -326,6 +326,8 @@ impl Jit {
                 opts,
                 depth: 0,
                 fuel: None,
+                dot_b_only: dot_b_only(kernel),
+                transposed: std::collections::HashSet::new(),
             };
             let r = l.body();
             let loc = l.loc;
@@ -468,6 +470,96 @@ struct Lower<'k, 'f> {
     depth: u32,
     /// The instance's remaining steps in the current slice (see the module doc).
     fuel: Option<Variable>,
+    /// Values whose every use is as the `b` operand of a `dot` (see [`dot_b_only`]).
+    dot_b_only: Vec<bool>,
+    /// Transposes left unmaterialised (`dot_b_only`): their ids.
+    transposed: std::collections::HashSet<u32>,
+}
+
+/// For every value of `k`: whether it is used, and only as the `b` operand of `dot`s (a transpose feeding
+/// only dots is then passed to the dot helper as a transposed operand instead of being copied).
+fn dot_b_only(k: &Kernel) -> Vec<bool> {
+    let n = k.values.len();
+    let (mut uses, mut dot_b) = (vec![0u32; n], vec![0u32; n]);
+    fn walk(r: &KRegion, uses: &mut [u32], dot_b: &mut [u32]) {
+        let count = |o: &KOperand, uses: &mut [u32]| {
+            if let KOperand::Value(v) = o {
+                if let Some(u) = uses.get_mut(v.0 as usize) {
+                    *u += 1;
+                }
+            }
+        };
+        for op in &r.ops {
+            match &op.kind {
+                KOpKind::ProgramId { .. } => {}
+                KOpKind::Binary { a, b, .. } | KOpKind::Cmp { a, b, .. } => {
+                    count(a, uses);
+                    count(b, uses);
+                }
+                KOpKind::Unary { a, .. }
+                | KOpKind::Cast { a, .. }
+                | KOpKind::Broadcast { a, .. }
+                | KOpKind::ExpandDims { a, .. }
+                | KOpKind::Reshape { a, .. }
+                | KOpKind::Transpose { a }
+                | KOpKind::Reduce { a, .. } => count(a, uses),
+                KOpKind::Select { cond, a, b } => {
+                    count(cond, uses);
+                    count(a, uses);
+                    count(b, uses);
+                }
+                KOpKind::Range { start, .. } => count(start, uses),
+                KOpKind::Full { value, .. } => count(value, uses),
+                KOpKind::Dot { a, b, acc } => {
+                    count(a, uses);
+                    count(b, uses);
+                    count(acc, uses);
+                    if let KOperand::Value(v) = b {
+                        if let Some(d) = dot_b.get_mut(v.0 as usize) {
+                            *d += 1;
+                        }
+                    }
+                }
+                KOpKind::Load { indices, fill, .. } => {
+                    indices.iter().for_each(|i| count(i, uses));
+                    if let Some(f) = fill {
+                        count(f, uses);
+                    }
+                }
+                KOpKind::Store { indices, value, .. } => {
+                    indices.iter().for_each(|i| count(i, uses));
+                    count(value, uses);
+                }
+                KOpKind::For {
+                    lo,
+                    hi,
+                    step,
+                    inits,
+                    body,
+                    ..
+                } => {
+                    [lo, hi, step].into_iter().for_each(|o| count(o, uses));
+                    inits.iter().for_each(|o| count(o, uses));
+                    walk(body, uses, dot_b);
+                }
+                KOpKind::If {
+                    cond,
+                    then_region,
+                    else_region,
+                } => {
+                    count(cond, uses);
+                    walk(then_region, uses, dot_b);
+                    walk(else_region, uses, dot_b);
+                }
+                KOpKind::Yield(vs) => vs.iter().for_each(|o| count(o, uses)),
+            }
+        }
+    }
+    walk(&k.body, &mut uses, &mut dot_b);
+    uses.iter()
+        .zip(&dot_b)
+        .map(|(&u, &d)| u > 0 && u == d)
+        .collect()
 }
 
 fn flags_buf() -> MemFlagsData {
@@ -885,6 +977,20 @@ impl<'k, 'f> Lower<'k, 'f> {
                 let [r, c] = t.shape[..] else {
                     return Err(bad!("transpose needs a 2-D tile, got {:?}", t.shape));
                 };
+                let res = one(op)?;
+                if t.dtype == DType::F32 && self.dot_b_only.get(res.0 as usize) == Some(&true) {
+                    // Only dots read it: they read `t`'s storage transposed (no copy). The value is `t`'s
+                    // storage under the transposed shape, which nothing but those dots sees.
+                    self.transposed.insert(res.0);
+                    return self.def_tile(
+                        res,
+                        TileV {
+                            shape: vec![c, r],
+                            range: None,
+                            ..t
+                        },
+                    );
+                }
                 let o = self.alloc(&[c, r], t.dtype)?;
                 let ty = cty(t.dtype);
                 let (so, d) = (t.off, o.off);
@@ -925,10 +1031,15 @@ impl<'k, 'f> Lower<'k, 'f> {
                 self.def_tile(one(op)?, o)
             }
             K::Dot { a, b, acc } => {
+                let bt = match b {
+                    KOperand::Value(v) => self.transposed.contains(&v.0),
+                    KOperand::Imm(..) => false,
+                };
                 let (a, b, c) = (self.operand(a)?, self.operand(b)?, self.operand(acc)?);
                 let (Opnd::T(a), Opnd::T(b), Opnd::T(c)) = (a, b, c) else {
                     return Err(bad!("dot operands must be 2-D tiles"));
                 };
+                // A transposed b has its logical [k, n] shape over its source's [n, k] storage.
                 let ([m, k], [k2, n]) = (&a.shape[..], &b.shape[..]) else {
                     return Err(bad!("dot operands must be 2-D tiles"));
                 };
@@ -943,7 +1054,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 let o = self.alloc(&[m, n], DType::F32)?;
                 let args = [
-                    self.i32c(u32::from(a.dtype == DType::F64)),
+                    self.i32c(u32::from(a.dtype == DType::F64) | (u32::from(bt) << 1)),
                     self.sptr(a.off),
                     self.sptr(b.off),
                     self.sptr(c.off),
@@ -1005,10 +1116,28 @@ impl<'k, 'f> Lower<'k, 'f> {
 
     fn fill(&mut self, t: &TileV, x: Value) -> R<()> {
         let off = t.off;
-        self.for_n(t.n(), &mut |l, i| {
-            l.st(x, off, i);
-            Ok(())
-        })
+        let ty = self.b.func.dfg.value_type(x);
+        let lanes = 16 / ty.bytes();
+        let (n, f) = (t.n(), flags_buf());
+        let nv = n / lanes * lanes;
+        if nv > 0 {
+            // Sixteen bytes at a time.
+            let vt = ty.by(lanes).unwrap_or(types::I8X16);
+            let v = self.b.ins().splat(vt, x);
+            let hi = self.iconst(i64::from(nv));
+            let size = i64::from(ty.bytes());
+            self.for_range(0, hi, i64::from(lanes), &mut |l, i| {
+                let bo = l.b.ins().imul_imm_s(i, size);
+                let a = l.b.ins().iadd(l.base, bo);
+                l.b.ins().store(f, v, a, off as i32);
+                Ok(())
+            })?;
+        }
+        for i in nv..n {
+            let i = self.iconst(i64::from(i));
+            self.st(x, off, i);
+        }
+        Ok(())
     }
 
     /// Nested loops over `dims` (row-major); `sa` are source strides; the destination index is row-major.

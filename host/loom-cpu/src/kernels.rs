@@ -22,7 +22,7 @@ pub(crate) fn sgemm(
 /// [`sgemm`] with `b`'s element `(k, n)` at `b + k * b_rs + n * b_cs` (so `b_cs = K, b_rs = 1` reads a
 /// row-major `[N, K]` matrix as its transpose).
 #[allow(clippy::too_many_arguments)]
-fn sgemm_strided(
+pub(crate) fn sgemm_strided(
     m: usize,
     n: usize,
     k: usize,

@@ -529,7 +529,8 @@ pub(crate) extern "C" fn loom_reduce(
 }
 
 /// `out = acc + a @ b` on scratch tiles: `a` `[m, k]`, `b` `[k, n]` in f32 storage (f32/f16/bf16 values) or
-/// f64 storage (`wide`), `acc`/`out` `[m, n]` f32. The f32 case runs the `gemm` crate's microkernels.
+/// f64 storage (`wide` bit 0), `acc`/`out` `[m, n]` f32. `wide` bit 1: `b` is held transposed, as `[n, k]`
+/// (f32 only). The f32 case runs the `gemm` crate's microkernels.
 pub(crate) extern "C" fn loom_dot(
     wide: u32,
     a: *const u8,
@@ -545,7 +546,7 @@ pub(crate) extern "C" fn loom_dot(
         // SAFETY: acc and out are distinct scratch regions of m*n f32.
         unsafe { std::ptr::copy_nonoverlapping(acc, out, m * n * 4) };
     }
-    if wide != 0 {
+    if wide & 1 != 0 {
         // SAFETY: f64 storage of m*k and k*n elements; out holds m*n f32.
         let (a, b, o) = unsafe {
             (
@@ -563,6 +564,23 @@ pub(crate) extern "C" fn loom_dot(
                 o[i * n + j] = s as f32;
             }
         }
+        return;
+    }
+    if wide & 2 != 0 {
+        // b held transposed, as [n, k] (a transpose that only dots read).
+        crate::kernels::sgemm_strided(
+            m,
+            n,
+            k,
+            out as *mut f32,
+            n,
+            a as *const f32,
+            k,
+            b as *const f32,
+            k as isize,
+            1,
+            true,
+        );
         return;
     }
     crate::kernels::sgemm(
