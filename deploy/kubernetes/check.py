@@ -172,7 +172,8 @@ def check_consistency(docs, failures):
         check(drain > 0, "--drain-timeout 0 would let a stuck drain outlive the grace period")
         check(pre + drain + GRACE_MARGIN_S <= grace,
               f"terminationGracePeriodSeconds {grace} < preStop {pre} s + --drain-timeout {drain} s + {GRACE_MARGIN_S}")
-        check(c["readinessProbe"]["httpGet"]["path"] == "/health", "readiness must probe /health")
+        check(c["readinessProbe"]["httpGet"]["path"] == "/health?strict=true",
+              "readiness must probe /health?strict=true")
         check(c["startupProbe"]["httpGet"]["path"] == "/health", "the startup probe must probe /health")
         check(c["livenessProbe"]["httpGet"]["path"] == "/health/live",
               "liveness must probe /health/live (/health is 503 while preparing and draining)")

@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::state::{AppState, St, WorkGuard};
 use crate::{chat, classify, decisions, embeddings, lifecycle, sessions};
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -236,9 +236,14 @@ fn refusal(config: &crate::state::Config, req: &Request) -> Option<Response> {
 
 /// Readiness: `200` when the server serves every model it has; `503` while start-up registrations run, while
 /// a model is being prepared with no version serving (a first registration, an activation), and from the
-/// drain's start (SIGTERM) on. Failed models do not make it `503` (the server serves the others); they are
-/// listed.
-async fn health(State(st): St) -> Response {
+/// drain's start (SIGTERM) on. Failed models do not make it `503` (the server serves the others; they are
+/// listed) unless the query says `strict=true`: then a failed model is a `503` too (a pod that cannot serve
+/// every model it was deployed with takes no traffic, and a rollout of a broken version stops there).
+async fn health(State(st): St, RawQuery(query): RawQuery) -> Response {
+    let strict = query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| matches!(kv, "strict" | "strict=true" | "strict=1"))
+    });
     let unavailable = |body: serde_json::Value| {
         (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
     };
@@ -273,6 +278,9 @@ async fn health(State(st): St) -> Response {
         .filter(|m| m.status == Status::Failed)
         .map(|m| m.name.as_str())
         .collect();
+    if strict && !failed.is_empty() {
+        return unavailable(json!({"status": "failed", "failed": failed}));
+    }
     let mut body = json!({"status": "ok", "models_ready": ready});
     if !failed.is_empty() {
         body["models_failed"] = json!(failed);

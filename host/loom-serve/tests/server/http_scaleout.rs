@@ -639,3 +639,71 @@ fn the_kubernetes_deployment_files_serve_their_models() {
         let _ = std::fs::remove_dir_all(&home);
     }
 }
+
+/// `/health` as readiness: `503 preparing` (naming the model) while a model with no serving version prepares,
+/// `200` listing a failed model in `models_failed`, `503 failed` for the same with `?strict=true`, and
+/// `/health/live` 200 throughout.
+#[test]
+fn health_reports_preparing_and_failed_models_and_strict_fails_on_them() {
+    let s = TestServer::start("health-states", &[]);
+    // arith-chat whose cold prepare spins (the VM's JIT runs ~1.5 billion iterations: about a second).
+    let pkg = s.dir.join("slow-prep");
+    copy_dir(&repo_root().join("packages/arith-chat"), &pkg);
+    let p = std::fs::read_to_string(pkg.join("prepare.loom")).unwrap();
+    let first = "    %tokens = call @options.i64(\"epoch_tokens\", 256)\n";
+    assert!(p.contains(first), "arith-chat's prepare");
+    let spin = "    %spin = call @options.i64(\"prepare_spin\", 0)
+    %burnt = for %i = 0 to %spin iter(%a = 0 : i64) -> i64 {
+      yield add(%a, 1)
+    }
+    assert cmp.eq(%burnt, %spin), \"spin\"\n";
+    std::fs::write(
+        pkg.join("prepare.loom"),
+        p.replacen(first, &format!("{spin}{first}"), 1),
+    )
+    .unwrap();
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("model.json")).unwrap()).unwrap();
+    doc["name"] = json!("slow-prep");
+    doc["fuel"]["prepare"] = json!(10_000_000_000u64);
+    doc["options"]["prepare_spin"] = json!(1_500_000_000u64);
+    std::fs::write(pkg.join("model.json"), doc.to_string()).unwrap();
+    let addr = s.addr.clone();
+    let body = json!({"base": pkg.display().to_string()}).to_string();
+    let reg = std::thread::spawn(move || {
+        raw_request(&addr, "POST", "/v1/models", body.as_bytes()).unwrap()
+    });
+    let mut preparing = None;
+    wait_for("/health to say preparing", 30, || {
+        let r = s.request("GET", "/health", b"");
+        if r.status == 503 {
+            preparing = Some(r.json());
+        }
+        preparing.is_some() || reg.is_finished()
+    });
+    let (status, body, _) = reg.join().unwrap();
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let h = preparing.expect("/health never answered 503 while slow-prep prepared");
+    assert_eq!(
+        h,
+        json!({"status": "preparing", "preparing": ["slow-prep"]})
+    );
+    s.healthy();
+    // A failed model: the server serves the others (200, listed), unless strict.
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "broken", "base": s.dir.join("arith-embed-weighted").display().to_string(),
+                "options": {"checkpoint": "missing.safetensors"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let h = s.request("GET", "/health", b"");
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["models_failed"], json!(["broken"]));
+    let h = s.request("GET", "/health?strict=true", b"");
+    assert_eq!(h.status, 503);
+    assert_eq!(h.json(), json!({"status": "failed", "failed": ["broken"]}));
+    assert_eq!(s.request("GET", "/health/live", b"").status, 200);
+    // Gone again: strict readiness is back.
+    assert_eq!(s.request("DELETE", "/v1/models/broken", b"").status, 200);
+    assert_eq!(s.request("GET", "/health?strict=true", b"").status, 200);
+}
