@@ -426,6 +426,13 @@ struct Shared(*const u64);
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
+impl Shared {
+    /// The table (a method, so that closures capture the `Sync` wrapper rather than the raw pointer).
+    fn ptr(&self) -> *const u64 {
+        self.0
+    }
+}
+
 /// The scratch unit: 64-byte aligned so that the JIT's aligned scratch accesses are aligned.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -478,58 +485,73 @@ fn run_grid(
         cancel: bounds.cancel.map_or(0, |c| c as *const _ as usize),
     };
     let threads = (threads.max(1) as u64).min(total);
-    let chunk = total.div_ceil(threads);
+    // Threads take instances in grains from a shared counter (a static split would leave a thread idle when
+    // the instances' work is uneven: empty sequence slots, causal blocks), about 64 grains a thread.
+    let grain = (total / (threads * 64)).max(1);
+    let next = std::sync::atomic::AtomicU64::new(0);
+    // The lowest failing instance found so far: instances past it need not run.
+    let first_failure = std::sync::atomic::AtomicU64::new(u64::MAX);
     let d = Shared(desc.as_ptr());
     let f = func.f;
     let lines = func.scratch.div_ceil(64).max(1);
-    let work = move |lo: u64, hi: u64| -> Result<(), Failure> {
-        let d = d;
+    let work = |ranges: &mut dyn FnMut() -> Option<(u64, u64)>| -> Result<(), Failure> {
         let mut scratch = vec![Line([0; 64]); lines];
         let sp = scratch.as_mut_ptr() as *mut u8;
         let slice = gb.allowance.min(jit::FUEL_SLICE);
         let rest = (gb.allowance - slice).min(i64::MAX as u64);
         let flag = gb.cancel as *const std::sync::atomic::AtomicU32;
-        for at in lo..hi {
-            // SAFETY: `flag` is null or the `AtomicU32` of the `RunBounds` that outlives this call.
-            if !flag.is_null() && unsafe { (*flag).load(std::sync::atomic::Ordering::Relaxed) } != 0
-            {
-                return Err(bound_failure(at, jit::ST_CANCEL));
-            }
-            let h = &mut scratch[0].0;
-            h[jit::FUEL_OFF as usize..][..8].copy_from_slice(&(slice as i64).to_le_bytes());
-            h[jit::REST_OFF..][..8].copy_from_slice(&(rest as i64).to_le_bytes());
-            h[jit::CANCEL_OFF..][..8].copy_from_slice(&(gb.cancel as u64).to_le_bytes());
-            let pid = [
-                at / (grid[1] * grid[2]),
-                at / grid[2] % grid[1],
-                at % grid[2],
-            ];
-            // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
-            // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
-            // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
-            // crate doc's safety argument for why the code stays inside them.
-            let status = unsafe { f(pid[0] as i64, pid[1] as i64, pid[2] as i64, d.0, sp) };
-            if status != jit::ST_OK {
-                let mut header = [0u8; 64];
-                header.copy_from_slice(&scratch[0].0);
-                return Err(Failure {
-                    at,
-                    pid,
-                    status,
-                    header,
-                });
+        while let Some((lo, hi)) = ranges() {
+            for at in lo..hi {
+                // SAFETY: `flag` is null or the `AtomicU32` of the `RunBounds` that outlives this call.
+                if !flag.is_null()
+                    && unsafe { (*flag).load(std::sync::atomic::Ordering::Relaxed) } != 0
+                {
+                    return Err(bound_failure(at, jit::ST_CANCEL));
+                }
+                let h = &mut scratch[0].0;
+                h[jit::FUEL_OFF as usize..][..8].copy_from_slice(&(slice as i64).to_le_bytes());
+                h[jit::REST_OFF..][..8].copy_from_slice(&(rest as i64).to_le_bytes());
+                h[jit::CANCEL_OFF..][..8].copy_from_slice(&(gb.cancel as u64).to_le_bytes());
+                let pid = [
+                    at / (grid[1] * grid[2]),
+                    at / grid[2] % grid[1],
+                    at % grid[2],
+                ];
+                // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
+                // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
+                // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
+                // crate doc's safety argument for why the code stays inside them.
+                let status = unsafe { f(pid[0] as i64, pid[1] as i64, pid[2] as i64, d.ptr(), sp) };
+                if status != jit::ST_OK {
+                    let mut header = [0u8; 64];
+                    header.copy_from_slice(&scratch[0].0);
+                    return Err(Failure {
+                        at,
+                        pid,
+                        status,
+                        header,
+                    });
+                }
             }
         }
         Ok(())
     };
     if threads == 1 {
-        return work(0, total);
+        let mut once = Some((0, total));
+        return work(&mut || once.take());
     }
-    // Chunks on the persistent pool; the calling thread takes part.
+    // Grains on the persistent pool; the calling thread takes part. The lowest failing instance is reported
+    // (every instance below it ran: grains are handed out in order).
     let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
-    pool::run(threads as usize, threads as usize - 1, &|t| {
-        let (lo, hi) = (t as u64 * chunk, ((t as u64 + 1) * chunk).min(total));
-        if let Err(f) = work(lo, hi) {
+    pool::run(threads as usize, threads as usize - 1, &|_| {
+        let mut ranges = || {
+            let lo = next.fetch_add(grain, std::sync::atomic::Ordering::Relaxed);
+            let stop =
+                lo >= total || lo >= first_failure.load(std::sync::atomic::Ordering::Relaxed);
+            (!stop).then(|| (lo, (lo + grain).min(total)))
+        };
+        if let Err(f) = work(&mut ranges) {
+            first_failure.fetch_min(f.at, std::sync::atomic::Ordering::Relaxed);
             failures.lock().unwrap_or_else(|e| e.into_inner()).push(f);
         }
     });
