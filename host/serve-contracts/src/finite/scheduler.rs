@@ -139,6 +139,9 @@ struct Job {
     inflight: InFlight,
     cc: Arc<CohortCancel>,
     started: Instant,
+    /// Submitted while another cohort of the model was in flight: a failure of that one reaches this one's
+    /// wait too (it shares the timeline), so a failure here may not be this cohort's own.
+    behind: bool,
 }
 
 /// What the scheduler and the collector share.
@@ -164,7 +167,7 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
                 let r = cohort::collect(&c.model, job.inflight);
                 // The slot is free once the device work is collected; retries alone run outside it.
                 c.gate.release();
-                finish(&c, job.cohort, &job.cc, r, job.started);
+                finish(&c, job.cohort, &job.cc, r, job.started, job.behind);
             }
         })
         .expect("spawning a collector thread; this is a bug");
@@ -313,7 +316,7 @@ fn dispatch(
     if cc.all_gone() {
         ctx.gate.release();
         let e = Error::BadRequest("the request was cancelled".into());
-        finish(ctx, cohort, &cc, Err(e), started);
+        finish(ctx, cohort, &cc, Err(e), started, false);
         return;
     }
     let mut r = cohort::submit(&ctx.model, &staged, set.clone(), cc.flag.clone());
@@ -329,16 +332,17 @@ fn dispatch(
                 inflight,
                 cc,
                 started,
+                behind: busy > 1,
             };
             if let Err(mpsc::SendError(job)) = jobs.send(job) {
                 ctx.gate.release();
                 let e = Error::Internal("the collector is gone".into());
-                finish(ctx, job.cohort, &job.cc, Err(e), started);
+                finish(ctx, job.cohort, &job.cc, Err(e), started, false);
             }
         }
         Err(e) => {
             ctx.gate.release();
-            finish(ctx, cohort, &cc, Err(e), started);
+            finish(ctx, cohort, &cc, Err(e), started, false);
         }
     }
 }
@@ -346,17 +350,19 @@ fn dispatch(
 /// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed).
 fn fail(ctx: &Ctx, cohort: Vec<Pending>, e: Error, started: Instant) {
     let cc = Arc::new(CohortCancel::new(cohort.len(), None));
-    finish(ctx, cohort, &cc, Err(e), started);
+    finish(ctx, cohort, &cc, Err(e), started, false);
 }
 
 /// Replies to a cohort's members with its result. When a cohort of several failed (and its clients are not
-/// all gone), each member is retried alone, so that one bad request fails only itself.
+/// all gone), each member is retried alone, so that one bad request fails only itself; so is a cohort of one
+/// that was `behind` another in flight (the other's failure reaches its wait, see [`Job::behind`]).
 pub(crate) fn finish(
     ctx: &Ctx,
     cohort: Vec<Pending>,
     cc: &CohortCancel,
     result: Result<Vec<Rows>>,
     started: Instant,
+    behind: bool,
 ) {
     let (model, metrics) = (&ctx.model, &ctx.metrics);
     let n = cohort.len() as u64;
@@ -370,7 +376,7 @@ pub(crate) fn finish(
             );
             cohort.iter().map(|_| Err(e.clone())).collect()
         }
-        Err(e) if cohort.len() > 1 => {
+        Err(e) if cohort.len() > 1 || behind => {
             log::debug!(
                 "model {}: cohort of {n} failed ({e}); retrying each alone",
                 model.name

@@ -374,7 +374,7 @@ impl FiniteService {
             gate: self.gate.clone(),
         };
         let cc = CohortCancel::new(cohort.len(), None);
-        finish(&ctx, cohort, &cc, r, t);
+        finish(&ctx, cohort, &cc, r, t, false);
     }
 
     /// Stops accepting requests, finishes every accepted one, and joins the scheduler. Idempotent.
