@@ -15,12 +15,12 @@ fn register_runaway(s: &TestServer, name: &str, limits: Option<serde_json::Value
     crate::support::copy_dir(&s.dir.join("slow-embed"), &base);
     let k = std::fs::read_to_string(base.join("kernel.loom")).unwrap();
     assert!(
-        k.contains("SPIN: i64 = 8000000"),
+        k.contains("SPIN: i64 = 24000000"),
         "the fixture's spin default"
     );
     std::fs::write(
         base.join("kernel.loom"),
-        k.replace("SPIN: i64 = 8000000", "SPIN: i64 = 1099511627776"),
+        k.replace("SPIN: i64 = 24000000", "SPIN: i64 = 1099511627776"),
     )
     .unwrap();
     let mut doc: serde_json::Value =
