@@ -603,7 +603,80 @@ pub fn check_buffer_count(what: String, expected: usize, actual: usize) -> Resul
     Ok(())
 }
 
+/// Workspace alignment in bytes (every placed workspace buffer starts at a multiple of it).
+pub const WORKSPACE_ALIGN: u64 = 256;
+
+/// Where a stage's workspace buffers live in one region ([`Stage::workspace_placement`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspacePlacement {
+    /// Per workspace buffer: the first and last dispatch that use it (`None`: no dispatch does; no memory).
+    pub live: Vec<Option<(usize, usize)>>,
+    /// Per workspace buffer: its byte offset in the region.
+    pub offsets: Vec<u64>,
+    /// Per workspace buffer: its byte size.
+    pub sizes: Vec<u64>,
+    /// The region's size (the highest end, rounded up to [`WORKSPACE_ALIGN`]).
+    pub total: u64,
+}
+
 impl Stage {
+    /// The workspace placement every backend and the reflection share: a workspace buffer is live from the
+    /// first dispatch that uses it to the last one (inclusive); a buffer no dispatch uses gets no memory.
+    /// Buffers are placed in decreasing size (ties: by index) with greedy first fit: each takes the lowest
+    /// [`WORKSPACE_ALIGN`]ed offset at which it overlaps no already-placed buffer whose live interval
+    /// intersects its own, so buffers with disjoint intervals may share bytes.
+    pub fn workspace_placement(&self) -> WorkspacePlacement {
+        let mut live: Vec<Option<(usize, usize)>> = vec![None; self.workspace.len()];
+        for (di, d) in self.dispatches.iter().enumerate() {
+            for a in &d.args {
+                if let BufRef::Workspace(w) = a {
+                    if let Some(l) = live.get_mut(*w as usize) {
+                        *l = Some(l.map_or((di, di), |(s, _)| (s, di)));
+                    }
+                }
+            }
+        }
+        let sizes: Vec<u64> = self
+            .workspace
+            .iter()
+            .map(|b| b.dtype.bytes_for(&b.shape).unwrap_or(0))
+            .collect();
+        let mut order: Vec<usize> = (0..self.workspace.len())
+            .filter(|&i| live[i].is_some())
+            .collect();
+        order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+        let mut offsets = vec![0u64; self.workspace.len()];
+        let mut placed: Vec<usize> = Vec::new();
+        let overlaps = |x: (usize, usize), y: (usize, usize)| x.0 <= y.1 && y.0 <= x.1;
+        let align = |v: u64| v.div_ceil(WORKSPACE_ALIGN).saturating_mul(WORKSPACE_ALIGN);
+        let mut total = 0u64;
+        for &i in &order {
+            let li = live[i].unwrap_or((0, 0));
+            let mut conflicts: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|&&j| overlaps(li, live[j].unwrap_or((0, 0))))
+                .map(|&j| (offsets[j], offsets[j].saturating_add(sizes[j])))
+                .collect();
+            conflicts.sort();
+            let mut off = 0u64;
+            for (s, e) in conflicts {
+                if off.saturating_add(sizes[i]) <= s {
+                    break;
+                }
+                off = off.max(align(e));
+            }
+            offsets[i] = off;
+            total = total.max(align(off.saturating_add(sizes[i])));
+            placed.push(i);
+        }
+        WorkspacePlacement {
+            live,
+            offsets,
+            sizes,
+            total,
+        }
+    }
+
     /// The execution contract's checks of a stage's host buffers, shared by the reference and every backend so
     /// the same mistake gives the same error: the counts of inputs, parameters and outputs, then each buffer's
     /// byte length against its declared dtype and shape.

@@ -15,10 +15,9 @@
 //! their placed byte ranges, so two aliased workspace buffers are ordered too. The first dispatch never needs
 //! one.
 
-use loom_ir::kernel::{Access, BufRef, DType, Stage};
+use loom_ir::kernel::{Access, BufRef, DType, Stage, WorkspacePlacement};
 
-/// Workspace alignment in bytes.
-pub const WORKSPACE_ALIGN: u64 = 256;
+pub use loom_ir::kernel::WORKSPACE_ALIGN;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferInfo {
@@ -96,51 +95,12 @@ pub fn reflect(stage: &Stage) -> Reflection {
             layout: p.layout.clone(),
         })
         .collect();
-    // liveness
-    let mut live: Vec<Option<(usize, usize)>> = vec![None; stage.workspace.len()];
-    for (di, d) in stage.dispatches.iter().enumerate() {
-        for a in &d.args {
-            if let BufRef::Workspace(w) = a {
-                if let Some(l) = live.get_mut(*w as usize) {
-                    *l = Some(l.map_or((di, di), |(s, _)| (s, di)));
-                }
-            }
-        }
-    }
-    // greedy first fit, largest first
-    let sizes: Vec<u64> = stage
-        .workspace
-        .iter()
-        .map(|b| b.dtype.bytes_for(&b.shape).unwrap_or(0))
-        .collect();
-    let mut order: Vec<usize> = (0..stage.workspace.len())
-        .filter(|&i| live[i].is_some())
-        .collect();
-    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
-    let mut offsets = vec![0u64; stage.workspace.len()];
-    let mut placed: Vec<usize> = Vec::new();
-    let overlaps = |x: (usize, usize), y: (usize, usize)| x.0 <= y.1 && y.0 <= x.1;
-    let align = |v: u64| v.div_ceil(WORKSPACE_ALIGN).saturating_mul(WORKSPACE_ALIGN);
-    let mut total = 0u64;
-    for &i in &order {
-        let li = live[i].unwrap_or((0, 0));
-        let mut conflicts: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|&&j| overlaps(li, live[j].unwrap_or((0, 0))))
-            .map(|&j| (offsets[j], offsets[j].saturating_add(sizes[j])))
-            .collect();
-        conflicts.sort();
-        let mut off = 0u64;
-        for (s, e) in conflicts {
-            if off.saturating_add(sizes[i]) <= s {
-                break;
-            }
-            off = off.max(align(e));
-        }
-        offsets[i] = off;
-        total = total.max(align(off.saturating_add(sizes[i])));
-        placed.push(i);
-    }
+    let WorkspacePlacement {
+        live,
+        offsets,
+        sizes,
+        total,
+    } = stage.workspace_placement();
     let workspace: Vec<WorkspaceInfo> = stage
         .workspace
         .iter()
