@@ -204,6 +204,23 @@ fn lowering_error(kernel: &Kernel, f: jit::Fail, loc: Loc) -> Error {
     }
 }
 
+/// `n` zero bytes from the allocator's zeroed allocation (`calloc`: a large buffer is fresh pages the kernel
+/// zeroes on first touch, so bytes never written cost no memory traffic), or `None` when out of memory.
+pub fn zeroed_bytes(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `n` bytes of alignment 1, which is
+    // `Vec<u8>`'s for capacity `n`; all `n` bytes are initialised (zero).
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 /// Compilation switches (the defaults are what a server wants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {

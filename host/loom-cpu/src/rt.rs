@@ -425,6 +425,22 @@ pub(crate) extern "C" fn loom_cast_tile(from: u32, to: u32, src: *const u8, dst:
     }
 }
 
+/// `row` folded with `f` over eight interleaved lanes, then the lanes and the remainder (for max and min,
+/// where the order does not change the result).
+#[inline(always)]
+fn fold8(row: &[f32], init: f32, f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
+    let mut acc = [init; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] = f(acc[j], c[j]);
+        }
+    }
+    rest.iter()
+        .fold(acc.iter().copied().fold(init, f), |a, &x| f(a, x))
+}
+
 /// Reduction over the middle axis of `[outer, len, inner]`; float sums accumulate in f64 in index order and
 /// round once (as the reference does), so they match it bit for bit.
 pub(crate) extern "C" fn loom_reduce(
@@ -489,6 +505,18 @@ pub(crate) extern "C" fn loom_reduce(
                         t += f64::from(x);
                     }
                     d[o] = round_to(dtype, t) as f32;
+                    continue;
+                }
+                if inner == 1 {
+                    // Contiguous max/min in f32: exact, so equal to the f64 fold rounded back (NaNs are ignored
+                    // by both, as IEEE maxNum/minNum); eight lanes.
+                    let row = &s[o * len..(o + 1) * len];
+                    let t = if max {
+                        fold8(row, f32::NEG_INFINITY, f32::max)
+                    } else {
+                        fold8(row, f32::INFINITY, f32::min)
+                    };
+                    d[o] = round_to(dtype, f64::from(t)) as f32;
                     continue;
                 }
                 for i in 0..inner {

@@ -621,10 +621,10 @@ impl HalDevice for CpuDevice {
                 .ok_or_else(|| {
                     format!("alloc: {bytes} bytes is over the limit of {MAX_BUFFER_BYTES}")
                 })?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|_| format!("alloc: out of memory for {bytes} bytes"))?;
-            v.resize(n, 0u8);
+            // Zeroed by the allocator (fresh pages for large buffers: a buffer never written costs no
+            // memory traffic, as the workspace buffers the CPU backend does not use).
+            let v = loom_cpu::zeroed_bytes(n)
+                .ok_or_else(|| format!("alloc: out of memory for {bytes} bytes"))?;
             let mut st = self.state();
             let id = st.objects.add_buffer(Arc::new(Mutex::new(v)));
             st.buffer_bytes.insert(id, bytes);
