@@ -189,6 +189,13 @@ pub struct CpuStage {
     plans: Vec<KPlan>,
     /// Per dispatch: for each kernel parameter, its slot (inputs, outputs, workspace, parameters).
     maps: Vec<Vec<usize>>,
+    /// The workspace buffers' places in one region (`Stage::workspace_placement`: buffers whose live
+    /// dispatch ranges do not meet share bytes).
+    ws: loom_ir::kernel::WorkspacePlacement,
+    /// Per dispatch: the workspace buffers first used there that are poisoned just before it (every one
+    /// except those the dispatch writes whole before anything reads them: a GEMM's C, a row kernel's or a
+    /// matvec's y), so that no kernel ever reads bytes of an earlier buffer or an earlier run.
+    ws_poison_at: Vec<Vec<usize>>,
     report: CompileReport,
     _code: std::sync::Mutex<Code>,
 }
@@ -331,7 +338,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             sites: l.sites,
         }
     };
-    let plans = stage
+    let plans: Vec<KPlan> = stage
         .kernels
         .iter()
         .zip(lowered)
@@ -353,10 +360,28 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             rows: rw,
         })
         .collect();
+    let ws = stage.workspace_placement();
+    let slot0 = stage.inputs.len() + stage.outputs.len();
+    let mut ws_poison_at = vec![Vec::new(); stage.dispatches.len()];
+    for (w, live) in ws.live.iter().enumerate() {
+        let Some((first, _)) = *live else { continue };
+        let (slot, map) = (slot0 + w, &maps[first]);
+        let plan = &plans[stage.dispatches[first].kernel as usize];
+        let at = |p: u32| map.get(p as usize) == Some(&slot);
+        let written_whole = map.iter().filter(|&&s| s == slot).count() == 1
+            && (plan.gemm.as_ref().is_some_and(|g| at(g.c))
+                || plan.rows.as_ref().is_some_and(|(r, _)| at(r.y))
+                || plan.matvec.as_ref().is_some_and(|(m, _)| at(m.y)));
+        if !written_whole {
+            ws_poison_at[first].push(w);
+        }
+    }
     Ok(CpuStage {
         stage: stage.clone(),
         plans,
         maps,
+        ws,
+        ws_poison_at,
         report: CompileReport {
             kernels: reports,
             total: t0.elapsed(),
@@ -454,6 +479,72 @@ impl Shared {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
+
+/// Workspace regions kept between runs (most recently returned last), at most [`ARENAS_KEPT`]: a run takes
+/// the smallest that fits instead of allocating (and faulting in) its workspace anew.
+static ARENAS: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
+
+/// How many workspace regions stay allocated between runs (two cohorts of a model may be in flight).
+const ARENAS_KEPT: usize = 2;
+
+/// A run's workspace region, returned to [`ARENAS`] when dropped.
+struct Arena(Vec<Line>);
+
+impl Arena {
+    /// A region of at least `bytes`: the smallest kept one that fits, else a new (zeroed) one.
+    fn take(bytes: usize) -> Option<Arena> {
+        let lines = bytes.div_ceil(64);
+        if lines == 0 {
+            return Some(Arena(Vec::new()));
+        }
+        {
+            let mut pool = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+            let best = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.len() >= lines)
+                .min_by_key(|(_, a)| a.len())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Some(Arena(pool.swap_remove(i)));
+            }
+        }
+        let layout = std::alloc::Layout::array::<Line>(lines).ok()?;
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Line;
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: allocated by the global allocator with `Line`'s alignment for `lines` elements, all
+        // initialised (zero bytes are a valid `Line`).
+        Some(Arena(unsafe { Vec::from_raw_parts(p, lines, lines) }))
+    }
+
+    fn base(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let a = std::mem::take(&mut self.0);
+        if a.is_empty() {
+            return;
+        }
+        let mut pool = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+        pool.push(a);
+        if pool.len() > ARENAS_KEPT {
+            let (i, _) = pool
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, a)| a.len())
+                .unwrap_or((0, &Vec::new()));
+            let gone = pool.swap_remove(i);
+            drop(pool);
+            trim::note_freed((gone.len() * 64) as u64);
+        }
+    }
+}
 
 /// A failed instance: its row-major index, program id, status and error header.
 struct Failure {
@@ -661,15 +752,15 @@ impl CpuStage {
         let stage = &self.stage;
         let at = format!("stage `{}`", stage.name);
         stage.check_buffers(inputs, params, outputs)?;
-        let mut workspace = Vec::new();
         for b in &stage.workspace {
-            let n = byte_size(&at, &b.name, b.dtype, &b.shape)?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|_| malformed(&at, format!("cannot allocate {n} bytes")))?;
-            v.resize(n, POISON_BYTE);
-            workspace.push(v);
+            byte_size(&at, &b.name, b.dtype, &b.shape)?;
         }
+        // The workspace: one region from the pool of regions kept between runs (returned on every exit).
+        let total = usize::try_from(self.ws.total)
+            .map_err(|_| malformed(&at, format!("{} workspace bytes", self.ws.total)))?;
+        let mut arena = Arena::take(total)
+            .ok_or_else(|| malformed(&at, format!("cannot allocate {total} workspace bytes")))?;
+        let base = arena.base();
         // One slot table (pointer, length) in the reference's order: inputs, outputs, workspace, parameters.
         let mut slots: Vec<(u64, u64)> = Vec::new();
         slots.extend(inputs.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
@@ -678,13 +769,24 @@ impl CpuStage {
                 .iter_mut()
                 .map(|b| (b.as_mut_ptr() as u64, b.len() as u64)),
         );
-        slots.extend(
-            workspace
-                .iter_mut()
-                .map(|b| (b.as_mut_ptr() as u64, b.len() as u64)),
-        );
+        slots.extend((0..stage.workspace.len()).map(|w| match self.ws.live[w] {
+            Some(_) => (base as u64 + self.ws.offsets[w], self.ws.sizes[w]),
+            // No dispatch uses it: no memory.
+            None => (base as u64, 0),
+        }));
         slots.extend(params.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
-        for (d, map) in stage.dispatches.iter().zip(&self.maps) {
+        for (di, (d, map)) in stage.dispatches.iter().zip(&self.maps).enumerate() {
+            for &w in &self.ws_poison_at[di] {
+                // SAFETY: the buffer's bytes lie inside the region (placement: offset + size <= total), which
+                // `arena` owns for this run; no other reference to them is live.
+                unsafe {
+                    std::ptr::write_bytes(
+                        base.add(self.ws.offsets[w] as usize),
+                        POISON_BYTE,
+                        self.ws.sizes[w] as usize,
+                    )
+                };
+            }
             let plan = &self.plans[d.kernel as usize];
             let g = plan.kernel.grid;
             let instances = g[0].saturating_mul(g[1]).saturating_mul(g[2]);

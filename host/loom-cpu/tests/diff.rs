@@ -47,6 +47,50 @@ fn masked_copy_is_exact_at_ragged_shapes() {
     }
 }
 
+/// Workspace buffers whose live dispatches do not meet share bytes on the CPU backend; a buffer read before
+/// it is written must still read poison (0xff), never an earlier buffer's data or an earlier run's.
+#[test]
+fn shared_workspace_bytes_are_poisoned_before_reuse() {
+    let (r, c) = (64u64, 48u64);
+    let copy = masked_copy(r, c, 8, 16);
+    // Writes only the first half of its output's rows.
+    let mut half = masked_copy(r, c, 8, 16);
+    half.name = "copy_half".into();
+    half.grid[0] = cdiv(r / 2, 8);
+    let st = stage(
+        "reuse",
+        vec![buf("x", F32, &[r, c])],
+        vec![buf("y1", F32, &[r, c]), buf("y2", F32, &[r, c])],
+        vec![buf("a", F32, &[r, c]), buf("b", F32, &[r, c])],
+        vec![copy, half],
+        vec![
+            (0, vec![BufRef::Input(0), BufRef::Workspace(0)]),
+            (0, vec![BufRef::Workspace(0), BufRef::Output(0)]),
+            (1, vec![BufRef::Input(0), BufRef::Workspace(1)]),
+            (0, vec![BufRef::Workspace(1), BufRef::Output(1)]),
+        ],
+    );
+    let p = st.workspace_placement();
+    assert_eq!(p.offsets[0], p.offsets[1], "a and b share bytes");
+    let mut rng = Rng::new(17);
+    let x = rand_f32(&mut rng, (r * c) as usize, -4.0, 4.0);
+    let ins: Vec<&[u8]> = vec![&x];
+    let mut want = loom_reference::alloc_outputs(&st).unwrap();
+    loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap();
+    let half_bytes = (r / 2 * c * 4) as usize;
+    assert_eq!(&want[1][..half_bytes], &x[..half_bytes]);
+    assert!(want[1][half_bytes..].iter().all(|&b| b == 0xff));
+    let cs = loom_cpu::compile_stage(&st).unwrap();
+    // Several runs: the second reuses the first run's region, full of its data.
+    for run in 0..3 {
+        for threads in [1, 2] {
+            let mut got = loom_reference::alloc_outputs(&st).unwrap();
+            cs.run(&ins, &[], &mut got, threads).unwrap();
+            assert!(got == want, "run {run}, {threads} threads");
+        }
+    }
+}
+
 fn gather(v: u64, h: u64, rows: u64) -> loom_ir::kernel::Kernel {
     let mut kb = KB::new("gather_rows", [rows, 1, 1]);
     let emb = kb.param("emb", F32, &[v, h], READ);
