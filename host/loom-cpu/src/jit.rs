@@ -1668,16 +1668,13 @@ impl<'k, 'f> Lower<'k, 'f> {
         let (so, d) = (t.off, o.off);
         let last = target.len() - 1;
         let n = target[last];
-        if ty.bytes() == 4 && n >= 4 && (st[last] == 1 || st[last] == 0) {
-            // Rows four lanes at a time: a row of the source repeated (stride 1) or one element splat
+        let (size, lanes) = (ty.bytes(), 16 / ty.bytes());
+        if n >= lanes && (st[last] == 1 || st[last] == 0) {
+            // Rows sixteen bytes at a time: a row of the source repeated (stride 1) or one element splat
             // (stride 0) over the last dimension.
-            let (splat, n4) = (st[last] == 0, n / 4 * 4);
-            let vt = if ty == F32 {
-                types::F32X4
-            } else {
-                types::I32X4
-            };
-            let f = flags_buf();
+            let (splat, nv) = (st[last] == 0, n / lanes * lanes);
+            let vt = ty.by(lanes).unwrap_or(types::I8X16);
+            let (f, size) = (flags_buf(), i64::from(size));
             return self
                 .nest2(&target[..last], &st[..last], &mut |l, s, row| {
                     let r0 = l.b.ins().imul_imm_s(row, i64::from(n));
@@ -1687,24 +1684,24 @@ impl<'k, 'f> Lower<'k, 'f> {
                     } else {
                         None
                     };
-                    let hi = l.iconst(i64::from(n4));
-                    l.for_range(0, hi, 4, &mut |l, j| {
+                    let hi = l.iconst(i64::from(nv));
+                    l.for_range(0, hi, i64::from(lanes), &mut |l, j| {
                         let v = match one {
                             Some((_, v)) => v,
                             None => {
                                 let sj = l.b.ins().iadd(s, j);
-                                let sb = l.b.ins().imul_imm_s(sj, 4);
+                                let sb = l.b.ins().imul_imm_s(sj, size);
                                 let sa = l.b.ins().iadd(l.base, sb);
                                 l.b.ins().load(vt, f, sa, so as i32)
                             }
                         };
                         let dj = l.b.ins().iadd(r0, j);
-                        let db = l.b.ins().imul_imm_s(dj, 4);
+                        let db = l.b.ins().imul_imm_s(dj, size);
                         let da = l.b.ins().iadd(l.base, db);
                         l.b.ins().store(f, v, da, d as i32);
                         Ok(())
                     })?;
-                    for j in n4..n {
+                    for j in nv..n {
                         let j = l.iconst(i64::from(j));
                         let x = match one {
                             Some((x, _)) => x,
