@@ -328,6 +328,7 @@ impl Jit {
                 fuel: None,
                 dot_b_only: dot_b_only(kernel),
                 transposed: std::collections::HashSet::new(),
+                zero_tiles: std::collections::HashSet::new(),
             };
             let r = l.body();
             let loc = l.loc;
@@ -474,6 +475,8 @@ struct Lower<'k, 'f> {
     dot_b_only: Vec<bool>,
     /// Transposes left unmaterialised (`dot_b_only`): their ids.
     transposed: std::collections::HashSet<u32>,
+    /// f32 tiles made by `full` of +0.0: a dot accumulating onto one need not read it.
+    zero_tiles: std::collections::HashSet<u32>,
 }
 
 /// For every value of `k`: whether it is used, and only as the `b` operand of `dot`s (a transpose feeding
@@ -927,7 +930,16 @@ impl<'k, 'f> Lower<'k, 'f> {
                 };
                 let t = self.alloc(shape, *dtype)?;
                 self.fill(&t, x)?;
-                self.def_tile(one(op)?, t)
+                let zero = match value {
+                    KOperand::Imm(KImm::F64(z), _) => *z == 0.0 && z.is_sign_positive(),
+                    KOperand::Imm(KImm::I64(z), _) => *z == 0,
+                    _ => false,
+                };
+                let res = one(op)?;
+                if zero && *dtype == DType::F32 {
+                    self.zero_tiles.insert(res.0);
+                }
+                self.def_tile(res, t)
             }
             K::Broadcast { a, shape } => {
                 let a = self.operand(a)?;
@@ -1035,6 +1047,10 @@ impl<'k, 'f> Lower<'k, 'f> {
                     KOperand::Value(v) => self.transposed.contains(&v.0),
                     KOperand::Imm(..) => false,
                 };
+                let acc_zero = match acc {
+                    KOperand::Value(v) => self.zero_tiles.contains(&v.0),
+                    KOperand::Imm(..) => false,
+                };
                 let (a, b, c) = (self.operand(a)?, self.operand(b)?, self.operand(acc)?);
                 let (Opnd::T(a), Opnd::T(b), Opnd::T(c)) = (a, b, c) else {
                     return Err(bad!("dot operands must be 2-D tiles"));
@@ -1054,7 +1070,11 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 let o = self.alloc(&[m, n], DType::F32)?;
                 let args = [
-                    self.i32c(u32::from(a.dtype == DType::F64) | (u32::from(bt) << 1)),
+                    self.i32c(
+                        u32::from(a.dtype == DType::F64)
+                            | (u32::from(bt) << 1)
+                            | (u32::from(acc_zero) << 2),
+                    ),
                     self.sptr(a.off),
                     self.sptr(b.off),
                     self.sptr(c.off),

@@ -558,7 +558,7 @@ pub(crate) extern "C" fn loom_reduce(
 
 /// `out = acc + a @ b` on scratch tiles: `a` `[m, k]`, `b` `[k, n]` in f32 storage (f32/f16/bf16 values) or
 /// f64 storage (`wide` bit 0), `acc`/`out` `[m, n]` f32. `wide` bit 1: `b` is held transposed, as `[n, k]`
-/// (f32 only). The f32 case runs the `gemm` crate's microkernels.
+/// (f32 only); bit 2: `acc` is all +0.0, so `out` is the product alone (f32 only). The f32 case runs the `gemm` crate's microkernels.
 pub(crate) extern "C" fn loom_dot(
     wide: u32,
     a: *const u8,
@@ -570,7 +570,9 @@ pub(crate) extern "C" fn loom_dot(
     n: u64,
 ) {
     let (m, k, n) = (m as usize, k as usize, n as usize);
-    if !std::ptr::eq(acc, out) {
+    // Bit 2: `acc` is a tile of +0.0 (f32): the product is written, not accumulated.
+    let zero = wide & 4 != 0 && wide & 1 == 0;
+    if !zero && !std::ptr::eq(acc, out) {
         // SAFETY: acc and out are distinct scratch regions of m*n f32.
         unsafe { std::ptr::copy_nonoverlapping(acc, out, m * n * 4) };
     }
@@ -607,7 +609,7 @@ pub(crate) extern "C" fn loom_dot(
             b as *const f32,
             k as isize,
             1,
-            true,
+            !zero,
         );
         return;
     }
@@ -621,7 +623,7 @@ pub(crate) extern "C" fn loom_dot(
         k,
         b as *const f32,
         n,
-        true,
+        !zero,
     );
 }
 

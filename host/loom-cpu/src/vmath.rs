@@ -138,6 +138,19 @@ unsafe fn dispatch<const FMA: bool>(f: Fun, src: *const f32, dst: *mut f32, n: u
 #[inline(always)]
 unsafe fn blocks(f: impl Fn(f32) -> f32, src: *const f32, dst: *mut f32, n: usize) {
     let mut i = 0;
+    // Whole blocks: copies of a constant length, which compile to vector moves (a variable-length copy is a
+    // `memmove` call per block).
+    while i + 16 <= n {
+        let mut b = [0f32; 16];
+        // SAFETY: i + 16 <= n: inside both regions; the copies tolerate src == dst.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i), b.as_mut_ptr(), 16) };
+        for v in &mut b {
+            *v = f(*v);
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst.add(i), 16) };
+        i += 16;
+    }
     while i < n {
         let k = (n - i).min(16);
         let mut b = [0f32; 16];
