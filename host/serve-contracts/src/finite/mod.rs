@@ -203,6 +203,7 @@ impl Contract for Finite {
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>> {
         let limits = Limits::from_cold(model.cold_results())
             .map_err(|m| serve_runtime::Error::Program(format!("model `{}`: {m}", model.name)))?;
-        Ok(FiniteService::start(model, limits))
+        let in_place = service::in_place_threshold_ns(model.options())?;
+        Ok(FiniteService::start(model, limits, in_place))
     }
 }

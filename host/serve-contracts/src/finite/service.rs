@@ -27,8 +27,31 @@ pub type Rows = Vec<Vec<f32>>;
 pub type Reply = Box<dyn FnOnce(Result<Rows>) + Send>;
 
 /// A cohort runs in place on the submitting thread only while cohorts average below this (see
-/// [`FiniteService::submit_one`]).
+/// [`FiniteService::submit_one`]), unless the model's `options.in_place_cohort_us` says otherwise.
 pub const IN_PLACE_COHORT_NS: u64 = 200_000;
+
+/// The model's in-place threshold in nanoseconds: `options.in_place_cohort_us` (a number of microseconds,
+/// at least 0; 0 never runs in place) or [`IN_PLACE_COHORT_NS`]. Anything else is refused naming the field.
+/// The average starts at 50 times the default (10 ms) whatever the threshold, so a threshold above that runs
+/// lone requests in place from the first one.
+pub(super) fn in_place_threshold_ns(
+    options: &serde_json::Map<String, serde_json::Value>,
+) -> Result<u64> {
+    match options.get("in_place_cohort_us") {
+        None => Ok(IN_PLACE_COHORT_NS),
+        Some(v) => v
+            .as_f64()
+            .filter(|us| us.is_finite() && (0.0..=60e6).contains(us))
+            .map(|us| (us * 1000.0) as u64)
+            .ok_or_else(|| {
+                Error::package(
+                    "model.json",
+                    "options.in_place_cohort_us",
+                    format!("expected a number of microseconds from 0 to 60000000, found {v}"),
+                )
+            }),
+    }
+}
 
 /// The largest `fuel.prepare_request` budget whose admission may run on an async worker (see
 /// [`FiniteService::admits_inline`]); about a millisecond of interpreted code at worst.
@@ -47,6 +70,8 @@ pub struct FiniteService {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The cohorts submitted and not yet collected (the scheduler's pipeline, or one run in place).
     gate: Arc<Gate>,
+    /// Cohorts run in place while they average below this ([`in_place_threshold_ns`]).
+    in_place_ns: u64,
 }
 
 impl std::fmt::Debug for FiniteService {
@@ -142,7 +167,7 @@ impl CohortCancel {
 
 impl FiniteService {
     /// Starts the scheduler thread of `model`, whose cold `prepare` returned `limits`.
-    pub fn start(model: Arc<Model>, limits: Limits) -> Arc<FiniteService> {
+    pub fn start(model: Arc<Model>, limits: Limits, in_place_ns: u64) -> Arc<FiniteService> {
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
         // Nothing runs on the caller's thread until this model has shown its admissions and cohorts are quick:
@@ -172,6 +197,7 @@ impl FiniteService {
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             gate,
+            in_place_ns,
         })
     }
 
@@ -289,7 +315,7 @@ impl FiniteService {
     /// not compiled is handed to the scheduler instead (it never compiles here), as is any request when the
     /// conditions do not hold. Order is kept: it runs in place only when it is the oldest request of the model.
     pub fn submit_one(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
-        let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < IN_PLACE_COHORT_NS;
+        let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < self.in_place_ns;
         if !quick || self.busy() {
             return self.submit(input, reply);
         }
