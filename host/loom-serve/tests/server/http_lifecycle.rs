@@ -553,6 +553,35 @@ fn layout_transpose_places_a_transposed_checkpoint_tensor() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("stored transposed"), "{}", r.text());
+    // One weight bank places each key once: a second binding of the same key in the checkpoint's layout
+    // (before: a second resident copy beside the transposed one) is refused, naming the binding.
+    let both = s.dir.join("weighted-tt");
+    crate::support::copy_dir(&base, &both);
+    let k = std::fs::read_to_string(both.join("kernel.loom")).unwrap();
+    let bias = "        %bias: f32[E] = weights(0, \"head.bias\")\n";
+    assert!(k.contains(bias), "the fixture's bias binding");
+    let k = k.replace(
+        bias,
+        &format!("{bias}        %plain: f32[E, D] = weights(0, \"head.weight_t\")\n"),
+    );
+    std::fs::write(both.join("kernel.loom"), k).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "tt", "base": both.display().to_string()}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("binding `plain` of domain @head")
+            && r.text().contains("must agree on its placement"),
+        "{}",
+        r.text()
+    );
+    // The model that placed it transposed keeps serving.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "weighted-t", "input": "hi"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 /// The `progress` events of `GET /v1/models/{name}/events`, parsed.

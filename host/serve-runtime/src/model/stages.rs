@@ -375,6 +375,7 @@ impl Model {
                 source: src,
                 entry,
                 transpose,
+                site: format!("{at}: binding `{}` of domain @{domain}", b.name),
             });
         }
         Ok(out)
@@ -400,6 +401,29 @@ impl Model {
             .lock()
             .map_err(|_| Error::Internal("domains poisoned".into()))?;
         let k = resident_key(b);
+        // Stages sharing a weight bank agree on its placement: one resident layout per key, never a plain and
+        // a transposed copy side by side.
+        let other = resident_key(&Binding {
+            transpose: !b.transpose,
+            ..b.clone()
+        });
+        if domains.contains_key(&other) {
+            let layout = |t: bool| {
+                if t {
+                    "layout(transpose)"
+                } else {
+                    "the checkpoint's layout"
+                }
+            };
+            return Err(Error::Program(format!(
+                "{}: key {:?} is placed with {}, but another binding of the same weight bank placed it with {}; \
+                 stages sharing a weight bank must agree on its placement (bind the key with one layout)",
+                b.site,
+                b.key,
+                layout(b.transpose),
+                layout(!b.transpose)
+            )));
+        }
         let progress = self.progress();
         if let Some(buf) = domains.get(&k) {
             // Shared with a stage placed before: nothing more to move (nor counted in the progress).
@@ -587,4 +611,6 @@ pub(crate) struct Binding {
     entry: crate::checkpoint::Entry,
     /// Placed transposed (`layout(transpose)`).
     transpose: bool,
+    /// `stage N (`name`): binding `b` of domain @d`, for messages.
+    site: String,
 }
