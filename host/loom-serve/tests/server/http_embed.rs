@@ -441,6 +441,67 @@ fn lookup(values: &[i64]) -> Vec<f64> {
         .collect()
 }
 
+/// `prepare_batch` may declare a checkpoint source without declaring a stage: the cold stages run and
+/// `parameters.gather` reads the request-time source (a copy of arith-lookup whose table is not declared by
+/// cold preparation but by each cohort, one request a cohort, on the cold stages).
+#[test]
+fn prepare_batch_declares_a_source_for_the_cold_stages() {
+    let s = TestServer::start("late-source", &[]);
+    let base = s.dir.join("lookup-late");
+    crate::support::copy_dir(&s.dir.join("arith-lookup"), &base);
+    let edit = |file: &str, from: &str, to: &str| {
+        let text = std::fs::read_to_string(base.join(file)).unwrap();
+        assert!(text.contains(from), "{file}: {from}");
+        std::fs::write(base.join(file), text.replace(from, to)).unwrap();
+    };
+    edit(
+        "prepare.loom",
+        "    %src = call @prepare.source(%asset_root, %table)\n    assert cmp.eq(%src, 0), \"the table is source 0\"\n",
+        "",
+    );
+    edit(
+        "control.loom",
+        "  func.decl @prepare.stage(str, i64) -> i64 import(\"prepare\")\n",
+        "  func.decl @prepare.stage(str, i64) -> i64 import(\"prepare\")\n  func.decl @prepare.source(str, str) -> i64 import(\"prepare\")\n",
+    );
+    edit(
+        "control.loom",
+        r#"    %t = mul(div(add(%max_n, 7), 8), 8)
+    %d = call @prepare.stage("lookup.kernel.descriptors", 0)
+    call @prepare.config_i64(%d, "B", %count)
+    call @prepare.config_i64(%d, "T", %t)
+    %p = call @prepare.stage("lookup.kernel.pool", 1)
+    call @prepare.config_i64(%p, "B", %count)
+    call @prepare.config_i64(%p, "T", %t)
+"#,
+        r#"    assert cmp.eq(%count, 1), "one request a cohort (the cold stages hold one)"
+    %t = const.i64 128
+    %table = call @prepare.source("", "table.safetensors")
+    assert cmp.eq(%table, 0), "the table is the first request-time source"
+    %p = const.i64 1
+"#,
+    );
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "lookup-late", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut rng = Rng(11);
+    for i in 0..4 {
+        let t = text(&mut rng, 1 + (i * 37) % 128);
+        let v = embed(&s, "lookup-late", json!(t));
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        close(
+            v["data"][0]["embedding"].as_array().unwrap(),
+            &lookup(&vals),
+            "request-time source",
+        );
+    }
+    // Every cohort declared the same source: indexed once, then found in the specialization cache.
+    assert!(s.metric("loom_specialization_cache_hits_total{model=\"lookup-late\"}") >= 3.0);
+    s.healthy();
+}
+
 #[test]
 fn parameters_gather_reads_rows_named_by_device_descriptors() {
     let s = TestServer::start("gather", &[]);

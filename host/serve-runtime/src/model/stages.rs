@@ -469,15 +469,18 @@ impl Model {
 
     /// The stages (cold, then declared) and sources one exact declaration set resolves to: the cached set, or a
     /// fresh one (new sources opened and indexed, stages compiled on the shared queue, parameters placed).
-    /// Declaring sources or parameters without a stage is an error. The cache keeps the
+    /// Sources may be declared without a stage (the cold stages then run, and `parameters.gather` can read the
+    /// new sources); parameters bound without a stage are an error. The cache keeps the
     /// `specialization_cache` most recently used sets; evicting one releases the resident buffers only it used.
     pub fn stages_for(&self, decls: Decls) -> Result<StageSet> {
-        if decls.stages.is_empty() {
-            if !decls.params.is_empty() || !decls.sources.is_empty() {
-                return Err(Error::Program(
-                    "the invocation declared sources or parameters but no stage".into(),
-                ));
-            }
+        if decls.stages.is_empty() && !decls.params.is_empty() {
+            return Err(Error::Program(
+                "the invocation bound parameters but declared no stage (parameter bindings are made for the \
+                 invocation's own stages)"
+                    .into(),
+            ));
+        }
+        if decls.stages.is_empty() && decls.sources.is_empty() {
             return Ok(StageSet {
                 stages: self.stages.clone(),
                 sources: self.sources.clone(),
@@ -496,10 +499,10 @@ impl Model {
     /// set (counted as a hit, and made the most recently used). `None` on a miss, which
     /// [`stages_for`](Self::stages_for) or [`specialize`](Self::specialize) then builds (and counts).
     pub fn cached_stages(&self, decls: &Decls) -> Option<StageSet> {
-        if decls.stages.is_empty() {
-            if !decls.params.is_empty() || !decls.sources.is_empty() {
-                return None;
-            }
+        if decls.stages.is_empty() && !decls.params.is_empty() {
+            return None;
+        }
+        if decls.stages.is_empty() && decls.sources.is_empty() {
             return Some(StageSet {
                 stages: self.stages.clone(),
                 sources: self.sources.clone(),
