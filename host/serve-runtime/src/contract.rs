@@ -231,13 +231,27 @@ pub trait Service: Send + Sync + fmt::Debug + 'static {
     fn series(&self) -> Vec<Series>;
     /// For the routes of the contract, which downcast to the service type they serve.
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    /// After [`drain`](Self::drain) for a deactivation: the state the spec says deactivation keeps (retained
+    /// sessions), handed to [`Contract::resume`] when the model is activated again. `None`: nothing to keep.
+    fn kept_state(&self) -> Option<KeptState> {
+        None
+    }
 }
+
+/// What a drained service keeps across deactivation ([`Service::kept_state`]), opaque to the registry.
+pub type KeptState = Box<dyn Any + Send>;
 
 /// A contract: its interface, and how a prepared model starts serving under it.
 pub trait Contract: Send + Sync + fmt::Debug + 'static {
     fn interface(&self) -> &ContractInterface;
     /// Starts serving `model` (prepared with this contract's interface).
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>>;
+    /// Starts serving `model` again after a deactivation, with what the previous service kept
+    /// ([`Service::kept_state`]). By default the kept state is dropped and the model starts afresh.
+    fn resume(&self, model: Arc<Model>, kept: KeptState) -> Result<Arc<dyn Service>> {
+        drop(kept);
+        self.start(model)
+    }
 }
 
 /// The contracts this server serves.

@@ -51,6 +51,8 @@ struct Slot {
     service: Option<Arc<dyn Service>>,
     /// A deactivated model: compiled stages kept, parameters released.
     parked: Option<Arc<Model>>,
+    /// What its service kept across the deactivation (retained sessions), for the next activation.
+    kept: Option<crate::contract::KeptState>,
     error: Option<String>,
     /// Where the serving version came from (for a model that never became ready: the latest attempt).
     source: String,
@@ -177,6 +179,7 @@ impl Registry {
                             status: Status::Preparing,
                             service: None,
                             parked: None,
+                            kept: None,
                             error: None,
                             source: files.describe(),
                             attempt: None,
@@ -276,6 +279,7 @@ impl Registry {
         };
         let svc = svc.ok_or_else(|| Error::Internal("a ready model without a service".into()))?;
         svc.drain();
+        let kept = svc.kept_state();
         let model = svc.model().clone();
         model.deactivate();
         log::info!(
@@ -287,6 +291,7 @@ impl Registry {
             .get_mut(name)
             .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
         slot.parked = Some(model);
+        slot.kept = kept;
         slot.status = Status::Deactivated;
         Ok(info(name, slot))
     }
@@ -307,13 +312,20 @@ impl Registry {
             }
             slot.status = Status::Preparing;
             slot.progress = progress.clone();
-            slot.parked.take()
+            (slot.parked.take(), slot.kept.take())
         };
+        let (model, kept) = model;
         let model =
             model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
+        // The kept state stays with the parked model when the parameters cannot be placed again (a later
+        // activation may succeed); once the service starts, it owns it.
+        let mut kept = kept;
         let r = model
             .activate_params(progress.clone())
-            .and_then(|()| model.contract.clone().start(model.clone()));
+            .and_then(|()| match kept.take() {
+                Some(k) => model.contract.clone().resume(model.clone(), k),
+                None => model.contract.clone().start(model.clone()),
+            });
         let mut slots = self.lock();
         let slot = slots
             .get_mut(name)
@@ -336,6 +348,7 @@ impl Registry {
                 // start leaves its parameters too).
                 model.deactivate();
                 slot.parked = Some(model);
+                slot.kept = kept;
                 slot.status = Status::Deactivated;
                 slot.error = Some(e.to_string());
                 Err(e)

@@ -416,3 +416,50 @@ fn idle_sessions_expire_and_unregistering_drops_sessions() {
     assert_eq!(pages_used(&s), 0.0);
     s.healthy();
 }
+
+#[test]
+fn sessions_survive_deactivation_and_replay_exactly_after_it() {
+    // The spec: deactivation releases reloadable backing (the parameters, the page pool) without discarding
+    // retained session state. Sessions come back with their tokens and checkpoints; their next append computes
+    // their pages again and generates exactly what a fresh request over the replayed tokens generates.
+    let s = start("sessions-deactivate");
+    let a = create(&s, "a session that outlives its model's deactivation");
+    append_checked(&s, &a, " and then", greedy(12));
+    post(&s, &a, "checkpoints", json!({"name": "before"}));
+    append_checked(&s, &a, " more", seeded(9, 5));
+    let b = ok(s.post_json(
+        &format!("/v1/sessions/{a}/fork"),
+        &json!({"checkpoint": "before"}),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ta, tb) = (tokens(&s, &a), tokens(&s, &b));
+    assert!(pages_used(&s) > 0.0);
+    let r = s.request("POST", &format!("/v1/models/{M}/deactivate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // While deactivated the model does not serve (its sessions with it).
+    assert_ne!(
+        s.request("GET", &format!("/v1/sessions/{a}"), b"").status,
+        200
+    );
+    let r = s.request("POST", &format!("/v1/models/{M}/activate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(tokens(&s, &a), ta, "session a's tokens");
+    assert_eq!(tokens(&s, &b), tb, "session b's tokens");
+    let info = get(&s, &a);
+    assert_eq!(
+        info["pages"], 0,
+        "pages are computed again, not kept: {info}"
+    );
+    assert_eq!(info["checkpoints"][0]["name"], "before", "{info}");
+    assert_eq!(pages_used(&s), 0.0);
+    // Appends after the activation: exactly a fresh request over the replayed tokens (and the oracle).
+    append_checked(&s, &a, " again", greedy(10));
+    append_checked(&s, &b, " branch", seeded(7, 11));
+    post(&s, &a, "rewind", json!({"checkpoint": "before"}));
+    append_checked(&s, &a, " rewound", greedy(8));
+    let list = ok(s.request("GET", "/v1/sessions", b""));
+    assert_eq!(list["data"].as_array().unwrap().len(), 2);
+    s.healthy();
+}

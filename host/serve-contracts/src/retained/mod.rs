@@ -206,4 +206,20 @@ impl Contract for Retained {
             .map_err(|m| serve_runtime::Error::Program(format!("model `{}`: {m}", model.name)))?;
         Ok(RetainedService::start(model, limits)?)
     }
+
+    /// Sessions survive a deactivation (the spec: deactivation does not discard retained session state):
+    /// their tokens and checkpoints come back, their pages are computed again by their next append.
+    fn resume(
+        &self,
+        model: Arc<Model>,
+        kept: serve_runtime::contract::KeptState,
+    ) -> Result<Arc<dyn Service>> {
+        let limits = Limits::from_cold(model.cold_results())
+            .map_err(|m| serve_runtime::Error::Program(format!("model `{}`: {m}", model.name)))?;
+        let sessions = kept
+            .downcast::<service::KeptSessions>()
+            .map(|k| *k)
+            .unwrap_or_default();
+        Ok(RetainedService::resume(model, limits, sessions)?)
+    }
 }

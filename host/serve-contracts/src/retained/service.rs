@@ -16,7 +16,7 @@ use super::sessions::{SessionError, SessionInfo, SessionOp};
 use super::text::{StopMatcher, Utf8Stream};
 use super::{EPOCH, Limits, RUN, SPAN_WORDS};
 use loom_vm::Value;
-use serve_runtime::contract::{Histogram, LATENCY_BUCKETS, Series, Service};
+use serve_runtime::contract::{Histogram, KeptState, LATENCY_BUCKETS, Series, Service};
 use serve_runtime::device::DeviceBuffer;
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
@@ -280,7 +280,9 @@ enum Cmd {
         op: SessionOp,
         reply: mpsc::Sender<SessionReply>,
     },
-    Drain(mpsc::Sender<()>),
+    /// Finish what is accepted, then stop, sending back the sessions (their tokens and checkpoints; the pool
+    /// and its pins go with the engine).
+    Drain(mpsc::Sender<KeptSessions>),
 }
 
 /// Idle sessions are deleted after this long unless the model's `options.session_idle_seconds` says otherwise.
@@ -317,6 +319,30 @@ pub struct RetainedService {
     pub chat: Option<super::chat::ChatTemplate>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The sessions the drained engine handed back (for a deactivation: [`Service::kept_state`]).
+    kept: Mutex<Option<KeptSessions>>,
+}
+
+/// Sessions kept across a deactivation: each one's id, tokens and checkpoints (name, tokens). Their pages are
+/// not kept (deactivation releases the model's device memory, the page pool with it): after the activation each
+/// session's next append computes its tokens' state again, as a fresh request over the same tokens would, so
+/// what it generates is unchanged.
+#[derive(Debug, Default)]
+pub struct KeptSessions(Vec<KeptSession>);
+
+/// One kept session: its id, its tokens, and its checkpoints (name, tokens).
+type KeptSession = (String, Vec<u32>, Vec<(String, Vec<u32>)>);
+
+impl KeptSessions {
+    /// How many sessions are kept.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl std::fmt::Debug for RetainedService {
@@ -334,6 +360,16 @@ const POOL_SHARE: (u64, u64) = (3, 4);
 impl RetainedService {
     /// Allocates the page pool and starts the engine thread.
     pub fn start(model: Arc<Model>, limits: Limits) -> Result<Arc<RetainedService>> {
+        RetainedService::resume(model, limits, KeptSessions::default())
+    }
+
+    /// [`start`](Self::start) with the sessions a deactivated service kept: same ids, tokens and checkpoints,
+    /// no pages (see [`KeptSessions`]); their idle clocks start again.
+    pub fn resume(
+        model: Arc<Model>,
+        limits: Limits,
+        kept: KeptSessions,
+    ) -> Result<Arc<RetainedService>> {
         let free = model.budget.limit.saturating_sub(model.budget.used());
         let pool_pages =
             (free / POOL_SHARE.1 * POOL_SHARE.0 / limits.page_bytes).min(u32::MAX as u64) as u32;
@@ -380,7 +416,23 @@ impl RetainedService {
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
-            sessions: HashMap::new(),
+            sessions: kept
+                .0
+                .into_iter()
+                .map(|(id, tokens, checkpoints)| {
+                    let s = Session {
+                        tokens,
+                        pins: Vec::new(),
+                        checkpoints: checkpoints
+                            .into_iter()
+                            .map(|(name, t)| (name, (t, Vec::new())))
+                            .collect(),
+                        last_used: Instant::now(),
+                        busy: false,
+                    };
+                    (id, s)
+                })
+                .collect(),
             session_idle: model
                 .options()
                 .get("session_idle_seconds")
@@ -388,6 +440,9 @@ impl RetainedService {
                 .filter(|s| *s > 0.0)
                 .map_or(SESSION_IDLE, Duration::from_secs_f64),
         };
+        metrics
+            .sessions
+            .store(engine.sessions.len() as u64, Ordering::Relaxed);
         let thread = std::thread::Builder::new()
             .name(format!("text-{}", model.name))
             .spawn(move || engine.run(rx))
@@ -406,6 +461,7 @@ impl RetainedService {
             chat,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            kept: Mutex::new(None),
         }))
     }
 
@@ -583,7 +639,11 @@ impl RetainedService {
         if let Some(tx) = tx {
             let (done_tx, done_rx) = mpsc::channel();
             if tx.send(Cmd::Drain(done_tx)).is_ok() {
-                let _ = done_rx.recv();
+                if let Ok(k) = done_rx.recv() {
+                    if let Ok(mut g) = self.kept.lock() {
+                        *g = Some(k);
+                    }
+                }
             }
         }
         if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
@@ -607,6 +667,11 @@ impl Service for RetainedService {
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
+    }
+
+    fn kept_state(&self) -> Option<KeptState> {
+        let k = self.kept.lock().ok()?.take()?;
+        (!k.is_empty()).then(|| Box::new(k) as KeptState)
     }
 }
 
@@ -663,11 +728,11 @@ struct Engine {
 
 impl Engine {
     fn run(mut self, rx: mpsc::Receiver<Cmd>) {
-        let mut drain: Option<mpsc::Sender<()>> = None;
+        let mut drain: Option<mpsc::Sender<KeptSessions>> = None;
         loop {
             if self.waiting.is_empty() && self.running.is_empty() {
                 if let Some(d) = drain.take() {
-                    let _ = d.send(());
+                    let _ = d.send(self.keep_sessions());
                     return;
                 }
                 let c = if self.sessions.is_empty() {
@@ -705,7 +770,7 @@ impl Engine {
         }
     }
 
-    fn command(&mut self, c: Cmd, drain: &mut Option<mpsc::Sender<()>>) {
+    fn command(&mut self, c: Cmd, drain: &mut Option<mpsc::Sender<KeptSessions>>) {
         match c {
             Cmd::Drain(d) => *drain = Some(d),
             Cmd::Submit(a) => self.enqueue(*a, None),
@@ -953,6 +1018,23 @@ impl Engine {
                 Ok(vec![info(id, s, true)])
             }
         }
+    }
+
+    /// Every session's id, tokens and checkpoints, for after a deactivation; their pins are released.
+    fn keep_sessions(&mut self) -> KeptSessions {
+        let sessions: Vec<(String, Session)> = self.sessions.drain().collect();
+        let mut kept = Vec::with_capacity(sessions.len());
+        for (id, sess) in sessions {
+            let tokens = sess.tokens.clone();
+            let checkpoints = sess
+                .checkpoints
+                .iter()
+                .map(|(n, (t, _))| (n.clone(), t.clone()))
+                .collect();
+            self.release_session(sess);
+            kept.push((id, tokens, checkpoints));
+        }
+        KeptSessions(kept)
     }
 
     /// Releases a session's pins and its checkpoints' pins.
