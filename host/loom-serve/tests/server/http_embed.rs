@@ -385,6 +385,72 @@ fn decisions_are_normalised_distributions_matching_the_oracle() {
     assert_eq!(r.status, 501, "{}", r.text());
 }
 
+/// `input.decode` through the server: a copy of arith-embed whose `prepare_request` encodes text with special
+/// tokens, decodes the live ids back with SKIP_SPECIAL_TOKENS (1) into at most 12 bytes, and embeds the ids of
+/// that text encoded again without special tokens. A text that decodes to more than 12 bytes fails its request
+/// with the capacity error (never partial text).
+#[test]
+fn input_decode_skips_special_tokens_and_fails_past_its_capacity() {
+    let s = TestServer::start("tokenizer-decode", &[]);
+    let base = s.dir.join("tok-decode");
+    crate::support::copy_dir(&s.dir.join("arith-embed"), &base);
+    let ctl = std::fs::read_to_string(base.join("control.loom")).unwrap();
+    let encode =
+        "      %ids, %live = call @input.encode(%body, 4, %max_t)\n      yield %ids, %live\n";
+    let decl = "  func.decl @input.encode(buffer, i32, i64) -> (buffer, i64) import(\"input\")\n";
+    assert!(
+        ctl.contains(encode) && ctl.contains(decl),
+        "the fixture's encode call"
+    );
+    let ctl = ctl.replace(
+        decl,
+        &format!(
+            "{decl}  func.decl @input.decode(buffer, i32, i64) -> (buffer, i64) import(\"input\")\n"
+        ),
+    );
+    let ctl = ctl.replace(
+        encode,
+        "      %ids, %live = call @input.encode(%body, 4, %max_t)
+      %text, %tlen = call @input.decode(buffer.slice(%ids, 0, mul(%live, 4)), 1, 12)
+      %again, %n2 = call @input.encode(buffer.slice(%text, 0, %tlen), 0, %max_t)
+      yield %again, %n2
+",
+    );
+    std::fs::write(base.join("control.loom"), ctl).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "tok-decode", "base": base.display().to_string(),
+                "options": {"tokenizer": "tokenizer", "max_tokens": 8}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // [CLS] the [MASK] sat [SEP] decodes to "the sat" without the special tokens: ids [7, 9].
+    let v = embed(&s, "tok-decode", json!("the [MASK] sat"));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&[7, 9], 64),
+        "decoded without special tokens",
+    );
+    // "hello, world!" needs more than 12 bytes: the request fails naming the capacity; the model keeps serving.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "tok-decode", "input": "Hello, world!"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("input.decode: the text needs")
+            && r.text().contains("the capacity is 12"),
+        "{}",
+        r.text()
+    );
+    let v = embed(&s, "tok-decode", json!("the sat"));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &arith(&[7, 9], 64),
+        "after a failed request",
+    );
+    s.healthy();
+}
+
 #[test]
 fn a_tokenizer_asset_feeds_input_encode() {
     let s = TestServer::start("tokenizer", &[]);
