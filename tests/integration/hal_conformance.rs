@@ -2,7 +2,8 @@
 //! `target/<profile>/`, `libhal_*.so`; `hal-cpu` is built because it is a dev-dependency) is loaded through `loom-plugins` and checked against the HAL
 //! contract of `loom-plugin-api`: allocation, write/read, copy and fill, a compiled motif stage against
 //! `loom-reference`, fence ordering and joins, failure propagation with the kernel contract's error text, and
-//! buffers kept alive after `free` until the submission using them retires. The loader's rejection lines (a
+//! buffers kept alive after `free` until the submission using them retires; and, on the CPU device, lanes (one
+//! timeline's work in order, other timelines' not held up by it, no deadlock between lanes sharing buffers). The loader's rejection lines (a
 //! junk `.so`, a non-loom `.so`) are checked next to a real plugin. `hal-cpu` and `hal-vulkan` (lavapipe in CI)
 //! must load; `hal-cuda` must load where `LOOM_REQUIRE_CUDA=1` and is otherwise checked to be reported absent in
 //! one line.
@@ -1385,4 +1386,149 @@ fn hal_failed_points_fail_their_waiters_without_running_them() {
             "{id}"
         );
     });
+}
+
+// ---- lanes: the CPU device -------------------------------------------------------------------------------
+// Submissions of one timeline run in submission order; submissions of different timelines are ordered only by
+// their wait points (the contract allows it; the CPU device does it, so one model's work blocked or running
+// long does not hold up another's); jobs of different lanes that share buffers never deadlock.
+
+/// Device 0 of the CPU plugin.
+fn cpu_device() -> HalDeviceBox {
+    let p = plugins()
+        .iter()
+        .find(|p| p.id == "cpu-0001")
+        .expect("the CPU plugin is built (a dev-dependency)");
+    ok(&p.id, p.hal().unwrap_or_else(|e| panic!("{e}")).open(0))
+}
+
+fn fill(dst: BufferId, byte: u8) -> Command {
+    Command::Fill {
+        dst,
+        offset: 0,
+        len: 64,
+        byte,
+    }
+}
+
+#[test]
+fn a_blocked_timeline_does_not_hold_up_another() {
+    let dev = cpu_device();
+    let host = ok("timeline", dev.timeline_create());
+    let (t1, t2) = (
+        ok("timeline", dev.timeline_create()),
+        ok("timeline", dev.timeline_create()),
+    );
+    let (a, b) = (ok("alloc", dev.alloc(64)), ok("alloc", dev.alloc(64)));
+    // t1's work waits for the host; t2's, submitted after it, waits for nothing.
+    submit(&dev, vec![fill(a, 1)], &[point(host, 1)], point(t1, 1));
+    submit(&dev, vec![fill(b, 2)], &[], point(t2, 1));
+    assert_eq!(
+        ok("wait", dev.timeline_wait(point(t2, 1), WAIT_NS)),
+        WaitStatus::Reached,
+        "t2's work waited behind t1's"
+    );
+    assert_eq!(read_all(&dev, b, 64), vec![2; 64]);
+    assert_eq!(
+        ok("value", dev.timeline_value(t1)),
+        0,
+        "t1's work ran before its wait point"
+    );
+    assert_eq!(read_all(&dev, a, 64), vec![0; 64]);
+    ok("signal", dev.timeline_signal(point(host, 1)));
+    reached(&dev, point(t1, 1));
+    assert_eq!(read_all(&dev, a, 64), vec![1; 64]);
+}
+
+#[test]
+fn one_timeline_runs_in_submission_order() {
+    let dev = cpu_device();
+    let host = ok("timeline", dev.timeline_create());
+    let t = ok("timeline", dev.timeline_create());
+    let a = ok("alloc", dev.alloc(64));
+    // The first waits for the host; the second, on the same timeline, waits for nothing but must run after it.
+    submit(&dev, vec![fill(a, 1)], &[point(host, 1)], point(t, 1));
+    submit(&dev, vec![fill(a, 2)], &[], point(t, 2));
+    assert_eq!(
+        ok("wait", dev.timeline_wait(point(t, 2), 100_000_000)),
+        WaitStatus::TimedOut,
+        "the second job of a timeline ran before the first"
+    );
+    assert_eq!(read_all(&dev, a, 64), vec![0; 64]);
+    ok("signal", dev.timeline_signal(point(host, 1)));
+    reached(&dev, point(t, 2));
+    assert_eq!(
+        read_all(&dev, a, 64),
+        vec![2; 64],
+        "the later fill landed last"
+    );
+}
+
+#[test]
+fn lanes_sharing_buffers_do_not_deadlock() {
+    // Two timelines copy between the same two buffers in opposite directions, many times, while a third fills
+    // both: every job locks both buffers, so without one lock order they would deadlock sooner or later.
+    let dev = cpu_device();
+    let n = 1 << 20;
+    let a = ok("alloc", dev.alloc(n));
+    let b = ok("alloc", dev.alloc(n));
+    ok(
+        "write",
+        dev.write(a, 0, RSlice::from_slice(&vec![5u8; n as usize])),
+    );
+    let lanes: Vec<TimelineId> = (0..3)
+        .map(|_| ok("timeline", dev.timeline_create()))
+        .collect();
+    let copy = |src, dst| Command::Copy {
+        src,
+        src_offset: 0,
+        dst,
+        dst_offset: 0,
+        len: n,
+    };
+    let rounds = 400;
+    for v in 1..=rounds {
+        submit(&dev, vec![copy(a, b)], &[], point(lanes[0], v));
+        submit(&dev, vec![copy(b, a)], &[], point(lanes[1], v));
+        submit(&dev, vec![copy(a, b), copy(b, a)], &[], point(lanes[2], v));
+    }
+    for &t in &lanes {
+        assert_eq!(
+            ok("wait", dev.timeline_wait(point(t, rounds), WAIT_NS)),
+            WaitStatus::Reached,
+            "a lane did not finish"
+        );
+    }
+    // Only copies of 5s ever ran.
+    assert!(read_all(&dev, b, n as usize).iter().all(|&x| x == 5));
+}
+
+#[test]
+fn a_failure_stays_on_its_timeline() {
+    let dev = cpu_device();
+    let (t1, t2) = (
+        ok("timeline", dev.timeline_create()),
+        ok("timeline", dev.timeline_create()),
+    );
+    let a = ok("alloc", dev.alloc(64));
+    // Out of range: fails t1's point; t2's work is not affected.
+    submit(
+        &dev,
+        vec![Command::Fill {
+            dst: a,
+            offset: 60,
+            len: 64,
+            byte: 9,
+        }],
+        &[],
+        point(t1, 1),
+    );
+    submit(&dev, vec![fill(a, 3)], &[], point(t2, 1));
+    assert!(
+        dev.timeline_wait(point(t1, 1), WAIT_NS)
+            .into_result()
+            .is_err()
+    );
+    reached(&dev, point(t2, 1));
+    assert_eq!(read_all(&dev, a, 64), vec![3; 64]);
 }
