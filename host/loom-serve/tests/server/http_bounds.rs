@@ -92,6 +92,32 @@ fn within<T: Send + 'static>(
         .unwrap_or_else(|_| panic!("{what}: no answer within {limit:?}"))
 }
 
+/// Sends one request to the model `runaway` and returns its connection, unread: the request runs until the
+/// connection closes (its kernel is cancelled then) or the server stops.
+fn send_runaway(s: &TestServer) -> std::net::TcpStream {
+    let body = json!({"model": "runaway", "input": "spin"}).to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+/// Waits up to `limit` for `series` to read at least `value`; whether it did.
+fn metric_reaches(s: &TestServer, series: &str, value: f64, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while s.metric(series) < value {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 #[test]
 fn a_runaway_kernel_fails_its_request_at_its_budget_and_other_models_keep_answering() {
     let s = TestServer::start("bounds-budget", &[]);
@@ -183,14 +209,7 @@ fn a_client_disconnect_stops_its_running_kernel_and_frees_the_device() {
     // No budget in the way (2^50 steps): only cancellation can stop the runaway.
     let s = TestServer::start("bounds-cancel", &["--max-kernel-steps", "1125899906842624"]);
     register_runaway(&s, "runaway", None);
-    let body = json!({"model": "runaway", "input": "spin"}).to_string();
-    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
-    write!(
-        c,
-        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let c = send_runaway(&s);
     // Let its cohort start executing, then hang up.
     std::thread::sleep(Duration::from_millis(1000));
     drop(c);
@@ -205,12 +224,12 @@ fn a_client_disconnect_stops_its_running_kernel_and_frees_the_device() {
     assert_eq!(r.status, 200, "{}", r.text());
     eprintln!("served {:?} after the disconnect", t0.elapsed());
     // The stopped cohort is counted when its collector has seen it fail (maybe just after the next request).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.metric("loom_cancelled_running_total{model=\"runaway\"}") < 1.0
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    metric_reaches(
+        &s,
+        "loom_cancelled_running_total{model=\"runaway\"}",
+        1.0,
+        Duration::from_secs(10),
+    );
     assert_eq!(
         s.metric("loom_cancelled_running_total{model=\"runaway\"}"),
         1.0
@@ -255,20 +274,12 @@ fn a_runaway_kernel_does_not_hold_up_other_models_on_its_device() {
     // requests queued behind the runaway's dispatch for as long as it ran.
     let s = TestServer::start("bounds-lanes", &["--max-kernel-steps", "1125899906842624"]);
     register_runaway(&s, "runaway", None);
-    let body = json!({"model": "runaway", "input": "spin"}).to_string();
-    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
-    write!(
-        c,
-        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let c = send_runaway(&s);
     let running = "loom_requests_running{model=\"runaway\"}";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.metric(running) < 1.0 {
-        assert!(Instant::now() < deadline, "the runaway's cohort never ran");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        metric_reaches(&s, running, 1.0, Duration::from_secs(30)),
+        "the runaway's cohort never ran"
+    );
     for i in 0..3 {
         let addr = s.addr.clone();
         let r = within(
@@ -281,10 +292,14 @@ fn a_runaway_kernel_does_not_hold_up_other_models_on_its_device() {
     // The runaway was running all along (its request is still unanswered).
     assert_eq!(s.metric(running), 1.0, "the runaway stopped on its own");
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.metric("loom_cancelled_running_total{model=\"runaway\"}") < 1.0 {
-        assert!(Instant::now() < deadline, "the runaway was not cancelled");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        metric_reaches(
+            &s,
+            "loom_cancelled_running_total{model=\"runaway\"}",
+            1.0,
+            Duration::from_secs(30)
+        ),
+        "the runaway was not cancelled"
+    );
     s.healthy();
 }
