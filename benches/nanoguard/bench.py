@@ -18,8 +18,6 @@ when the machine is shared. The two are also checked against each other (max |p_
 import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -30,36 +28,16 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "packages", "nanoguard", "oracle"))
 import oracle  # noqa: E402
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(HERE))
+import loomserve  # noqa: E402
 
 
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target", "release", "loom-serve")
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     texts = [json.loads(l) for l in open(os.path.join(ROOT, "packages/nanoguard/oracle/corpus.jsonl"), encoding="utf-8")]
-    port = free_port()
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "nanoguard-bench-server.log"), "w")
-    server = subprocess.Popen([binary, "--port", str(port), "--log", "warn", "--model",
-                               os.path.join(ROOT, "packages", "nanoguard")],
-                              stdout=subprocess.PIPE, stderr=log)
-    server.stdout.readline()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    for _ in range(600):
-        try:
-            conn.request("GET", "/health")
-            r = conn.getresponse()
-            r.read()
-            if r.status == 200:
-                break
-        except OSError:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        time.sleep(0.1)
+    server, port = loomserve.start(binary, os.path.join(ROOT, "packages", "nanoguard"),
+                                   "nanoguard-bench-server.log")
 
     def loom(batch):
         # A connection per request (loopback: far below the model's time), so no keep-alive timer matters.

@@ -26,13 +26,14 @@ n_threads_batch 2). The peer runs after loom-serve has stopped.
 import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import loomserve  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -41,14 +42,6 @@ CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, traine
         "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n")
 PROSE = ("The history of the lighthouse is a history of light, of glass and of the people who kept the lamps "
          "burning through long winter nights. ")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def read_bandwidth(threads=2):
@@ -70,23 +63,8 @@ def read_bandwidth(threads=2):
 
 class Loom:
     def __init__(self, binary):
-        self.port = free_port()
-        log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "smollm2-bench-server.log"), "w")
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--log", "warn", "--model",
-                                      os.path.join(ROOT, "packages", "smollm2")],
-                                     stdout=subprocess.PIPE, stderr=log)
-        self.proc.stdout.readline()
-        for _ in range(1200):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                r.read()
-                if r.status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        self.proc, self.port = loomserve.start(binary, os.path.join(ROOT, "packages", "smollm2"),
+                                               "smollm2-bench-server.log")
 
     def stream(self, prompt, max_tokens):
         """Streams a greedy completion of `prompt` (text or token ids); returns the start time, the arrival time
