@@ -299,7 +299,7 @@ impl Registry {
     /// Streams a deactivated model's parameters again and serves it.
     pub fn activate(&self, name: &str) -> Result<ModelInfo> {
         let progress = Arc::new(Progress::new());
-        let model = {
+        let (model, mut kept) = {
             let mut slots = self.lock();
             let slot = slots
                 .get_mut(name)
@@ -314,12 +314,10 @@ impl Registry {
             slot.progress = progress.clone();
             (slot.parked.take(), slot.kept.take())
         };
-        let (model, kept) = model;
         let model =
             model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
         // The kept state stays with the parked model when the parameters cannot be placed again (a later
-        // activation may succeed); once the service starts, it owns it.
-        let mut kept = kept;
+        // activation may succeed); once handed to `resume`, it is the new service's.
         let r = model
             .activate_params(progress.clone())
             .and_then(|()| match kept.take() {

@@ -90,9 +90,14 @@ pub(crate) fn on_compile_queue<R: Send + 'static>(
 
 /// The key of a binding's resident buffer: its domain and entry (a transposed placement is another buffer).
 fn resident_key(b: &Binding) -> (DomainKey, String) {
+    placed_key(b, b.transpose)
+}
+
+/// The resident key of `b`'s tensor placed transposed or not.
+fn placed_key(b: &Binding, transpose: bool) -> (DomainKey, String) {
     (
         b.domain.clone(),
-        if b.transpose {
+        if transpose {
             format!("{}\u{0}transpose", b.key)
         } else {
             b.key.clone()
@@ -403,11 +408,7 @@ impl Model {
         let k = resident_key(b);
         // Stages sharing a weight bank agree on its placement: one resident layout per key, never a plain and
         // a transposed copy side by side.
-        let other = resident_key(&Binding {
-            transpose: !b.transpose,
-            ..b.clone()
-        });
-        if domains.contains_key(&other) {
+        if domains.contains_key(&placed_key(b, !b.transpose)) {
             let layout = |t: bool| {
                 if t {
                     "layout(transpose)"
