@@ -202,9 +202,7 @@ impl Contract for Retained {
     }
 
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>> {
-        let limits = Limits::from_cold(model.cold_results())
-            .map_err(|m| serve_runtime::Error::Program(format!("model `{}`: {m}", model.name)))?;
-        Ok(RetainedService::start(model, limits)?)
+        self.resume(model, Box::new(service::KeptSessions::default()))
     }
 
     /// Sessions survive a deactivation (the spec: deactivation does not discard retained session state):

@@ -334,12 +334,7 @@ pub struct KeptSessions(Vec<KeptSession>);
 type KeptSession = (String, Vec<u32>, Vec<(String, Vec<u32>)>);
 
 impl KeptSessions {
-    /// How many sessions are kept.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether none is.
+    /// Whether no session is kept.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
