@@ -605,9 +605,10 @@ fn parameters_gather_reads_rows_named_by_device_descriptors() {
         "after failure",
     );
     // Good requests sent together with bad ones succeed however they are grouped into cohorts (a failed cohort
-    // is retried one request at a time).
+    // is retried one request at a time, while the next cohorts run: a failure never reaches another
+    // request's wait).
     let s = std::sync::Arc::new(s);
-    let handles: Vec<_> = (0..12)
+    let handles: Vec<_> = (0..48)
         .map(|i| {
             let s = s.clone();
             std::thread::spawn(move || {
@@ -770,7 +771,7 @@ fn a_failed_gather_fails_its_consumers_without_running_them() {
         bad * 3 < good,
         "the failed gather's consumer ran: {bad:?} for the failing request, {good:?} for a good one"
     );
-    // The model's next gathers use a fresh timeline: a good request after the failure succeeds.
+    // The failure stays with that request: a good request after it succeeds.
     let v = embed(&s, "lookup-slow", json!([[11]]));
     close(
         v["data"][0]["embedding"].as_array().unwrap(),

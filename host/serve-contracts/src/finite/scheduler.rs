@@ -139,9 +139,6 @@ struct Job {
     inflight: InFlight,
     cc: Arc<CohortCancel>,
     started: Instant,
-    /// Submitted while another cohort of the model was in flight: a failure of that one reaches this one's
-    /// wait too (it shares the timeline), so a failure here may not be this cohort's own.
-    behind: bool,
 }
 
 /// What the scheduler and the collector share.
@@ -167,7 +164,7 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
                 let r = cohort::collect(&c.model, job.inflight);
                 // The slot is free once the device work is collected; retries alone run outside it.
                 c.gate.release();
-                finish(&c, job.cohort, &job.cc, r, job.started, job.behind);
+                finish(&c, job.cohort, &job.cc, r, job.started);
             }
         })
         .expect("spawning a collector thread; this is a bug");
@@ -316,7 +313,7 @@ fn dispatch(
     if cc.all_gone() {
         ctx.gate.release();
         let e = Error::BadRequest("the request was cancelled".into());
-        finish(ctx, cohort, &cc, Err(e), started, false);
+        finish(ctx, cohort, &cc, Err(e), started);
         return;
     }
     let mut r = cohort::submit(&ctx.model, &staged, set.clone(), cc.flag.clone());
@@ -332,17 +329,16 @@ fn dispatch(
                 inflight,
                 cc,
                 started,
-                behind: busy > 1,
             };
             if let Err(mpsc::SendError(job)) = jobs.send(job) {
                 ctx.gate.release();
                 let e = Error::Internal("the collector is gone".into());
-                finish(ctx, job.cohort, &job.cc, Err(e), started, false);
+                finish(ctx, job.cohort, &job.cc, Err(e), started);
             }
         }
         Err(e) => {
             ctx.gate.release();
-            finish(ctx, cohort, &cc, Err(e), started, false);
+            finish(ctx, cohort, &cc, Err(e), started);
         }
     }
 }
@@ -350,19 +346,18 @@ fn dispatch(
 /// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed).
 fn fail(ctx: &Ctx, cohort: Vec<Pending>, e: Error, started: Instant) {
     let cc = Arc::new(CohortCancel::new(cohort.len(), None));
-    finish(ctx, cohort, &cc, Err(e), started, false);
+    finish(ctx, cohort, &cc, Err(e), started);
 }
 
 /// Replies to a cohort's members with its result. When a cohort of several failed (and its clients are not
-/// all gone), each member is retried alone, so that one bad request fails only itself; so is a cohort of one
-/// that was `behind` another in flight (the other's failure reaches its wait, see [`Job::behind`]).
+/// all gone), each member is retried alone, so that one bad request fails only itself (each invocation has
+/// a timeline of its own, so another cohort's failure never reaches this one's waits).
 pub(crate) fn finish(
     ctx: &Ctx,
     cohort: Vec<Pending>,
     cc: &CohortCancel,
     result: Result<Vec<Rows>>,
     started: Instant,
-    behind: bool,
 ) {
     let (model, metrics) = (&ctx.model, &ctx.metrics);
     let n = cohort.len() as u64;
@@ -376,7 +371,7 @@ pub(crate) fn finish(
             );
             cohort.iter().map(|_| Err(e.clone())).collect()
         }
-        Err(e) if cohort.len() > 1 || behind => {
+        Err(e) if cohort.len() > 1 => {
             log::debug!(
                 "model {}: cohort of {n} failed ({e}); retrying each alone",
                 model.name

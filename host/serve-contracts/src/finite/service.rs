@@ -400,7 +400,7 @@ impl FiniteService {
             gate: self.gate.clone(),
         };
         let cc = CohortCancel::new(cohort.len(), None);
-        finish(&ctx, cohort, &cc, r, t, false);
+        finish(&ctx, cohort, &cc, r, t);
     }
 
     /// Stops accepting requests, finishes every accepted one, and joins the scheduler. Idempotent.

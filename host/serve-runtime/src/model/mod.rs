@@ -102,9 +102,14 @@ pub struct Model {
     pub(crate) spec_cache: Mutex<SpecCache>,
     pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
     pub(crate) tokenizer: Option<Arc<Tokenizer>>,
-    /// The model's timeline and its last signalled value; replaced by a fresh timeline after device work
-    /// failed ([`Model::settle`]), since a failed timeline reports its failure to every later wait.
-    pub(crate) timeline: Mutex<(TimelineId, u64)>,
+    /// Idle work timelines with their last signalled values. Each invocation in a running phase takes one
+    /// for itself ([`Model::invoke_run`]) and [`Model::settle`] gives it back when its work succeeded; a
+    /// failed timeline reports its failure to every later wait, so it is dropped, and the failure reaches no
+    /// other invocation (one sharing the timeline would see a neighbour's error). Ordering between
+    /// invocations comes from the device: its submissions run in submission order.
+    pub(crate) timelines: Mutex<Vec<(TimelineId, u64)>>,
+    /// Held for the length of an invocation in a running phase: invocations of one model submit in order.
+    pub(crate) invoking: Mutex<()>,
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
@@ -142,6 +147,9 @@ pub struct RunOutcome {
     pub gathers: Vec<TimelinePoint>,
     /// `runner.feedback` slots, in call order: (after this work, buffer, offset, length).
     pub feedback: Vec<(TimelinePoint, DeviceBuffer, u64, u64)>,
+    /// The timeline this invocation submitted on and its last value, given back by [`Model::settle`] when
+    /// the work succeeded.
+    lease: Option<(TimelineId, u64)>,
 }
 
 /// How long [`Model::settle`] waits for an invocation's device work before failing it.
@@ -257,9 +265,9 @@ impl Model {
     }
 
     /// Runs control entry `entry` as an invocation of `phase` (one that grants running) over the stages of
-    /// `set`: its `runner.execute_N` calls enqueue on the model's device in order on the model's work
-    /// timeline. `feedback_limit` bounds the bytes of its `runner.feedback` slots. Invocations of one model
-    /// are ordered: this holds the model's timeline for the duration of the invocation.
+    /// `set`: its `runner.execute_N` calls enqueue on the model's device in order, on a work timeline of its
+    /// own (an idle one of the model's, or a new one). `feedback_limit` bounds the bytes of its
+    /// `runner.feedback` slots. Invocations of one model submit in order (one at a time).
     pub fn invoke_run(
         &self,
         entry: &str,
@@ -270,14 +278,34 @@ impl Model {
         feedback_limit: u64,
         cancel: Option<Arc<CancelFlag>>,
     ) -> RunOutcome {
-        let mut tl = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let _order = self.invoking.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = self
+            .timelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let (timeline, value) = match idle {
+            Some(t) => t,
+            None => match self.device.timeline() {
+                Ok(t) => (t, 0),
+                Err(e) => {
+                    return RunOutcome {
+                        results: Err(e),
+                        signalled: Vec::new(),
+                        gathers: Vec::new(),
+                        feedback: Vec::new(),
+                        lease: None,
+                    };
+                }
+            },
+        };
         let mut ctx = self.ctx(phase);
         ctx.runner = Some(RunCtx {
             device: self.device.clone(),
             budget: self.budget.clone(),
             stages: set.stages,
-            timeline: tl.0,
-            value: tl.1,
+            timeline,
+            value,
             joins: Vec::new(),
             signalled: Vec::new(),
             sources: set.sources,
@@ -291,24 +319,22 @@ impl Model {
         let lim = limits(fuel, self.doc.memory.invocation_bytes);
         let (results, ctx) = invoke(&self.control, entry, args, &lim, ctx);
         let runner = ctx.runner.expect("the runner context stays; this is a bug");
-        tl.1 = runner.value;
         RunOutcome {
             results,
             signalled: runner.signalled,
             gathers: runner.gathers,
             feedback: runner.feedback,
+            lease: Some((timeline, runner.value)),
         }
     }
 
-    /// Replaces the model's timeline after device work on `failed` failed (unless already replaced).
-    fn fresh_timeline(&self, failed: TimelineId) {
-        let mut tl = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
-        if tl.0 != failed {
-            return;
-        }
-        match self.device.timeline() {
-            Ok(t) => *tl = (t, 0),
-            Err(e) => log::warn!("model {}: no fresh timeline: {e}", self.name),
+    /// Gives an invocation's timeline back to the idle ones (its work is done and did not fail it).
+    fn give_back(&self, run: &mut RunOutcome) {
+        if let Some(t) = run.lease.take() {
+            self.timelines
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(t);
         }
     }
 
@@ -328,20 +354,22 @@ impl Model {
             match self.device.wait(p, timeout) {
                 Ok(true) => {}
                 Ok(false) => {
+                    // Still running: the timeline is not given back (its work may yet fail it).
                     return Err(Error::Device(format!(
                         "model `{}`: device work did not finish within {DEVICE_TIMEOUT:?}",
                         self.name
                     )));
                 }
                 Err(e) => {
-                    // The failure stays on the timeline: the next invocation starts a fresh one (a kernel
-                    // past its budget or cancelled fails only its own cohort).
-                    self.fresh_timeline(p.timeline);
+                    // The failure stays on this invocation's timeline, which is dropped: other invocations
+                    // have their own (a kernel past its budget or cancelled fails only its own cohort).
+                    run.lease = None;
                     take(run)?;
                     return Err(Error::BadRequest(format!("device execution failed: {e}")));
                 }
             }
         }
+        self.give_back(run);
         for g in &run.gathers {
             let _ = self.device.wait(*g, timeout);
         }

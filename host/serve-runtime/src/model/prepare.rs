@@ -294,7 +294,6 @@ pub fn prepare(
         }
     }
     let budget = Budget::reserved(&device, name, doc.memory.device_bytes)?;
-    let timeline = device.timeline()?;
     let gather = GatherQueue::start(device.clone(), name, doc.io.direct)?;
     let mut model = Model {
         name: name.to_string(),
@@ -317,7 +316,8 @@ pub fn prepare(
         spec_cache: Mutex::new(SpecCache::default()),
         options,
         tokenizer,
-        timeline: Mutex::new((timeline, 0)),
+        timelines: Mutex::new(Vec::new()),
+        invoking: Mutex::new(()),
         gather,
         progress: Mutex::new(progress.clone()),
     };

@@ -19,7 +19,7 @@
 //!
 //! A call outside its phase fails the invocation with a message naming the phases that allow it. Declarations
 //! copy their strings. `runner.execute_N` only enqueues: it checks the stage and buffers, submits one dispatch
-//! that waits on the points joined so far and signals the next value of the model's work timeline, and returns
+//! that waits on the points joined so far and signals the next value of the invocation's work timeline, and returns
 //! that point as `!runner.work`.
 
 mod input;
