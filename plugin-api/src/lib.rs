@@ -672,7 +672,10 @@ pub enum Command {
 }
 
 /// Work for a device's queue: runs after every `wait` point is reached, then signals `signal` (or fails it with
-/// the first error). Submissions of one device run in submission order.
+/// the first error). Submissions that signal points of one timeline run in submission order; submissions of
+/// different timelines are ordered only by their `wait` points, so a device may run them side by side (the CPU
+/// device does: the server gives each invocation a timeline of its own, so one model's long dispatch does not hold up
+/// another's). A device with one in-order queue, which runs everything in submission order, meets this too.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
 pub struct Submission {

@@ -2,8 +2,8 @@
 //! `target/<profile>/`, `libhal_*.so`; `hal-cpu` is built because it is a dev-dependency) is loaded through `loom-plugins` and checked against the HAL
 //! contract of `loom-plugin-api`: allocation, write/read, copy and fill, a compiled motif stage against
 //! `loom-reference`, fence ordering and joins, failure propagation with the kernel contract's error text, and
-//! buffers kept alive after `free` until the submission using them retires; and, on the CPU device, one
-//! timeline's work in order, no deadlock between submissions sharing buffers, a failure kept on its timeline. The loader's rejection lines (a
+//! buffers kept alive after `free` until the submission using them retires; and, on the CPU device, lanes (one
+//! timeline's work in order, other timelines' not held up by it, no deadlock between lanes sharing buffers). The loader's rejection lines (a
 //! junk `.so`, a non-loom `.so`) are checked next to a real plugin. `hal-cpu` and `hal-vulkan` (lavapipe in CI)
 //! must load; `hal-cuda` must load where `LOOM_REQUIRE_CUDA=1` and is otherwise checked to be reported absent in
 //! one line.
@@ -1388,9 +1388,10 @@ fn hal_failed_points_fail_their_waiters_without_running_them() {
     });
 }
 
-// ---- ordering on the CPU device --------------------------------------------------------------------------
-// Submissions of one timeline run in submission order; submissions that share buffers never deadlock; a
-// failure stays on its timeline.
+// ---- lanes: the CPU device -------------------------------------------------------------------------------
+// Submissions of one timeline run in submission order; submissions of different timelines are ordered only by
+// their wait points (the contract allows it; the CPU device does it, so one model's work blocked or running
+// long does not hold up another's); jobs of different lanes that share buffers never deadlock.
 
 /// Device 0 of the CPU plugin.
 fn cpu_device() -> HalDeviceBox {
@@ -1408,6 +1409,35 @@ fn fill(dst: BufferId, byte: u8) -> Command {
         len: 64,
         byte,
     }
+}
+
+#[test]
+fn a_blocked_timeline_does_not_hold_up_another() {
+    let dev = cpu_device();
+    let host = ok("timeline", dev.timeline_create());
+    let (t1, t2) = (
+        ok("timeline", dev.timeline_create()),
+        ok("timeline", dev.timeline_create()),
+    );
+    let (a, b) = (ok("alloc", dev.alloc(64)), ok("alloc", dev.alloc(64)));
+    // t1's work waits for the host; t2's, submitted after it, waits for nothing.
+    submit(&dev, vec![fill(a, 1)], &[point(host, 1)], point(t1, 1));
+    submit(&dev, vec![fill(b, 2)], &[], point(t2, 1));
+    assert_eq!(
+        ok("wait", dev.timeline_wait(point(t2, 1), WAIT_NS)),
+        WaitStatus::Reached,
+        "t2's work waited behind t1's"
+    );
+    assert_eq!(read_all(&dev, b, 64), vec![2; 64]);
+    assert_eq!(
+        ok("value", dev.timeline_value(t1)),
+        0,
+        "t1's work ran before its wait point"
+    );
+    assert_eq!(read_all(&dev, a, 64), vec![0; 64]);
+    ok("signal", dev.timeline_signal(point(host, 1)));
+    reached(&dev, point(t1, 1));
+    assert_eq!(read_all(&dev, a, 64), vec![1; 64]);
 }
 
 #[test]

@@ -3,14 +3,19 @@
 //!
 //! * Buffers are zero-filled `Vec<u8>`s; `write`/`read` act immediately under the buffer's lock.
 //! * `compile` decodes the stage (`loom_ir::kernel_codec`) and compiles it with `loom_cpu::compile_stage`.
-//! * One queue thread per device runs submissions in submission order: it waits for every wait point, runs the
-//!   commands, then advances the signal point's timeline, or, on the first error, fails the timeline with the
-//!   error's text (a dispatch's `ExecError` text unchanged). A submission whose wait point failed does not run
-//!   and fails its own signal point with the same error, so failures propagate along fence chains.
-//! * A submission accepted while nothing is in flight and whose wait points are already reached runs on the
-//!   submitting thread instead (the hand-off to the queue thread and back cost two thread wake-ups, more than
-//!   a small stage runs for); an `exec` lock and the in-flight count keep jobs one at a time in acceptance
-//!   order either way, and the caller sees the same points and failures.
+//! * Submissions run in **lanes**: those whose signal points are on one timeline run one at a time, in
+//!   submission order; different timelines' submissions are ordered only by their wait points (the HAL
+//!   contract: `loom_plugin_api::Submission`), so the server's models, each invocation signalling a timeline of its own, run
+//!   side by side and the operating system shares the cores between them. A lane that must queue gets a
+//!   thread, which stops after 60 s without work. A job waits for every wait point, runs the commands, then
+//!   advances the signal point's timeline, or, on the first error, fails the timeline with the error's text
+//!   (a dispatch's `ExecError` text unchanged). A submission whose wait point failed does not run and fails
+//!   its own signal point with the same error, so failures propagate along fence chains.
+//! * A submission accepted while its lane has nothing in flight and whose wait points are already reached runs
+//!   on the submitting thread instead (the hand-off to a lane thread and back cost two thread wake-ups, more
+//!   than a small stage runs for); an `exec` lock per lane and the lane's in-flight count keep its jobs one at
+//!   a time in acceptance order either way, and the caller sees the same points and failures.
+//! * Jobs lock their buffers in address order (lanes run side by side, so two jobs may share buffers).
 //! * A submission holds its buffers (resolved from ids when it is accepted), so a buffer freed while a
 //!   submission that uses it is queued stays alive until that submission retires.
 //! * Every exported function runs under `catch_unwind` (`loom_plugin_api::guard`); a panic on the queue thread
@@ -18,7 +23,7 @@
 //! * Queued file reads (ABI 1.3, `loom_plugin_api::HalFiles`, from the root's `hal_files` or [`open_with_files`]):
 //!   `file_open` reopens the host's descriptor through `/proc/self/fd/<fd>` (with `O_DIRECT` for a direct file:
 //!   a file system that refuses it, such as tmpfs, is an error), and a read submission runs on the
-//!   device's transfer queue, in acceptance order among reads (a second queue thread: reads are ordered against
+//!   device's transfer queue, in acceptance order among reads (a lane of its own: reads are ordered against
 //!   dispatches, copies and fills only by timeline points, so compute work may wait for a read submitted after
 //!   it), each read a positional `read_exact_at` straight into the destination
 //!   buffer's bytes. A direct read needs its file offset, length and destination offset to be multiples of
@@ -38,6 +43,7 @@
 //!
 //! The crate is both a `cdylib` (the plugin) and an `rlib` ([`driver`] gives the same driver in-process).
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
@@ -202,40 +208,68 @@ struct State {
     objects: Objects<Buf, Exe>,
     /// Each live buffer's size, so that `free` can report it without taking the buffer's lock (a running
     /// dispatch may hold it).
-    buffer_bytes: std::collections::HashMap<BufferId, u64>,
+    buffer_bytes: HashMap<BufferId, u64>,
     files: files::FileTable,
     /// Cancellation flags by id (ABI 1.5); jobs hold their own `Arc`.
-    cancels: std::collections::HashMap<u64, Arc<AtomicU32>>,
+    cancels: HashMap<u64, Arc<AtomicU32>>,
     timelines: Timelines,
     closed: bool,
-    /// Per lane ([`COMPUTE`], [`TRANSFER`]): accepted jobs not yet retired (queued, running on the lane's
-    /// thread, or running inline).
-    in_flight: [u64; LANES],
+    /// The lanes that have accepted jobs not yet retired, or a thread still serving them.
+    lanes: HashMap<Lane, LaneState>,
 }
 
-/// The queue of `submit` (dispatches, copies, fills).
-const COMPUTE: usize = 0;
-/// The queue of `submit_reads`: file reads run in order among themselves and are ordered against other work
-/// only by timeline points, so a read may be submitted *after* compute work that waits for its point (which
-/// `parameters.gather` does: the consumer is queued before the worker has even read the descriptors).
-const TRANSFER: usize = 1;
-const LANES: usize = 2;
+/// Where a job runs. Submissions whose signal points are on one timeline form one lane: they run one at a
+/// time, in acceptance order. Lanes are ordered against each other only by timeline points, so the dispatches
+/// of two models (each invocation signals a timeline of its own) run side by side, and the operating system shares the
+/// cores between them: one model's long dispatch no longer holds up every other model on the device. File
+/// reads have a lane of their own (the transfer queue), ordered only by points too: `parameters.gather`
+/// queues the consumer of the rows before the reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Lane {
+    /// Dispatches, copies and fills that signal this timeline.
+    Compute(TimelineId),
+    /// File reads.
+    Reads,
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    /// Held while one of the lane's jobs runs, inline or on the lane's thread.
+    exec: Arc<Mutex<()>>,
+    /// Accepted jobs not yet retired (queued, running on the lane's thread, or running inline).
+    in_flight: u64,
+    /// The channel of the thread serving the lane, while one does (it stops after [`LANE_IDLE`] without
+    /// work).
+    tx: Option<mpsc::Sender<Job>>,
+}
+
+/// How long a lane's thread waits for more work before it stops (the next queued job starts another). Long
+/// enough that a model under intermittent load keeps its thread: with 5 s, HTTP load at 16 clients had 2 runs
+/// of 9 with a 13-19 ms p99 (threads starting and stopping, probably: a start happens under the device's state
+/// lock), with an hour or a minute none of 9.
+const LANE_IDLE: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
     /// Notified whenever a timeline advances or fails, and on close.
     changed: Condvar,
-    /// Per lane: held while a job runs, inline or on the lane's thread: a lane's jobs run one at a time, in
-    /// acceptance order.
-    exec: [Mutex<()>; LANES],
+    /// The lanes' threads (finished ones are dropped when the next one starts, the rest joined on close).
+    /// Locked only after `state`, never before.
+    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Inner {
-    /// Advances (`Ok`) or fails (`Err`) the timeline of `point`; the job that signals it is no longer in flight.
-    fn retire(&self, lane: usize, point: TimelinePoint, result: Result<(), String>) {
+    /// Advances (`Ok`) or fails (`Err`) the timeline of `point`; the job of `lane` that signals it is no
+    /// longer in flight.
+    fn retire(&self, lane: Lane, point: TimelinePoint, result: Result<(), String>) {
         let mut st = lock(&self.state);
-        st.in_flight[lane] = st.in_flight[lane].saturating_sub(1);
+        if let Some(l) = st.lanes.get_mut(&lane) {
+            l.in_flight = l.in_flight.saturating_sub(1);
+            if l.in_flight == 0 && l.tx.is_none() {
+                st.lanes.remove(&lane);
+            }
+        }
         st.timelines.retire(point, result);
         drop(st);
         self.changed.notify_all();
@@ -254,8 +288,8 @@ impl Inner {
     }
 }
 
-/// A job's work, resolved (and so kept alive) when accepted: the commands of a `submit` (on [`COMPUTE`]) or the
-/// reads of a `submit_reads` (on [`TRANSFER`]).
+/// A job's work, resolved (and so kept alive) when accepted: the commands of a `submit` or the reads of a
+/// `submit_reads` (on [`Lane::Reads`]).
 #[derive(Debug)]
 enum Work {
     Commands(Vec<commands::Cmd<Buf, Exe>>, Bounds),
@@ -274,20 +308,19 @@ struct Job {
     work: Work,
     wait: Vec<TimelinePoint>,
     signal: TimelinePoint,
-    lane: usize,
+    lane: Lane,
+    /// The lane's `exec` lock.
+    exec: Arc<Mutex<()>>,
 }
 
-/// The device state and its queue; closed when the last [`CpuDevice`] handle (the device's and its file
-/// reads') drops.
+/// The device state and its lanes; closed when the last [`CpuDevice`] handle (the device's, its file reads'
+/// and its control's) drops.
 #[derive(Debug)]
 struct Core {
     inner: Arc<Inner>,
-    /// Per lane: its thread's channel and the thread.
-    queues: [Mutex<Option<mpsc::Sender<Job>>>; LANES],
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// A handle to one device: `HalDevice` and `HalFiles` are both implemented on it.
+/// A handle to one device: `HalDevice`, `HalFiles` and `HalControl` are implemented on it.
 #[derive(Debug, Clone)]
 struct CpuDevice(Arc<Core>);
 
@@ -306,26 +339,12 @@ impl CpuDevice {
 
 impl Core {
     fn new() -> Core {
-        let inner = Arc::new(Inner {
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-            exec: [Mutex::new(()), Mutex::new(())],
-        });
-        let mut workers = Vec::new();
-        let queues = ["hal-cpu-queue", "hal-cpu-reads"].map(|name| {
-            let (tx, rx) = mpsc::channel::<Job>();
-            let q = Arc::clone(&inner);
-            let worker = std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || queue_thread(&q, &rx))
-                .ok()?;
-            workers.push(worker);
-            Some(tx)
-        });
         Core {
-            inner,
-            queues: queues.map(Mutex::new),
-            workers: Mutex::new(workers),
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+                workers: Mutex::new(Vec::new()),
+            }),
         }
     }
 
@@ -337,7 +356,7 @@ impl Core {
     fn accept(
         &self,
         mut st: MutexGuard<'_, State>,
-        lane: usize,
+        lane: Lane,
         work: Work,
         wait: &[TimelinePoint],
         signal: TimelinePoint,
@@ -345,35 +364,62 @@ impl Core {
         if st.closed {
             return Err("submit: the device is closed".to_string());
         }
-        // An idle queue whose waits are already satisfied runs the job here, on the submitting thread: the
-        // CPU has no other processor to hand it to, and the hand-off to the queue thread and back cost two
-        // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions queue behind it
-        // (`in_flight`) and the queue thread takes `exec` only after this job releases it, so jobs still run
-        // one at a time in acceptance order; the caller sees the same points and failures either way.
-        let ready = st.in_flight[lane] == 0 && wait.iter().all(|&p| st.timelines.settled(p));
-        st.in_flight[lane] += 1;
-        drop(st);
+        let settled = wait.iter().all(|&p| st.timelines.settled(p));
+        let l = st.lanes.entry(lane).or_default();
+        // An idle lane whose waits are already satisfied runs the job here, on the submitting thread: the
+        // CPU has no other processor to hand it to, and the hand-off to a lane thread and back cost two
+        // thread wake-ups (~50 us each on this machine class) per cohort. Later submissions of the lane queue
+        // behind it (`in_flight`) and its thread takes `exec` only after this job releases it, so the lane's
+        // jobs still run one at a time in acceptance order; the caller sees the same points and failures
+        // either way.
+        let ready = l.in_flight == 0 && settled;
+        l.in_flight += 1;
         let job = Job {
             work,
             wait: wait.to_vec(),
             signal,
             lane,
+            exec: Arc::clone(&l.exec),
         };
         if ready {
+            drop(st);
             execute(&self.inner, job);
             return Ok(());
         }
-        let sent = lock(&self.queues[lane])
-            .as_ref()
-            .ok_or("submit: the device has no queue thread")
-            .and_then(|q| {
-                q.send(job)
-                    .map_err(|_| "submit: the queue thread has stopped")
-            });
+        // Sent under the state lock, so a lane thread that finds its channel empty under the same lock may
+        // stop (see `lane_thread`).
+        let sent = match &l.tx {
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| "submit: the lane's thread has stopped".to_string()),
+            None => {
+                let (tx, rx) = mpsc::channel::<Job>();
+                let inner = Arc::clone(&self.inner);
+                let name = match lane {
+                    Lane::Reads => "hal-cpu-reads".to_string(),
+                    Lane::Compute(t) => format!("hal-cpu-lane-{}", t.0),
+                };
+                match std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || lane_thread(&inner, lane, &rx))
+                {
+                    Ok(handle) => {
+                        let sent = tx
+                            .send(job)
+                            .map_err(|_| "submit: the lane's thread has stopped".to_string());
+                        l.tx = Some(tx);
+                        let mut w = lock(&self.inner.workers);
+                        w.retain(|h| !h.is_finished());
+                        w.push(handle);
+                        sent
+                    }
+                    Err(e) => Err(format!("submit: no thread for the queue: {e}")),
+                }
+            }
+        };
         if let Err(e) = sent {
-            let mut st = self.state();
-            st.in_flight[lane] = st.in_flight[lane].saturating_sub(1);
-            return Err(e.to_string());
+            l.in_flight = l.in_flight.saturating_sub(1);
+            return Err(e);
         }
         Ok(())
     }
@@ -381,27 +427,53 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        lock(&self.inner.state).closed = true;
-        self.inner.changed.notify_all();
-        for q in &self.queues {
-            drop(lock(q).take());
+        let mut st = lock(&self.inner.state);
+        st.closed = true;
+        // The lanes' threads run what they were sent (failing on their waits: the device is closed), then
+        // see their channels closed and stop.
+        for l in st.lanes.values_mut() {
+            l.tx = None;
         }
-        for w in lock(&self.workers).drain(..) {
+        drop(st);
+        self.inner.changed.notify_all();
+        let workers = std::mem::take(&mut *lock(&self.inner.workers));
+        for w in workers {
             let _ = w.join();
         }
     }
 }
 
-fn queue_thread(inner: &Inner, rx: &mpsc::Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        execute(inner, job);
+/// A lane's thread: runs the jobs sent to it, in order; stops once its channel is closed, or after
+/// [`LANE_IDLE`] without work (the lane then has no thread until a job must queue again).
+fn lane_thread(inner: &Inner, lane: Lane, rx: &mpsc::Receiver<Job>) {
+    loop {
+        match rx.recv_timeout(LANE_IDLE) {
+            Ok(job) => execute(inner, job),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let mut st = lock(&inner.state);
+                // Jobs are sent under this lock: one sent while this thread waited for it is still its own.
+                if let Ok(job) = rx.try_recv() {
+                    drop(st);
+                    execute(inner, job);
+                    continue;
+                }
+                if let Some(l) = st.lanes.get_mut(&lane) {
+                    l.tx = None;
+                    if l.in_flight == 0 {
+                        st.lanes.remove(&lane);
+                    }
+                }
+                return;
+            }
+        }
     }
 }
 
-/// Runs one accepted job (after the one before it) and retires its signal point.
+/// Runs one accepted job (after the one before it in its lane) and retires its signal point.
 fn execute(inner: &Inner, job: Job) {
-    let (signal, lane) = (job.signal, job.lane);
-    let _order = lock(&inner.exec[lane]);
+    let (signal, lane, exec) = (job.signal, job.lane, Arc::clone(&job.exec));
+    let _order = lock(&exec);
     let result = catch_unwind(AssertUnwindSafe(|| run_job(inner, job)))
         .unwrap_or_else(|p| Err(format!("hal-cpu panicked: {}", panic_message(&*p))));
     inner.retire(lane, signal, result);
@@ -455,8 +527,10 @@ fn run_command(
                 let (s, d) = copy_ranges((n, *src_offset), (n, *dst_offset), *len, true)?;
                 b.copy_within(s, d.start);
             } else {
-                let s = lock(src);
-                let mut d = lock(dst);
+                // Two buffers locked in address order, as every job does (see `lock_in_order`).
+                let mut g = lock_in_order(&[src, dst]);
+                let mut d = g.pop().expect("two guards");
+                let s = g.pop().expect("two guards");
                 let (sr, dr) = copy_ranges(
                     (s.len() as u64, *src_offset),
                     (d.len() as u64, *dst_offset),
@@ -477,11 +551,13 @@ fn run_command(
             let mut distinct: Vec<&Buf> = Vec::new();
             let in_slots: Vec<usize> = inputs.iter().map(|b| slot(b, &mut distinct)).collect();
             let p_slots: Vec<usize> = params.iter().map(|b| slot(b, &mut distinct)).collect();
-            let guards: Vec<MutexGuard<'_, Vec<u8>>> = distinct.iter().map(|b| lock(b)).collect();
+            // Every buffer of the dispatch locked in address order (see `lock_in_order`).
+            let n_in = distinct.len();
+            let all: Vec<&Buf> = distinct.iter().copied().chain(outputs.iter()).collect();
+            let mut guards = lock_in_order(&all);
+            let mut out_guards = guards.split_off(n_in);
             let ins: Vec<&[u8]> = in_slots.iter().map(|&i| guards[i].as_slice()).collect();
             let ps: Vec<&[u8]> = p_slots.iter().map(|&i| guards[i].as_slice()).collect();
-            let mut out_guards: Vec<MutexGuard<'_, Vec<u8>>> =
-                outputs.iter().map(|b| lock(b)).collect();
             let mut outs: Vec<Vec<u8>> = out_guards
                 .iter_mut()
                 .map(|g| std::mem::take(&mut **g))
@@ -496,6 +572,22 @@ fn run_command(
         }
     }
     Ok(())
+}
+
+/// Locks `bufs` (distinct buffers) in the order of their addresses and returns the guards in the order of
+/// `bufs`. Lanes run side by side, so two jobs may each need a buffer the other holds; taking every job's locks
+/// in one global order means neither can wait for the other while holding what it needs.
+fn lock_in_order<'a>(bufs: &[&'a Buf]) -> Vec<MutexGuard<'a, Vec<u8>>> {
+    let mut order: Vec<usize> = (0..bufs.len()).collect();
+    order.sort_by_key(|&i| Arc::as_ptr(bufs[i]) as usize);
+    let mut guards: Vec<Option<MutexGuard<'a, Vec<u8>>>> = (0..bufs.len()).map(|_| None).collect();
+    for i in order {
+        guards[i] = Some(lock(bufs[i]));
+    }
+    guards
+        .into_iter()
+        .map(|g| g.expect("every buffer locked"))
+        .collect()
 }
 
 /// One queued file read (see the crate doc; checks and error texts are `hal_queue::files`, shared with
@@ -541,7 +633,7 @@ impl CpuDevice {
         let commands = st.objects.resolve(&submission.commands)?;
         self.accept(
             st,
-            COMPUTE,
+            Lane::Compute(submission.signal.timeline),
             Work::Commands(commands, bounds),
             &submission.wait,
             submission.signal,
@@ -739,7 +831,7 @@ impl HalFiles for CpuDevice {
                 .resolve(&submission.reads, |id| st.objects.buffer(id))?;
             self.accept(
                 st,
-                TRANSFER,
+                Lane::Reads,
                 Work::Reads(reads),
                 &submission.wait,
                 submission.signal,

@@ -266,3 +266,40 @@ fn the_drain_deadline_cancels_a_running_kernel_and_answers_its_request() {
     assert!((400..600).contains(&r.status), "{} {}", r.status, r.text());
     assert!(r.text().contains("was cancelled"), "{}", r.text());
 }
+
+#[test]
+fn a_runaway_kernel_does_not_hold_up_other_models_on_its_device() {
+    // No budget in the way (2^50 steps): the runaway runs until its client goes. Meanwhile another model on
+    // the same device (cpu:0) answers: before the device ran each model's work on a lane of its own, its
+    // requests queued behind the runaway's dispatch for as long as it ran.
+    let s = TestServer::start("bounds-lanes", &["--max-kernel-steps", "1125899906842624"]);
+    register_runaway(&s, "runaway", None);
+    let c = send_runaway(&s);
+    let running = "loom_requests_running{model=\"runaway\"}";
+    assert!(
+        metric_reaches(&s, running, 1.0, Duration::from_secs(30)),
+        "the runaway's cohort never ran"
+    );
+    for i in 0..3 {
+        let addr = s.addr.clone();
+        let r = within(
+            Duration::from_secs(60),
+            &format!("request {i} to another model while the runaway runs"),
+            move || embed_at(&addr, "arith-embed"),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // The runaway was running all along (its request is still unanswered).
+    assert_eq!(s.metric(running), 1.0, "the runaway stopped on its own");
+    drop(c);
+    assert!(
+        metric_reaches(
+            &s,
+            "loom_cancelled_running_total{model=\"runaway\"}",
+            1.0,
+            Duration::from_secs(30)
+        ),
+        "the runaway was not cancelled"
+    );
+    s.healthy();
+}

@@ -88,7 +88,8 @@ fn a_miss_compiles_while_cached_cohorts_keep_running_and_the_cache_is_bounded() 
 
 /// Cohorts are pipelined: while one of a model's cohorts runs on the device (here a long one, run in place on
 /// the thread of the request that came alone), its next cohort is prepared, uploaded and submitted without
-/// waiting, up to two in flight; each still gets its own, correct result.
+/// waiting, up to two in flight; each still gets its own, correct result. (Another model's cohort no longer
+/// holds a model up at all: each invocation's work has its own lane on the CPU device, see `http_bounds`.)
 #[test]
 fn cohorts_are_submitted_while_the_device_is_busy() {
     let s = TestServer::start("pipeline", &[]);

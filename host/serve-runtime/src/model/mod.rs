@@ -105,11 +105,11 @@ pub struct Model {
     /// Idle work timelines with their last signalled values. Each invocation in a running phase takes one
     /// for itself ([`Model::invoke_run`]) and [`Model::settle`] gives it back when its work succeeded; a
     /// failed timeline reports its failure to every later wait, so it is dropped, and the failure reaches no
-    /// other invocation (one sharing the timeline would see a neighbour's error). Ordering between
-    /// invocations comes from the device: its submissions run in submission order.
+    /// other invocation (one sharing the timeline would see a neighbour's error). Invocations are ordered
+    /// against each other only by the fences they are given: a device may run two of them side by side (the
+    /// CPU device runs each timeline in a lane of its own), so work that another invocation's work must see
+    /// is waited for before that invocation is made (the contracts settle it first).
     pub(crate) timelines: Mutex<Vec<(TimelineId, u64)>>,
-    /// Held for the length of an invocation in a running phase: invocations of one model submit in order.
-    pub(crate) invoking: Mutex<()>,
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
@@ -267,7 +267,7 @@ impl Model {
     /// Runs control entry `entry` as an invocation of `phase` (one that grants running) over the stages of
     /// `set`: its `runner.execute_N` calls enqueue on the model's device in order, on a work timeline of its
     /// own (an idle one of the model's, or a new one). `feedback_limit` bounds the bytes of its
-    /// `runner.feedback` slots. Invocations of one model submit in order (one at a time).
+    /// `runner.feedback` slots.
     pub fn invoke_run(
         &self,
         entry: &str,
@@ -278,7 +278,6 @@ impl Model {
         feedback_limit: u64,
         cancel: Option<Arc<CancelFlag>>,
     ) -> RunOutcome {
-        let _order = self.invoking.lock().unwrap_or_else(|e| e.into_inner());
         let idle = self
             .timelines
             .lock()

@@ -317,7 +317,6 @@ pub fn prepare(
         options,
         tokenizer,
         timelines: Mutex::new(Vec::new()),
-        invoking: Mutex::new(()),
         gather,
         progress: Mutex::new(progress.clone()),
     };
