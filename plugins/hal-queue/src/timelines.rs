@@ -4,7 +4,7 @@
 //! [`Queue`](crate::Queue) and by `hal-cpu`, which runs its own queue threads, so that both answer with the
 //! same texts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Condvar, MutexGuard};
 use std::time::Instant;
 
@@ -22,10 +22,18 @@ struct Timeline {
 /// before this many later failures.
 pub const MAX_FAILED_POINTS: usize = 4096;
 
+/// Failed timelines remembered per device. A failed timeline is never used again (the server takes a new one),
+/// so without a bound a client sending bad requests would grow the table for ever; past this many the oldest
+/// failed timeline is forgotten, and a wait for one of its points reports an unknown timeline: still a
+/// failure, never success.
+pub const MAX_FAILED_TIMELINES: usize = 4096;
+
 /// A device's timelines by id.
 #[derive(Debug, Default)]
 pub struct Timelines {
     map: HashMap<u64, Timeline>,
+    /// Failed timelines, oldest first (at most [`MAX_FAILED_TIMELINES`]).
+    failed: VecDeque<u64>,
 }
 
 impl Timelines {
@@ -78,12 +86,20 @@ impl Timelines {
     /// Advances (`Ok`) or fails (`Err`, unless already failed) the timeline of `point`, the job signalling it
     /// having finished; an unknown timeline is ignored.
     pub fn retire(&mut self, point: TimelinePoint, result: Result<(), String>) {
-        if let Some(t) = self.map.get_mut(&point.timeline.0) {
-            match result {
-                Ok(()) => t.value = t.value.max(point.value),
-                Err(e) => {
-                    if t.failure.is_none() {
-                        t.failure = Some(e);
+        let Some(t) = self.map.get_mut(&point.timeline.0) else {
+            return;
+        };
+        match result {
+            Ok(()) => t.value = t.value.max(point.value),
+            Err(e) => {
+                if t.failure.is_some() {
+                    return;
+                }
+                t.failure = Some(e);
+                self.failed.push_back(point.timeline.0);
+                while self.failed.len() > MAX_FAILED_TIMELINES {
+                    if let Some(old) = self.failed.pop_front() {
+                        self.map.remove(&old);
                     }
                 }
             }
@@ -175,5 +191,38 @@ pub fn wait_point<S>(
                     .0
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(t: TimelineId, value: u64) -> TimelinePoint {
+        TimelinePoint { timeline: t, value }
+    }
+
+    #[test]
+    fn failed_timelines_are_bounded_and_a_forgotten_one_still_fails() {
+        let mut tl = Timelines::default();
+        let live = tl.create(0);
+        tl.retire(point(live, 1), Ok(()));
+        let n = MAX_FAILED_TIMELINES as u64 + 10;
+        for id in 1..=n {
+            let t = tl.create(id);
+            tl.retire(point(t, 1), Err(format!("failure {id}")));
+        }
+        // The live timeline and the newest failed ones are kept; the oldest failed ones are gone.
+        assert_eq!(tl.map.len(), MAX_FAILED_TIMELINES + 1);
+        assert_eq!(tl.reached(point(live, 1)), Ok(true));
+        assert_eq!(
+            tl.reached(point(TimelineId(n), 1)),
+            Err(format!("failure {n}"))
+        );
+        let forgotten = tl.reached(point(TimelineId(1), 1));
+        assert_eq!(forgotten, Err("unknown timeline 1".to_string()));
+        // Failing an already failed timeline does not count it twice.
+        tl.retire(point(TimelineId(n), 2), Err("again".into()));
+        assert_eq!(tl.failed.len(), MAX_FAILED_TIMELINES);
     }
 }
