@@ -285,6 +285,74 @@ mod x86 {
         _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + _mm512_reduce_add_ps(macc) + msum
     }
 
+    /// [`dequant_row`] for Q4_1 and Q8_0 with AVX-512: 16 weights per instruction.
+    #[target_feature(enable = "avx512f,fma,f16c")]
+    pub(super) unsafe fn dequant_row512(dtype: DType, w: &[u8], out: &mut [f32]) {
+        let bs = block_bytes(dtype);
+        let nb = w.len() / bs;
+        assert!(matches!(dtype, DType::Q4_1 | DType::Q8_0) && out.len() >= nb * QK);
+        let half = |lo: u8, hi: u8| {
+            let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
+            _mm_cvtss_f32(_mm_cvtph_ps(h))
+        };
+        let nibble = _mm512_set1_epi32(15);
+        for b in 0..nb {
+            let blk = &w[b * bs..(b + 1) * bs];
+            let op = out[b * QK..].as_mut_ptr();
+            let d = _mm512_set1_ps(half(blk[0], blk[1]));
+            // SAFETY: `blk` is one whole block (16-byte loads inside it); `op` has 32 f32 of room.
+            unsafe {
+                if dtype == DType::Q4_1 {
+                    let m = _mm512_set1_ps(half(blk[2], blk[3]));
+                    let v =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(blk[4..].as_ptr() as *const __m128i));
+                    let lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, nibble));
+                    let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+                    _mm512_storeu_ps(op, _mm512_fmadd_ps(lo, d, m));
+                    _mm512_storeu_ps(op.add(16), _mm512_fmadd_ps(hi, d, m));
+                } else {
+                    for h in 0..2 {
+                        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            blk[2 + 16 * h..].as_ptr() as *const __m128i
+                        ));
+                        _mm512_storeu_ps(op.add(16 * h), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`dot_2x4`] with AVX-512 (lengths a multiple of 16): eight 16-lane accumulators.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn dot_2x4_512(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+        let n = w
+            .iter()
+            .map(|v| v.len())
+            .chain(x.iter().map(|v| v.len()))
+            .min()
+            .unwrap_or(0)
+            / 16
+            * 16;
+        let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+        let mut k = 0;
+        while k < n {
+            // SAFETY: k + 16 <= n <= every length.
+            unsafe {
+                let wv = [
+                    _mm512_loadu_ps(w[0].as_ptr().add(k)),
+                    _mm512_loadu_ps(w[1].as_ptr().add(k)),
+                ];
+                for b in 0..4 {
+                    let xv = _mm512_loadu_ps(x[b].as_ptr().add(k));
+                    acc[0][b] = _mm512_fmadd_ps(wv[0], xv, acc[0][b]);
+                    acc[1][b] = _mm512_fmadd_ps(wv[1], xv, acc[1][b]);
+                }
+            }
+            k += 16;
+        }
+        acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
+    }
+
     /// The dots of two weight rows with four activation rows (lengths a multiple of 8): eight 8-lane
     /// accumulators, each loaded vector used four or two times. `out[a][b] = w[a] . x[b]`.
     #[target_feature(enable = "avx2,fma")]
@@ -357,6 +425,11 @@ mod x86 {
 fn dequant_row(isa: Isa, dtype: DType, w: &[u8], out: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512Vnni` is only produced after detecting avx512f and f16c.
+        Isa::Avx512Vnni if matches!(dtype, DType::Q4_1 | DType::Q8_0) => unsafe {
+            x86::dequant_row512(dtype, w, out)
+        },
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2, fma and f16c.
         Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::dequant_row(dtype, w, out) },
         _ => dequant_row_scalar(dtype, w, out),
@@ -415,8 +488,15 @@ pub(crate) fn matmul_rows(
                 let mut i = 0;
                 while i + 4 <= m {
                     let xs = [0, 1, 2, 3].map(|j| &xf[(i + j) * k..(i + j + 1) * k]);
-                    // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma.
-                    let d = unsafe { x86::dot_2x4([&wf, &wf2], xs) };
+                    // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma;
+                    // `Isa::Avx512Vnni` after detecting avx512f too.
+                    let d = unsafe {
+                        if isa == Isa::Avx512Vnni {
+                            x86::dot_2x4_512([&wf, &wf2], xs)
+                        } else {
+                            x86::dot_2x4([&wf, &wf2], xs)
+                        }
+                    };
                     for j in 0..4 {
                         out[(i + j) * wide + (r - r0)] = d[0][j];
                         out[(i + j) * wide + (r + 1 - r0)] = d[1][j];
@@ -595,6 +675,46 @@ mod tests {
                     assert!(
                         (f64::from(d) - exact).abs() <= 1e-5 * scale,
                         "{dtype} {v} {nb} blocks: {d} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The blocked dots of two weight rows with four activation rows, AVX2 and AVX-512, against f64.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn blocked_dots_match_the_exact_products() {
+        let isa = Isa::detect();
+        if isa == Isa::Scalar {
+            return;
+        }
+        let k = 576;
+        let row = |seed: f32| -> Vec<f32> { (0..k).map(|i| (i as f32 * seed).sin()).collect() };
+        let w = [row(0.37), row(0.11)];
+        let x = [row(0.23), row(0.71), row(0.05), row(1.3)];
+        // SAFETY: `isa` is not scalar: avx2 and fma were detected (and avx512f for `Avx512Vnni`).
+        let mut got = vec![unsafe { x86::dot_2x4([&w[0], &w[1]], [&x[0], &x[1], &x[2], &x[3]]) }];
+        if isa == Isa::Avx512Vnni {
+            // SAFETY: as above.
+            got.push(unsafe { x86::dot_2x4_512([&w[0], &w[1]], [&x[0], &x[1], &x[2], &x[3]]) });
+        }
+        for g in got {
+            for a in 0..2 {
+                for b in 0..4 {
+                    let exact: f64 = w[a]
+                        .iter()
+                        .zip(&x[b])
+                        .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                        .sum();
+                    let scale: f64 = w[a]
+                        .iter()
+                        .zip(&x[b])
+                        .map(|(p, q)| f64::from((p * q).abs()))
+                        .sum();
+                    assert!(
+                        (f64::from(g[a][b]) - exact).abs() <= 1e-5 * scale,
+                        "{a} {b}"
                     );
                 }
             }
