@@ -87,8 +87,12 @@ struct Pool {
 
 static POOL: OnceLock<Arc<Pool>> = OnceLock::new();
 
-/// How long a worker spins for more work before parking.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a worker spins for more work before parking (and the caller for its helpers before it parks). A
+/// decode epoch runs single-threaded kernels (norms, one-row attention) of tens of microseconds between its
+/// parallel ones; at 50 us the worker often parked in between and the next parallel kernel waited for its wake
+/// (SmolLM2 decode 40-45 tok/s; 46-53 at 250 us, no better at 1 ms; BENCHMARKS.md). Spinning yields the core
+/// each round, so other runnable threads are not held up.
+const SPIN: Duration = Duration::from_micros(250);
 
 fn pool() -> &'static Arc<Pool> {
     POOL.get_or_init(|| {
