@@ -39,8 +39,8 @@
 //! # Safety argument
 //!
 //! `unsafe` is confined to: calling JIT code (`run_grid`), the raw-pointer helpers the JIT code calls
-//! (`rt.rs`), the `gemm` call (`kernels.rs`), the quantised dot intrinsics (`qdot.rs`, only behind run-time
-//! feature detection, on slices whose lengths are asserted) with the buffer slices `run` hands them, the row
+//! (`rt.rs`), the `gemm` call (`kernels.rs`), the quantised dot intrinsics (`qdot.rs`, `qdotf.rs`, only behind
+//! run-time feature detection, on slices whose lengths are asserted) with the buffer slices `run` hands them, the row
 //! loops' target-feature variants (`rows.rs`, behind run-time detection, on aligned f32 slices of distinct
 //! read and write buffers, indexed through bounds-checked slices), and freeing
 //! the JIT memory. The JIT code only touches (a) its
