@@ -18,14 +18,17 @@ Rows (each side measured the same way; both greedy, so both do the same work):
 - time to first token, 40-token prompt, p50 (cold: a different first token every round);
 - prefix sharing (loom-serve only): time to first token behind a 500-token system prompt, cold (a new system
   prompt) and warm (the same system prompt, another question);
-- 16 concurrent streams through HTTP (loom-serve only; llama-cpp-python has no continuous batching server):
-  aggregate tokens/s and p50/p99 inter-token latency.
+- 16 concurrent streams through HTTP: aggregate tokens/s and p50/p99 inter-token latency; the peer is llama.cpp's
+  own `llama-server` (continuous batching, 16 slots: `-np 16 -c 16384`, its native `/completion`, greedy,
+  `ignore_eos`) when a build is found (`$LLAMA_SERVER`, default `.models/bench/llama-build/bin/llama-server`; see
+  BENCHMARKS.md for the build), else that row is skipped.
 Both sides use 2 threads (loom-serve: its CPU device, every core of this 2-core machine; llama.cpp: n_threads 2,
 n_threads_batch 2). The peer runs after loom-serve has stopped.
 """
 import http.client
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -95,6 +98,73 @@ class Loom:
     def stop(self):
         self.proc.terminate()
         self.proc.wait()
+
+
+def llama_server_streams(chat_ids, rounds):
+    """16 concurrent greedy streams of 128 tokens against llama.cpp's llama-server (16 slots, continuous
+    batching), the same prompts as loom-serve's; returns (best aggregate tokens/s, gaps) or None without a build."""
+    exe = os.environ.get("LLAMA_SERVER", os.path.join(ROOT, ".models/bench/llama-build/bin/llama-server"))
+    if not os.path.exists(exe):
+        print(f"llama-server: no build at {exe}; the 16-stream peer is skipped")
+        return None
+    port = loomserve.free_port()
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "smollm2-bench-llama-server.log"), "w")
+    proc = subprocess.Popen([exe, "-m", GGUF, "-t", "2", "-tb", "2", "-c", "16384", "-np", "16", "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                r.read()
+                if r.status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        gaps, rates = [], []
+        lock = threading.Lock()
+
+        def one(i, counts):
+            body = {"prompt": [400 + i] + chat_ids[1:], "n_predict": 128, "temperature": 0, "top_k": 1,
+                    "ignore_eos": True, "stream": True, "cache_prompt": False}
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            c.request("POST", "/completion", json.dumps(body), {"content-type": "application/json"})
+            r = c.getresponse()
+            assert r.status == 200, r.read()[:300]
+            times, n = [], 0
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("stop"):
+                    n = ev.get("timings", {}).get("predicted_n", 0) or ev.get("tokens_predicted", 0)
+                    break
+                times.append(time.perf_counter())
+            c.close()
+            with lock:
+                gaps.extend(b - a for a, b in zip(times, times[1:]))
+                counts.append(n)
+
+        for r in range(rounds + 1):
+            counts = []
+            threads = [threading.Thread(target=one, args=(16 * r + i, counts)) for i in range(16)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if r > 0:  # the first round warms up
+                rates.append(sum(counts) / (time.perf_counter() - t0))
+        return max(rates), gaps
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def pct(xs, q):
@@ -200,6 +270,13 @@ def main():
                 ttft.append(t)
         res[f"llama.cpp{' fa' if fa else ''}"] = {"decode": max(dec), "prefill": max(pre), "ttft": pct(ttft, 0.5)}
         del llm
+
+    ls = llama_server_streams(chat_ids, rounds)
+    if ls:
+        rate, lgaps = ls
+        print(f"llama-server: 16 streams x 128 tokens: {rate:.0f} tokens/s aggregate, inter-token p50 "
+              f"{pct(lgaps, 0.5) * 1000:.1f} ms, p99 {pct(lgaps, 0.99) * 1000:.1f} ms; loom-serve / llama-server "
+              f"{streams / rate:.2f}x")
 
     peer = max((v for k, v in res.items() if k.startswith("llama.cpp")), key=lambda v: v["decode"])
     print(f"\n{'side':<14} {'decode tok/s':>12} {'prefill tok/s':>13} {'TTFT 40 p50 ms':>15}")
