@@ -214,7 +214,6 @@ mod x86 {
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
             _mm512_set1_epi32(bs as i32),
         );
-        let nibble = _mm512_set1_epi32(15);
         let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let mut macc = _mm512_setzero_ps();
         let mut msum = 0f32;
@@ -255,19 +254,11 @@ mod x86 {
                 let block = |j: usize| {
                     let p = base.add(j * bs);
                     let xp = x.as_ptr().add((b + j) * QK);
-                    let (lo, hi) = if dtype == DType::Q4_1 {
-                        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(4) as *const __m128i));
-                        (_mm512_and_si512(v, nibble), _mm512_srli_epi32(v, 4))
-                    } else {
-                        (
-                            _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i)),
-                            _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(18) as *const __m128i)),
-                        )
-                    };
+                    let [lo, hi] = weights512(dtype, p);
                     _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(hi),
+                        hi,
                         _mm512_loadu_ps(xp.add(16)),
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_loadu_ps(xp)),
+                        _mm512_mul_ps(lo, _mm512_loadu_ps(xp)),
                     )
                 };
                 let mut j = 0;
@@ -295,117 +286,100 @@ mod x86 {
             let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
             _mm_cvtss_f32(_mm_cvtph_ps(h))
         };
-        let nibble = _mm512_set1_epi32(15);
         for b in 0..nb {
             let blk = &w[b * bs..(b + 1) * bs];
             let op = out[b * QK..].as_mut_ptr();
             let d = _mm512_set1_ps(half(blk[0], blk[1]));
-            // SAFETY: `blk` is one whole block (16-byte loads inside it); `op` has 32 f32 of room.
+            let m = _mm512_set1_ps(if dtype == DType::Q4_1 {
+                half(blk[2], blk[3])
+            } else {
+                0.0
+            });
+            // SAFETY: `blk` is one whole block (the loads of `weights512` lie inside it); `op` has 32 f32 of
+            // room.
             unsafe {
-                if dtype == DType::Q4_1 {
-                    let m = _mm512_set1_ps(half(blk[2], blk[3]));
-                    let v =
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(blk[4..].as_ptr() as *const __m128i));
-                    let lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, nibble));
-                    let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-                    _mm512_storeu_ps(op, _mm512_fmadd_ps(lo, d, m));
-                    _mm512_storeu_ps(op.add(16), _mm512_fmadd_ps(hi, d, m));
-                } else {
-                    for h in 0..2 {
-                        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(
-                            blk[2 + 16 * h..].as_ptr() as *const __m128i
-                        ));
-                        _mm512_storeu_ps(op.add(16 * h), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-                    }
+                for (h, q) in weights512(dtype, blk.as_ptr()).into_iter().enumerate() {
+                    _mm512_storeu_ps(op.add(16 * h), _mm512_fmadd_ps(q, d, m));
                 }
             }
         }
     }
 
-    /// [`dot_2x4`] with AVX-512 (lengths a multiple of 16): eight 16-lane accumulators.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn dot_2x4_512(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-        let n = w
-            .iter()
-            .map(|v| v.len())
-            .chain(x.iter().map(|v| v.len()))
-            .min()
-            .unwrap_or(0)
-            / 16
-            * 16;
-        let mut acc = [[_mm512_setzero_ps(); 4]; 2];
-        let mut k = 0;
-        while k < n {
-            // SAFETY: k + 16 <= n <= every length.
-            unsafe {
-                let wv = [
-                    _mm512_loadu_ps(w[0].as_ptr().add(k)),
-                    _mm512_loadu_ps(w[1].as_ptr().add(k)),
-                ];
-                for b in 0..4 {
-                    let xv = _mm512_loadu_ps(x[b].as_ptr().add(k));
-                    acc[0][b] = _mm512_fmadd_ps(wv[0], xv, acc[0][b]);
-                    acc[1][b] = _mm512_fmadd_ps(wv[1], xv, acc[1][b]);
-                }
+    /// The 32 weights of the Q4_1 or Q8_0 block at `p`, as f32 (Q4_1's unscaled nibbles, Q8_0's `q`), weights
+    /// 0-15 and 16-31.
+    ///
+    /// # Safety
+    /// `p` points at a whole block; only called from functions that enable avx512f.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weights512(dtype: DType, p: *const u8) -> [__m512; 2] {
+        // SAFETY: the loads (bytes 4..20 of a 20-byte Q4_1 block, 2..34 of a 34-byte Q8_0 one) lie inside the
+        // block (the caller's contract).
+        unsafe {
+            if dtype == DType::Q4_1 {
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(4) as *const __m128i));
+                [
+                    _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))),
+                    _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)),
+                ]
+            } else {
+                [2, 18].map(|o| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                        p.add(o) as *const __m128i
+                    )))
+                })
             }
-            k += 16;
         }
-        acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
     }
 
-    /// Four weight rows by four activation rows with AVX-512 (lengths a multiple of 16): sixteen 16-lane
-    /// accumulators, each loaded vector used four times. `out[a][b] = w[a] . x[b]`.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn dot_4x4_512(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
-        let n = w.iter().chain(x.iter()).map(|v| v.len()).min().unwrap_or(0) / 16 * 16;
-        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-        let mut k = 0;
-        while k < n {
-            // SAFETY: k + 16 <= n <= every length.
-            unsafe {
-                let xv = x.map(|r| _mm512_loadu_ps(r.as_ptr().add(k)));
-                for a in 0..4 {
-                    let wv = _mm512_loadu_ps(w[a].as_ptr().add(k));
-                    for b in 0..4 {
-                        acc[a][b] = _mm512_fmadd_ps(wv, xv[b], acc[a][b]);
-                    }
-                }
-            }
-            k += 16;
-        }
-        acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
-    }
-
-    /// The dots of two weight rows with four activation rows (lengths a multiple of 8): eight 8-lane
-    /// accumulators, each loaded vector used four or two times. `out[a][b] = w[a] . x[b]`.
+    /// The dots of `R` weight rows with four activation rows (lengths a multiple of 8): `4 R` 8-lane
+    /// accumulators, each loaded activation vector used `R` times and each weight vector four times.
+    /// `out[a][b] = w[a] . x[b]`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_2x4(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-        let n = w
-            .iter()
-            .map(|v| v.len())
-            .chain(x.iter().map(|v| v.len()))
-            .min()
-            .unwrap_or(0)
-            / 8
-            * 8;
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    pub(super) unsafe fn dot_rx4<const R: usize>(w: [&[f32]; R], x: [&[f32]; 4]) -> [[f32; 4]; R] {
+        let n = w.iter().chain(x.iter()).map(|v| v.len()).min().unwrap_or(0) / 8 * 8;
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
         let mut k = 0;
         while k < n {
             // SAFETY: k + 8 <= n <= every length.
             unsafe {
-                let wv = [
-                    _mm256_loadu_ps(w[0].as_ptr().add(k)),
-                    _mm256_loadu_ps(w[1].as_ptr().add(k)),
-                ];
-                for b in 0..4 {
-                    let xv = _mm256_loadu_ps(x[b].as_ptr().add(k));
-                    acc[0][b] = _mm256_fmadd_ps(wv[0], xv, acc[0][b]);
-                    acc[1][b] = _mm256_fmadd_ps(wv[1], xv, acc[1][b]);
+                let xv = x.map(|r| _mm256_loadu_ps(r.as_ptr().add(k)));
+                for (acc, w) in acc.iter_mut().zip(&w) {
+                    let wv = _mm256_loadu_ps(w.as_ptr().add(k));
+                    for (acc, xv) in acc.iter_mut().zip(&xv) {
+                        *acc = _mm256_fmadd_ps(wv, *xv, *acc);
+                    }
                 }
             }
             k += 8;
         }
         acc.map(|row| row.map(|v| hsum(v)))
+    }
+
+    /// [`dot_rx4`] with AVX-512 (lengths a multiple of 16): `4 R` 16-lane accumulators (16 at `R = 4`, of
+    /// the 32 registers).
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn dot_rx4_512<const R: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; 4],
+    ) -> [[f32; 4]; R] {
+        let n = w.iter().chain(x.iter()).map(|v| v.len()).min().unwrap_or(0) / 16 * 16;
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let mut k = 0;
+        while k < n {
+            // SAFETY: k + 16 <= n <= every length.
+            unsafe {
+                let xv = x.map(|r| _mm512_loadu_ps(r.as_ptr().add(k)));
+                for (acc, w) in acc.iter_mut().zip(&w) {
+                    let wv = _mm512_loadu_ps(w.as_ptr().add(k));
+                    for (acc, xv) in acc.iter_mut().zip(&xv) {
+                        *acc = _mm512_fmadd_ps(wv, *xv, *acc);
+                    }
+                }
+            }
+            k += 16;
+        }
+        acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
     }
 
     #[inline]
@@ -468,6 +442,60 @@ fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// What the blocked path of [`matmul_rows`] reads: the weights (`row` bytes a row), the activation rows `xf`
+/// (`m` of `k`), and where a thread's outputs go (`wide` columns from weight row `r0`).
+#[cfg(target_arch = "x86_64")]
+struct Block<'a> {
+    isa: Isa,
+    dtype: DType,
+    row: usize,
+    w: &'a [u8],
+    xf: &'a [f32],
+    m: usize,
+    k: usize,
+    wide: usize,
+    r0: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Block<'_> {
+    /// Weight rows `r .. r + R`, dequantised into `wf`, by every activation row: four at a time with the
+    /// blocked dot (`dot_rx4_512` or `dot_rx4`), the rest one by one; results into `out`.
+    fn rows<const R: usize>(&self, r: usize, wf: &mut [Vec<f32>; R], out: &mut [f32]) {
+        let (k, wide) = (self.k, self.wide);
+        for (j, wr) in wf.iter_mut().enumerate() {
+            let at = (r + j) * self.row;
+            dequant_row(self.isa, self.dtype, &self.w[at..at + self.row], wr);
+        }
+        let ws: [&[f32]; R] = std::array::from_fn(|a| &wf[a][..]);
+        let col = r - self.r0;
+        let mut i = 0;
+        while i + 4 <= self.m {
+            let xs = [0, 1, 2, 3].map(|j| &self.xf[(i + j) * k..(i + j + 1) * k]);
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma;
+            // `Isa::Avx512Vnni` after detecting avx512f too (the caller never passes `Isa::Scalar`).
+            let d = unsafe {
+                if self.isa == Isa::Avx512Vnni {
+                    x86::dot_rx4_512(ws, xs)
+                } else {
+                    x86::dot_rx4(ws, xs)
+                }
+            };
+            for (a, da) in d.iter().enumerate() {
+                for (b, v) in da.iter().enumerate() {
+                    out[(i + b) * wide + col + a] = *v;
+                }
+            }
+            i += 4;
+        }
+        for i in i..self.m {
+            for (a, wr) in ws.iter().enumerate() {
+                out[i * wide + col + a] = dot(self.isa, wr, &self.xf[i * k..(i + 1) * k]);
+            }
+        }
+    }
+}
+
 /// `y [m, n] = x [m, k] @ W^T` with `W: [n, k]` quantised (`dtype`), `x` and `y` little-endian f32.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows(
@@ -498,68 +526,35 @@ pub(crate) fn matmul_rows(
     let work = |t: usize| {
         let (r0, r1) = (t * per, ((t + 1) * per).min(n));
         let mut out = vec![0f32; m * (r1 - r0)];
-        let (mut wf, mut wf2) = (vec![0f32; k], vec![0f32; k]);
+        let mut wf = vec![0f32; k];
         let wide = r1 - r0;
         let mut r = r0;
-        // With AVX-512: four weight rows by four activation rows at a time (each activation vector loaded
-        // once for four weight rows, half the activation reads of the two-row blocking).
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni && m >= 4 {
-            let mut w4 = [vec![0f32; k], vec![0f32; k], vec![0f32; k], vec![0f32; k]];
-            while r + 4 <= r1 {
-                for (j, wr) in w4.iter_mut().enumerate() {
-                    dequant_row(isa, dtype, &w[(r + j) * row..(r + j + 1) * row], wr);
-                }
-                let ws = [&w4[0][..], &w4[1][..], &w4[2][..], &w4[3][..]];
-                let mut i = 0;
-                while i + 4 <= m {
-                    let xs = [0, 1, 2, 3].map(|j| &xf[(i + j) * k..(i + j + 1) * k]);
-                    // SAFETY: `Isa::Avx512Vnni` is only produced after detecting avx512f (and fma with it).
-                    let d = unsafe { x86::dot_4x4_512(ws, xs) };
-                    for (a, da) in d.iter().enumerate() {
-                        for (b, v) in da.iter().enumerate() {
-                            out[(i + b) * wide + (r + a - r0)] = *v;
-                        }
-                    }
-                    i += 4;
-                }
-                for i in i..m {
-                    for (a, wr) in ws.iter().enumerate() {
-                        out[i * wide + (r + a - r0)] = dot(isa, wr, &xf[i * k..(i + 1) * k]);
-                    }
-                }
-                r += 4;
-            }
-        }
-        // Two weight rows by four activation rows at a time where the ISA has the blocked dot (each loaded
-        // vector feeds several FMAs); the rest row by row.
+        // Weight rows by four activation rows at a time where the ISA has the blocked dot: four weight rows with
+        // AVX-512 (its 32 registers hold the 16 accumulators; each activation vector loaded once for four
+        // weight rows), two with AVX2, and the odd rows left one by one below.
         #[cfg(target_arch = "x86_64")]
         if isa != Isa::Scalar && m >= 4 {
+            let ctx = Block {
+                isa,
+                dtype,
+                row,
+                w,
+                xf: &xf,
+                m,
+                k,
+                wide,
+                r0,
+            };
+            if isa == Isa::Avx512Vnni {
+                let mut wf4 = [(); 4].map(|_| vec![0f32; k]);
+                while r + 4 <= r1 {
+                    ctx.rows(r, &mut wf4, &mut out);
+                    r += 4;
+                }
+            }
+            let mut wf2 = [(); 2].map(|_| vec![0f32; k]);
             while r + 2 <= r1 {
-                dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
-                dequant_row(isa, dtype, &w[(r + 1) * row..(r + 2) * row], &mut wf2);
-                let mut i = 0;
-                while i + 4 <= m {
-                    let xs = [0, 1, 2, 3].map(|j| &xf[(i + j) * k..(i + j + 1) * k]);
-                    // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma;
-                    // `Isa::Avx512Vnni` after detecting avx512f too.
-                    let d = unsafe {
-                        if isa == Isa::Avx512Vnni {
-                            x86::dot_2x4_512([&wf, &wf2], xs)
-                        } else {
-                            x86::dot_2x4([&wf, &wf2], xs)
-                        }
-                    };
-                    for j in 0..4 {
-                        out[(i + j) * wide + (r - r0)] = d[0][j];
-                        out[(i + j) * wide + (r + 1 - r0)] = d[1][j];
-                    }
-                    i += 4;
-                }
-                for i in i..m {
-                    out[i * wide + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
-                    out[i * wide + (r + 1 - r0)] = dot(isa, &wf2, &xf[i * k..(i + 1) * k]);
-                }
+                ctx.rows(r, &mut wf2, &mut out);
                 r += 2;
             }
         }
@@ -746,15 +741,14 @@ mod tests {
         let row = |seed: f32| -> Vec<f32> { (0..k).map(|i| (i as f32 * seed).sin()).collect() };
         let w = [row(0.37), row(0.11)];
         let x = [row(0.23), row(0.71), row(0.05), row(1.3)];
+        let xs = [&x[0][..], &x[1][..], &x[2][..], &x[3][..]];
         // SAFETY: `isa` is not scalar: avx2 and fma were detected (and avx512f for `Avx512Vnni`).
-        let mut got = vec![unsafe { x86::dot_2x4([&w[0], &w[1]], [&x[0], &x[1], &x[2], &x[3]]) }];
+        let mut got = vec![unsafe { x86::dot_rx4([&w[0], &w[1]], xs) }];
         if isa == Isa::Avx512Vnni {
             // SAFETY: as above.
-            got.push(unsafe { x86::dot_2x4_512([&w[0], &w[1]], [&x[0], &x[1], &x[2], &x[3]]) });
-            // SAFETY: as above; rows 0 and 1 of the 4x4 result are the 2x4 one's.
-            let d = unsafe {
-                x86::dot_4x4_512([&w[0], &w[1], &w[0], &w[1]], [&x[0], &x[1], &x[2], &x[3]])
-            };
+            got.push(unsafe { x86::dot_rx4_512([&w[0], &w[1]], xs) });
+            // SAFETY: as above; rows 0 and 1 of the 4-row result are the 2-row one's.
+            let d = unsafe { x86::dot_rx4_512([&w[0], &w[1], &w[0], &w[1]], xs) };
             got.push([d[0], d[1]]);
             got.push([d[2], d[3]]);
         }
