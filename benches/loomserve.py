@@ -1,6 +1,7 @@
 """Starting the release loom-serve for the Python benchmarks (benches/*/bench.py): a free port, the server
 with one package (`--model`), and the wait until `/health` answers 200."""
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -23,6 +24,12 @@ def start(binary, package_dir, log_name):
     proc = subprocess.Popen([binary, "--port", str(port), "--log", "warn", "--model", package_dir],
                             stdout=subprocess.PIPE, stderr=log)
     proc.stdout.readline()
+    wait_healthy(port)
+    return proc, port
+
+
+def wait_healthy(port):
+    """Waits (at most two minutes) until `GET /health` on `port` answers 200 (loom-serve's and llama-server's)."""
     for _ in range(1200):
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -30,8 +37,24 @@ def start(binary, package_dir, log_name):
             r = c.getresponse()
             r.read()
             if r.status == 200:
-                break
+                return
         except OSError:
             pass
         time.sleep(0.1)
-    return proc, port
+
+
+def sse_events(conn, path, body):
+    """POSTs `body` (JSON) to `path` and yields each `data:` event of the streamed answer, parsed, until
+    `[DONE]` or the end of the stream."""
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()[:300]
+    while True:
+        line = r.readline()
+        if not line:
+            return
+        line = line.strip()
+        if line == b"data: [DONE]":
+            return
+        if line.startswith(b"data: "):
+            yield json.loads(line[6:])

@@ -76,18 +76,8 @@ class Loom:
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         t0 = time.perf_counter()
-        c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
-        r = c.getresponse()
-        assert r.status == 200, r.read()[:300]
         times, tokens = [], 0
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        for ev in loomserve.sse_events(c, "/v1/completions", body):
             if ev.get("choices"):
                 times.append(time.perf_counter())
             if ev.get("usage"):
@@ -112,17 +102,7 @@ def llama_server_streams(chat_ids, rounds):
     proc = subprocess.Popen([exe, "-m", GGUF, "-t", "2", "-tb", "2", "-c", "16384", "-np", "16", "--host",
                              "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        for _ in range(1200):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                r.read()
-                if r.status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        loomserve.wait_healthy(port)
         gaps, rates = [], []
         lock = threading.Lock()
 
@@ -130,18 +110,8 @@ def llama_server_streams(chat_ids, rounds):
             body = {"prompt": [400 + i] + chat_ids[1:], "n_predict": 128, "temperature": 0, "top_k": 1,
                     "ignore_eos": True, "stream": True, "cache_prompt": False}
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-            c.request("POST", "/completion", json.dumps(body), {"content-type": "application/json"})
-            r = c.getresponse()
-            assert r.status == 200, r.read()[:300]
             times, n = [], 0
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                ev = json.loads(line[6:])
+            for ev in loomserve.sse_events(c, "/completion", body):
                 if ev.get("stop"):
                     n = ev.get("timings", {}).get("predicted_n", 0) or ev.get("tokens_predicted", 0)
                     break
