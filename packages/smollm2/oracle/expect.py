@@ -3,8 +3,9 @@
 prompts.jsonl, its token ids, the float64 oracle's teacher-forced log-softmax over its first POSITIONS ids (per
 position: the top-K ids with their log-probabilities and texts, the top-1 id and the top-1 - top-2 margin) and, for the chat
 prompts, the greedy 32-token continuation of the whole prompt (ids, text with special tokens, and each id's text); and
-the chat route's prompt for one question with its greedy 16 tokens; and a long prompt (the eight back to back)
-with its greedy 8 tokens.
+the chat route's prompt for one question with its greedy 16 tokens; a long prompt (the eight back to back)
+with its greedy 8 tokens; and an input-grounded chat ("repeat this paragraph", where prompt lookup's proposals
+are mostly right) with its greedy 48 tokens.
 
     PYTHONPATH=.models/smollm2 python3 packages/smollm2/oracle/expect.py OUT.json [--top 40]
 
@@ -21,6 +22,9 @@ import llama  # noqa: E402
 
 POSITIONS = 64
 GREEDY = 32
+REPEAT = ("Repeat this paragraph exactly:\n\nThe committee met on Tuesday to review the budget for the coming year. "
+          "After a long discussion, the members agreed to increase funding for the public library by ten percent "
+          "and to repair the roads near the river before winter.")
 
 
 def main():
@@ -61,9 +65,15 @@ def main():
     ids = [i for r in rows for i in r["ids"]]
     g = llama.cached_greedy(ids, 8)
     long = {"ids": ids, "greedy": g["greedy"], "greedy_text": tok.decode(g["greedy"], skip_special_tokens=False)}
+    # Input-grounded: the answer copies the prompt (speculative verify keeps most of its proposals).
+    question = REPEAT
+    ids = tok.encode(llama.chat_text(question)).ids
+    g = llama.cached_greedy(ids, 48)
+    repeat = {"question": question, "ids": ids, "greedy": g["greedy"],
+              "greedy_text": tok.decode(g["greedy"], skip_special_tokens=False)}
     tmp = f"{out}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"prompts": rows, "chat": chat, "long": long}, f)
+        json.dump({"prompts": rows, "chat": chat, "long": long, "repeat": repeat}, f)
     os.replace(tmp, out)
 
 

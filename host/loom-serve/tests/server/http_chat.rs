@@ -523,3 +523,109 @@ fn shared_prefixes_are_stored_once_and_not_recomputed() {
     assert!(m("loom_text_prefix_cache_pages") >= 31.0);
     s.healthy();
 }
+
+/// Registers a copy of arith-chat named `name` with `speculative_tokens` proposals (prompt lookup).
+fn register_speculative(s: &TestServer, name: &str, k: u64) {
+    let base = s.dir.join("arith-chat");
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": name, "base": base.display().to_string(),
+                "options": {"epoch_tokens": 256, "epoch_spans": 8, "page_tokens": 16, "context": 1024,
+                            "speculative_tokens": k}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+#[test]
+fn speculative_verify_gives_exactly_what_plain_decoding_gives() {
+    let s = start("chat-speculative", &[]);
+    register_speculative(&s, "spec", 4);
+    // A bad value is refused at registration, naming the option.
+    for bad in [json!(-1), json!(1000), json!("4")] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": "bad", "base": s.dir.join("arith-chat").display().to_string(),
+                    "options": {"speculative_tokens": bad}}),
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(
+            r.text().contains("options.speculative_tokens"),
+            "{}",
+            r.text()
+        );
+    }
+    // Greedy arith-chat falls into cycles that prompt lookup proposes (and the prompts repeat themselves), so
+    // proposals are verified, some kept and some rejected, across page boundaries and prompt chunks.
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("{}{}", "abc".repeat(4 + i * 7), "xyz".repeat(i)))
+        .collect();
+    for p in &prompts {
+        let (want, finish, _) = oracle(p.as_bytes(), 300);
+        for model in ["arith-chat", "spec"] {
+            let v = complete(
+                &s,
+                json!({"model": model, "prompt": p, "max_tokens": 300, "temperature": 0}),
+            );
+            assert_eq!(v["choices"][0]["text"], want, "{model} {p}");
+            assert_eq!(v["choices"][0]["finish_reason"], finish, "{model} {p}");
+        }
+    }
+    let proposed = s.metric("loom_text_speculative_proposed_tokens_total{model=\"spec\"}");
+    let accepted = s.metric("loom_text_speculative_accepted_tokens_total{model=\"spec\"}");
+    assert!(
+        accepted > 20.0 && accepted < proposed,
+        "{accepted} of {proposed} proposals kept"
+    );
+    assert_eq!(
+        s.metric("loom_text_speculative_proposed_tokens_total{model=\"arith-chat\"}"),
+        0.0
+    );
+    // Seeded sampling draws each token from the same logits with the same random stream, so it is the same
+    // with and without proposals; so are n > 1, stop strings, log probabilities, max_tokens and the usage,
+    // alone and batched (8 staggered requests).
+    let bodies: Vec<Value> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut b = json!({"prompt": p, "max_tokens": 40 + i, "temperature": 0.7, "seed": i,
+                               "n": 1 + i % 3, "logprobs": 2, "ignore_eos": i % 2 == 0});
+            if i == 3 {
+                b["stop"] = json!(["kk", "q."]);
+            }
+            b
+        })
+        .collect();
+    let run = |model: &str, together: bool| -> Vec<Value> {
+        let one = |b: &Value| {
+            let mut b = b.clone();
+            b["model"] = json!(model);
+            let v = complete(&s, b);
+            (v["choices"].clone(), v["usage"].clone())
+        };
+        let out: Vec<(Value, Value)> = if together {
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = bodies
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        sc.spawn(move || {
+                            std::thread::sleep(Duration::from_millis(3 * i as u64));
+                            one(b)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        } else {
+            bodies.iter().map(one).collect()
+        };
+        out.into_iter().map(|(c, u)| json!([c, u])).collect()
+    };
+    let plain = run("arith-chat", false);
+    assert_eq!(run("spec", false), plain, "alone");
+    assert_eq!(run("spec", true), plain, "batched");
+    let before = accepted;
+    assert!(s.metric("loom_text_speculative_accepted_tokens_total{model=\"spec\"}") > before);
+    assert_eq!(s.metric("loom_text_pages_used{model=\"spec\"}"), 0.0);
+    s.healthy();
+}

@@ -327,3 +327,51 @@ fn greedy_continuations_equal_the_oracle_alone_and_batched() {
     assert_eq!(s.metric("loom_text_pages_used{model=\"smollm2\"}"), 0.0);
     s.healthy();
 }
+
+/// Speculative verify (the package enables `speculative_tokens`): an input-grounded chat whose answer copies
+/// its prompt, so prompt lookup proposes most of it; greedy, streamed and whole, equal to the float64 oracle's
+/// continuation, with proposals verified and kept.
+#[test]
+fn speculative_verify_keeps_greedy_decoding_equal_to_the_oracle() {
+    if fetched().is_none() {
+        return;
+    }
+    let want = expect();
+    let s = start("smollm2-speculative");
+    let r = &want["repeat"];
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": r["question"]}],
+                      "max_tokens": 48, "temperature": 0, "ignore_eos": true});
+    let v = s.post_json("/v1/chat/completions", &body).json();
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        r["ids"].as_array().unwrap().len() as u64
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 48);
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str().unwrap(),
+        r["greedy_text"].as_str().unwrap()
+    );
+    let proposed = s.metric("loom_text_speculative_proposed_tokens_total{model=\"smollm2\"}");
+    let accepted = s.metric("loom_text_speculative_accepted_tokens_total{model=\"smollm2\"}");
+    eprintln!("smollm2 speculative: {accepted} of {proposed} proposals kept");
+    assert!(accepted >= 16.0, "{accepted} of {proposed} proposals kept");
+    // Streamed: the same text.
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    let text: String = s
+        .post_json("/v1/chat/completions", &b)
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let e: Value = serde_json::from_str(d).unwrap();
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(text, r["greedy_text"].as_str().unwrap());
+    assert_eq!(s.metric("loom_text_pages_used{model=\"smollm2\"}"), 0.0);
+    s.healthy();
+}

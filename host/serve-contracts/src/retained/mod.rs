@@ -16,13 +16,16 @@
 //! The control program exports:
 //! * `epoch(state, pool_pages, spans, tokens, pages) -> (stage, upload, output_bytes)`: packs one epoch. `spans`
 //!   is one record of 8 little-endian i64 per span ([`SPAN_WORDS`]: sequence, position, count, token offset,
-//!   page offset, page count, logit row or -1, reserved); `tokens` the spans' i32 token ids back to back;
+//!   page offset, page count, logit row or -1, logit count); `tokens` the spans' i32 token ids back to back;
 //!   `pages` each span's page table (i32 page indices covering positions `0 .. position + count`). It runs in
 //!   a phase that may declare stages (cached by exact declaration set, like finite cohorts), and returns the
 //!   stage to run, the upload and the size of the output buffer (at least `rows * vocab * 4` bytes).
 //! * `run(stage, input, pool, output)`: enqueues the epoch's device work (`runner.execute_3`). It writes the
 //!   spans' state into their pages and the logits of every span with a logit row into that row of `output`
-//!   (f32, `vocab` wide).
+//!   (f32, `vocab` wide). A span's logit count is 1 (the logits after its last token), 0 without a logit row,
+//!   or `n + 1` for a verifier span ending in `n` proposed tokens (speculative verify, only when the model's
+//!   `options.speculative_tokens` is above 0): rows `logit_row ..= logit_row + n` then hold the logits after
+//!   each of the span's last `n + 1` tokens, in order.
 //!
 //! # The server's side
 //!

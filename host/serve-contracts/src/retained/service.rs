@@ -8,7 +8,7 @@
 //! token of every span that asked for logits. Progress is committed only after the device work completed, so
 //! a failed epoch leaves every sequence's committed state as it was.
 
-use super::engine::{PlannedSpan, Progress, plan_epoch};
+use super::engine::{PlannedSpan, Progress, plan_epoch, propose};
 use super::pages::{PagePool, PageTable};
 use super::prefix::PrefixCache;
 use super::sampling::{Sample, Sampler, SamplingParams};
@@ -114,6 +114,9 @@ pub struct Metrics {
     pub decode_tokens: AtomicU64,
     pub epochs: AtomicU64,
     pub epoch_ns: AtomicU64,
+    /// Proposed tokens verified (speculative verify) and those of them kept.
+    pub spec_proposed: AtomicU64,
+    pub spec_accepted: AtomicU64,
     /// Admission to each choice's first token.
     pub ttft: Histogram,
     /// Between a choice's consecutive tokens.
@@ -139,6 +142,8 @@ impl Default for Metrics {
             decode_tokens: AtomicU64::new(0),
             epochs: AtomicU64::new(0),
             epoch_ns: AtomicU64::new(0),
+            spec_proposed: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(LATENCY_BUCKETS),
         }
@@ -253,6 +258,18 @@ impl Metrics {
                 "counter",
                 g(&self.epoch_ns) / 1e9,
             ),
+            s(
+                "loom_text_speculative_proposed_tokens_total",
+                "proposed tokens (prompt lookup) verified by the model",
+                "counter",
+                g(&self.spec_proposed),
+            ),
+            s(
+                "loom_text_speculative_accepted_tokens_total",
+                "proposed tokens kept because the sequence's own draw agreed with them",
+                "counter",
+                g(&self.spec_accepted),
+            ),
             self.ttft.series(
                 "loom_text_time_to_first_token_seconds",
                 "time from admission to each choice's first token",
@@ -264,6 +281,15 @@ impl Metrics {
         ]
     }
 }
+
+/// The most proposed tokens a decoder may verify in one epoch.
+const MAX_SPECULATIVE: u64 = 64;
+
+/// Speculative verify fills an epoch up to this many token rows (decoders' pending tokens and proposals).
+const SPECULATIVE_ROWS: u32 = 8;
+
+/// Prompt lookup: n-grams of this many tokens (the longest that occurs first) propose what followed them.
+const LOOKUP_NGRAM: (usize, usize) = (2, 4);
 
 type SessionReply = std::result::Result<Vec<SessionInfo>, SessionError>;
 
@@ -376,6 +402,25 @@ impl RetainedService {
                 model.name, limits.page_bytes
             )));
         }
+        let speculate = match model.options().get("speculative_tokens") {
+            None => 0,
+            Some(v) => v
+                .as_u64()
+                .filter(|&k| k <= MAX_SPECULATIVE)
+                .filter(|&k| k < u64::from(limits.epoch_tokens))
+                .ok_or_else(|| {
+                    Error::package(
+                        "model.json",
+                        "options.speculative_tokens",
+                        format!(
+                            "expected a whole number of proposed tokens from 0 to {} (at most {MAX_SPECULATIVE} \
+                             and below the epoch token capacity {})",
+                            (MAX_SPECULATIVE).min(u64::from(limits.epoch_tokens) - 1),
+                            limits.epoch_tokens
+                        ),
+                    )
+                })? as u32,
+        };
         let chat = match model.asset("chat_template")? {
             Some(bytes) => {
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -434,6 +479,7 @@ impl RetainedService {
                 .and_then(serde_json::Value::as_f64)
                 .filter(|s| *s > 0.0)
                 .map_or(SESSION_IDLE, Duration::from_secs_f64),
+            speculate,
         };
         metrics
             .sessions
@@ -692,6 +738,8 @@ struct Seq {
     hashes: Vec<u64>,
     /// The session this sequence appends to.
     session: Option<String>,
+    /// Proposed tokens after `tokens`, verified by the next epoch (speculative verify).
+    proposal: Vec<u32>,
 }
 
 impl Seq {
@@ -699,6 +747,7 @@ impl Seq {
         Progress {
             known: self.tokens.len() as u32,
             committed: self.table.tokens,
+            proposed: self.proposal.len() as u32,
         }
     }
 }
@@ -719,6 +768,8 @@ struct Engine {
     next_id: u64,
     sessions: HashMap<String, Session>,
     session_idle: Duration,
+    /// The most proposed tokens a decoder verifies per epoch (`options.speculative_tokens`; 0: none).
+    speculate: u32,
 }
 
 impl Engine {
@@ -850,6 +901,7 @@ impl Engine {
                         generated: 0,
                         hashes: Vec::new(),
                         session: session.clone(),
+                        proposal: Vec::new(),
                     });
                 }
             }
@@ -1166,6 +1218,23 @@ impl Engine {
             .fetch_add(u64::from(s.table.tokens), Ordering::Relaxed);
     }
 
+    /// Sets running sequence `k`'s proposals for the next epoch: prompt lookup over its own tokens when it is
+    /// decoding (one pending token), at most `speculate` of them and never more than it may still generate.
+    fn propose(&mut self, k: usize) {
+        let s = &mut self.running[k];
+        s.proposal.clear();
+        let known = s.tokens.len() as u32;
+        if self.speculate == 0 || s.generated == 0 || known != s.table.tokens + 1 {
+            return;
+        }
+        // Each verified row draws a token: the pending one's row and one per proposal.
+        let room = (s.max_tokens.saturating_sub(s.generated))
+            .min(self.limits.context.saturating_sub(known))
+            .saturating_sub(1);
+        let k = self.speculate.min(room) as usize;
+        s.proposal = propose(&s.tokens, k, LOOKUP_NGRAM.0, LOOKUP_NGRAM.1);
+    }
+
     /// The page gauges: pages held by sequences, and pages the prefix cache knows.
     fn update_pages(&self) {
         let idle = self.prefix.evictable(&self.pool);
@@ -1190,6 +1259,19 @@ impl Engine {
         let pt = self.limits.page_tokens;
         for k in 0..self.running.len() {
             self.attach_prefix(k);
+            self.propose(k);
+        }
+        // Proposals only fill a small epoch: past SPECULATIVE_ROWS decoders' rows, the epoch's dots are no longer
+        // bound by reading the weights once, and verifying costs the neighbours' time (oldest sequences first).
+        let decoders = self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() as u32 == s.table.tokens + 1)
+            .count() as u32;
+        let mut budget = SPECULATIVE_ROWS.saturating_sub(decoders) as usize;
+        for s in &mut self.running {
+            s.proposal.truncate(budget);
+            budget -= s.proposal.len();
         }
         let progress: Vec<Progress> = self.running.iter().map(Seq::progress).collect();
         let mut plan = plan_epoch(&progress, self.limits.epoch_tokens, self.limits.epoch_spans);
@@ -1200,11 +1282,17 @@ impl Engine {
         while i < plan.len() {
             let sp = plan[i];
             let reserved = loop {
+                let sp = plan[i];
                 match self.running[sp.seq]
                     .table
                     .reserve(&mut self.pool, sp.count, pt)
                 {
                     Ok(()) => break true,
+                    // Proposals are verified only with pages to spare: none is evicted or preempted for them.
+                    Err(_) if sp.verify > 0 => {
+                        plan[i].count -= sp.verify;
+                        plan[i].verify = 0;
+                    }
                     Err(e) if self.prefix.evict(&mut self.pool, e.needed - e.free) > 0 => continue,
                     Err(_) => {
                         let younger = (sp.seq + 1..self.running.len())
@@ -1292,15 +1380,15 @@ impl Engine {
                 (pages.len() / 4) as i64,
                 table_len as i64,
                 if p.logits { rows } else { -1 },
-                0,
+                i64::from(p.logit_rows()),
             ];
-            if p.logits {
-                rows += 1;
-            }
+            rows += i64::from(p.logit_rows());
             for w in words {
                 spans.extend_from_slice(&w.to_le_bytes());
             }
-            for &t in &s.tokens[p.position as usize..(p.position + p.count) as usize] {
+            let known = (p.position + p.count - p.verify) as usize;
+            let proposed = &s.proposal[..p.verify as usize];
+            for &t in s.tokens[p.position as usize..known].iter().chain(proposed) {
                 tokens.extend_from_slice(&(t as i32).to_le_bytes());
             }
             for &pg in &s.table.pages[..table_len] {
@@ -1375,7 +1463,11 @@ impl Engine {
             .collect())
     }
 
-    /// Commits each span's progress, draws the next token of the spans that asked, streams and finishes.
+    /// Commits each span's progress, draws the next token of the spans that asked, streams and finishes. A
+    /// verifier span draws from its rows in order, exactly as decoding one token an epoch would (the same
+    /// sampler, the same random stream), and keeps each proposal its draw agrees with: its state is committed
+    /// and the next row is used; the first draw that differs (or the draw after the last proposal) becomes
+    /// the pending token, so the output is the one plain decoding gives from the same logits.
     fn commit(&mut self, plan: &[PlannedSpan], logits: &[f32]) {
         let pt = self.limits.page_tokens;
         let vocab = self.limits.vocab as usize;
@@ -1384,7 +1476,34 @@ impl Engine {
         let now = Instant::now();
         for p in plan {
             let s = &mut self.running[p.seq];
-            s.table.commit(p.count, pt);
+            // The span's known tokens, then the proposals its draws agree with.
+            let mut valid = p.count - p.verify;
+            for j in 0..p.logit_rows() as usize {
+                let l = &logits[(row + j) * vocab..(row + j + 1) * vocab];
+                let sample = s.sampler.sample(l);
+                let token = sample.token;
+                let agreed = s.proposal.get(j) == Some(&token) && j < p.verify as usize;
+                if let Some(f) = emit(s, sample, now, &self.limits, &self.model, &self.metrics) {
+                    finished.push((p.seq, f.0, f.1));
+                    break;
+                }
+                if !agreed {
+                    break;
+                }
+                valid += 1;
+            }
+            row += p.logit_rows() as usize;
+            if p.verify > 0 {
+                let kept = valid - (p.count - p.verify);
+                self.metrics
+                    .spec_proposed
+                    .fetch_add(u64::from(p.verify), Ordering::Relaxed);
+                self.metrics
+                    .spec_accepted
+                    .fetch_add(u64::from(kept), Ordering::Relaxed);
+            }
+            s.proposal.clear();
+            s.table.commit(valid, pt);
             // Pages this span filled are shared from now on.
             let full = (s.table.tokens / pt) as usize;
             while s.hashes.len() < full {
@@ -1396,7 +1515,7 @@ impl Engine {
                     .insert(&mut self.pool, parent, block, s.table.pages[j]);
                 s.hashes.push(h);
             }
-            let prefill = (p.position + p.count)
+            let prefill = (p.position + valid)
                 .min(s.prompt_len)
                 .saturating_sub(p.position);
             self.metrics
@@ -1404,58 +1523,7 @@ impl Engine {
                 .fetch_add(u64::from(prefill), Ordering::Relaxed);
             self.metrics
                 .decode_tokens
-                .fetch_add(u64::from(p.count - prefill), Ordering::Relaxed);
-            if !p.logits {
-                continue;
-            }
-            let l = &logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            let sample = s.sampler.sample(l);
-            let token = sample.token;
-            s.tokens.push(token);
-            s.generated += 1;
-            match s.last_token {
-                None => self.metrics.ttft.observe(now.duration_since(s.arrived)),
-                Some(t) => self.metrics.itl.observe(now.duration_since(t)),
-            }
-            s.last_token = Some(now);
-            let terminal = !s.ignore_eos && self.limits.terminal == Some(token);
-            let mut text = String::new();
-            let mut finish = None;
-            if terminal {
-                finish = Some(Finish::Stop);
-            } else {
-                let bytes = token_bytes(&self.model, token);
-                let step = s.stop.push(&s.utf8.push(&bytes));
-                text = step.text;
-                if step.stopped.is_some() {
-                    finish = Some(Finish::Stop);
-                } else if s.generated >= s.max_tokens
-                    || s.tokens.len() as u32 >= self.limits.context
-                {
-                    finish = Some(Finish::Length);
-                }
-            }
-            if terminal || finish == Some(Finish::Length) {
-                // The end of the text: an incomplete character and text held back for a stop string that did
-                // not complete are final now (a stop string completing in them still stops).
-                let tail = s.utf8.finish();
-                let step = s.stop.push(&tail);
-                text.push_str(&step.text);
-                if step.stopped.is_some() {
-                    finish = Some(Finish::Stop);
-                } else {
-                    text.push_str(&s.stop.finish());
-                }
-            }
-            (s.events)(Event::Delta {
-                index: s.index,
-                text,
-                samples: vec![sample],
-            });
-            if let Some(f) = finish {
-                finished.push((p.seq, f, terminal));
-            }
+                .fetch_add(u64::from(valid - prefill), Ordering::Relaxed);
         }
         finished.sort_unstable_by_key(|f| f.0);
         for (k, f, terminal) in finished.into_iter().rev() {
@@ -1478,6 +1546,59 @@ impl Engine {
             });
         }
     }
+}
+
+/// Records sequence `s`'s drawn token and streams its text; the finish reason (and whether the token is the
+/// terminal one) when the sequence ends with it.
+fn emit(
+    s: &mut Seq,
+    sample: Sample,
+    now: Instant,
+    limits: &Limits,
+    model: &Model,
+    metrics: &Metrics,
+) -> Option<(Finish, bool)> {
+    let token = sample.token;
+    s.tokens.push(token);
+    s.generated += 1;
+    match s.last_token {
+        None => metrics.ttft.observe(now.duration_since(s.arrived)),
+        Some(t) => metrics.itl.observe(now.duration_since(t)),
+    }
+    s.last_token = Some(now);
+    let terminal = !s.ignore_eos && limits.terminal == Some(token);
+    let mut text = String::new();
+    let mut finish = None;
+    if terminal {
+        finish = Some(Finish::Stop);
+    } else {
+        let bytes = token_bytes(model, token);
+        let step = s.stop.push(&s.utf8.push(&bytes));
+        text = step.text;
+        if step.stopped.is_some() {
+            finish = Some(Finish::Stop);
+        } else if s.generated >= s.max_tokens || s.tokens.len() as u32 >= limits.context {
+            finish = Some(Finish::Length);
+        }
+    }
+    if terminal || finish == Some(Finish::Length) {
+        // The end of the text: an incomplete character and text held back for a stop string that did not
+        // complete are final now (a stop string completing in them still stops).
+        let tail = s.utf8.finish();
+        let step = s.stop.push(&tail);
+        text.push_str(&step.text);
+        if step.stopped.is_some() {
+            finish = Some(Finish::Stop);
+        } else {
+            text.push_str(&s.stop.finish());
+        }
+    }
+    (s.events)(Event::Delta {
+        index: s.index,
+        text,
+        samples: vec![sample],
+    });
+    finish.map(|f| (f, terminal))
 }
 
 /// The bytes of `token` (its tokenizer's; a byte itself without one).
