@@ -22,6 +22,9 @@ Rows (each side measured the same way; both greedy, so both do the same work):
   own `llama-server` (continuous batching, 16 slots: `-np 16 -c 16384`, its native `/completion`, greedy,
   `ignore_eos`) when a build is found (`$LLAMA_SERVER`, default `.models/bench/llama-build/bin/llama-server`; see
   BENCHMARKS.md for the build), else that row is skipped.
+loom-serve's rows are plain decoding: the package enables speculative verify (prompt lookup, `options.
+speculative_tokens`), which this script turns off on a second registration so that both sides do the same work;
+`speculative.py` measures it.
 Both sides use 2 threads (loom-serve: its CPU device, every core of this 2-core machine; llama.cpp: n_threads 2,
 n_threads_batch 2). The peer runs after loom-serve has stopped.
 """
@@ -66,13 +69,24 @@ def read_bandwidth(threads=2):
 
 class Loom:
     def __init__(self, binary):
-        self.proc, self.port = loomserve.start(binary, os.path.join(ROOT, "packages", "smollm2"),
-                                               "smollm2-bench-server.log")
+        package = os.path.join(ROOT, "packages", "smollm2")
+        self.proc, self.port = loomserve.start(binary, package, "smollm2-bench-server.log")
+        # The rows measure plain decoding (llama.cpp's side has no draft either): the package's options with
+        # speculative verify off, registered as "plain" (benches/smollm2/speculative.py measures it).
+        with open(os.path.join(package, "model.json")) as f:
+            options = dict(json.load(f)["options"], speculative_tokens=0)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        c.request("POST", "/v1/models", json.dumps({"name": "plain", "base": package, "options": options}),
+                  {"content-type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 201, r.read()
+        r.read()
+        c.close()
 
     def stream(self, prompt, max_tokens):
         """Streams a greedy completion of `prompt` (text or token ids); returns the start time, the arrival time
         of each chunk with text, and the completion's token count (its usage)."""
-        body = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        body = {"model": "plain", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         t0 = time.perf_counter()
