@@ -2,7 +2,8 @@
 //! are bytes). Full-replay equivalence: whatever sequence of appends, forks and rewinds built a session, what an
 //! append generates is exactly what a fresh `/v1/completions` request over the session's whole replayed text
 //! generates (greedy: also what the independent oracle below computes; seeded sampling; log probabilities
-//! equal to the bit). A fork copies no page (the pages gauge does not move), and deletion, idle expiry and
+//! equal to the bit). A fork copies no page (the pages gauge does not move); an append continues from a copy
+//! of its session's partial frontier page instead of computing its tokens again; and deletion, idle expiry and
 //! unregistration free the pages sessions pin.
 
 use crate::support::TestServer;
@@ -172,7 +173,10 @@ fn appends_forks_and_rewinds_replay_exactly_and_forks_copy_no_pages() {
     // A rewind into the middle of a page, then appends after it.
     let r = post(&s, &a, "rewind", json!({"tokens": 21}));
     assert_eq!(r["tokens"], 21);
-    assert_eq!(r["pages"], 1);
+    assert_eq!(
+        r["pages"], 2,
+        "one full page and the page 21 falls in (its frontier)"
+    );
     assert_eq!(tokens(&s, &a), at[..21]);
     append_checked(&s, &a, "xyz", greedy(30));
     append_checked(&s, &a, " dog", seeded(20, 3));
@@ -217,7 +221,7 @@ fn appends_forks_and_rewinds_replay_exactly_and_forks_copy_no_pages() {
         let id = e["id"].as_str().unwrap();
         let n = tokens(&s, id).len();
         assert_eq!(e["tokens"], n);
-        assert!(e["pages"].as_u64().unwrap() <= (n / 16) as u64);
+        assert!(e["pages"].as_u64().unwrap() <= (n / 16) as u64 + 1);
     }
     assert_eq!(
         s.metric(&format!("loom_text_sessions{{model=\"{M}\"}}")),
@@ -461,5 +465,98 @@ fn sessions_survive_deactivation_and_replay_exactly_after_it() {
     append_checked(&s, &a, " rewound", greedy(8));
     let list = ok(s.request("GET", "/v1/sessions", b""));
     assert_eq!(list["data"].as_array().unwrap().len(), 2);
+    s.healthy();
+}
+
+fn metric(s: &TestServer, name: &str) -> f64 {
+    s.metric(&format!("{name}{{model=\"{M}\"}}"))
+}
+
+/// Appends `text` greedily (up to `max` tokens) to session `id` and checks that only the session's tokens past
+/// its frontier (`computed` of them) were computed, from a copy of its frontier page when `copied`; then that
+/// the result equals a fresh completion over the replayed tokens and the oracle. Returns 1 when the append ended
+/// at its length limit (its last token is then pending: its state is not computed), else 0.
+fn append_from_frontier(
+    s: &TestServer,
+    id: &str,
+    text: &str,
+    max: u64,
+    computed: usize,
+    copied: bool,
+) -> usize {
+    let before = tokens(s, id);
+    let (pre, cop) = (
+        metric(s, "loom_text_prefill_tokens_total"),
+        metric(s, "loom_text_pages_copied_total"),
+    );
+    let mut body = greedy(max);
+    body["prompt"] = json!(text);
+    let got = post(s, id, "append", body);
+    assert_eq!(
+        metric(s, "loom_text_prefill_tokens_total") - pre,
+        computed as f64,
+        "prompt tokens computed by the append to {id} after {} tokens + {text:?}",
+        before.len()
+    );
+    assert_eq!(
+        metric(s, "loom_text_pages_copied_total") - cop,
+        if copied { 1.0 } else { 0.0 }
+    );
+    let mut replay = before;
+    replay.extend_from_slice(text.as_bytes());
+    let mut fresh = greedy(max);
+    fresh["model"] = json!(M);
+    fresh["prompt"] = json!(replay);
+    let want = ok(s.post_json("/v1/completions", &fresh));
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    assert_eq!(
+        got["choices"][0]["logprobs"],
+        want["choices"][0]["logprobs"]
+    );
+    let (t, f) = oracle(&replay, max as usize);
+    assert_eq!(got["choices"][0]["text"], t);
+    assert_eq!(got["choices"][0]["finish_reason"], f);
+    usize::from(f == "length")
+}
+
+#[test]
+fn appends_copy_the_partial_frontier_page_instead_of_recomputing_it() {
+    let s = start("sessions-frontier");
+    // 25 tokens, then 20 generated (the oracle says this prompt runs to the length limit): 45 tokens, the last
+    // drawn one pending, so the state of 44 is kept: 2 full pages and 12 tokens on the frontier page.
+    let prompt = "The quick brown fox leaps";
+    assert_eq!(oracle(prompt.as_bytes(), 20).1, "length");
+    let a = create(&s, prompt);
+    append_from_frontier(&s, &a, "", 20, 25, false);
+    let info = get(&s, &a);
+    assert_eq!(info["tokens"], 45);
+    assert_eq!(info["pages"], 3, "2 full pages and the frontier: {info}");
+    // The next append computes the pending token and its own 5, not the frontier's 12 again.
+    let pending = append_from_frontier(&s, &a, " over", 7, 6, true);
+    // A fork shares the frontier; appends to both branches copy it (each into a page of its own).
+    let n = tokens(&s, &a).len();
+    let used = pages_used(&s);
+    let b = post(&s, &a, "fork", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(pages_used(&s), used, "a fork copies no page");
+    assert_ne!((n - pending) % 16, 0, "the frontier is a partial page");
+    let pending_b = append_from_frontier(&s, &b, " the", 9, pending + 4, true);
+    append_from_frontier(&s, &a, " lazy", 9, pending + 5, true);
+    // A rewind into a full page: that page becomes the frontier (shared with the prefix cache) and is copied.
+    let r = post(&s, &a, "rewind", json!({"tokens": 21}));
+    assert_eq!(r["pages"], 2);
+    append_from_frontier(&s, &a, "xy", 5, 2, true);
+    // A checkpoint keeps its frontier across later appends and rewinds to it.
+    post(&s, &b, "checkpoints", json!({"name": "c"}));
+    append_from_frontier(&s, &b, "zz", 6, pending_b + 2, true);
+    post(&s, &b, "rewind", json!({"checkpoint": "c"}));
+    append_from_frontier(&s, &b, "q", 6, pending_b + 1, true);
+    // Everything is released with the sessions.
+    for id in [&a, &b] {
+        ok(s.request("DELETE", &format!("/v1/sessions/{id}"), b""));
+    }
+    assert_eq!(pages_used(&s), 0.0);
     s.healthy();
 }

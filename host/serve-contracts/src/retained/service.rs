@@ -108,6 +108,8 @@ pub struct Metrics {
     pub pages_used: AtomicU64,
     pub pages_cached: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
+    /// Shared frontier pages copied on write (a session's partial last page, continued by an append).
+    pub pages_copied: AtomicU64,
     pub sessions: AtomicU64,
     pub pages_capacity: AtomicU64,
     pub prefill_tokens: AtomicU64,
@@ -136,6 +138,7 @@ impl Default for Metrics {
             pages_used: AtomicU64::new(0),
             pages_cached: AtomicU64::new(0),
             prefix_hit_tokens: AtomicU64::new(0),
+            pages_copied: AtomicU64::new(0),
             sessions: AtomicU64::new(0),
             pages_capacity: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
@@ -215,6 +218,12 @@ impl Metrics {
                 "prompt tokens whose state was found in shared pages instead of computed",
                 "counter",
                 g(&self.prefix_hit_tokens),
+            ),
+            s(
+                "loom_text_pages_copied_total",
+                "shared partial pages copied on write (a session's frontier page continued by an append)",
+                "counter",
+                g(&self.pages_copied),
             ),
             s(
                 "loom_text_sessions",
@@ -316,13 +325,39 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
+/// A session's (or a checkpoint's) references into the pool: one on each cached full page of its tokens, in
+/// order (`pins`), and one on its partial frontier page (`tail`), if it has one.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    pins: Vec<u32>,
+    tail: Option<Tail>,
+}
+
+/// A partial frontier page: `page` holds the state of the tokens from the last full page's end up to `tokens`
+/// (exclusive; not a page boundary). Nothing writes it any more: a sequence that continues from it writes into a
+/// copy (copy on write), so any number of sessions, forks and checkpoints can share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tail {
+    page: u32,
+    tokens: u32,
+}
+
+impl Held {
+    /// Every page it references, the tail's last.
+    fn pages(&self) -> Vec<u32> {
+        let mut v = self.pins.clone();
+        v.extend(self.tail.map(|t| t.page));
+        v
+    }
+}
+
 /// A session on the engine thread (see [`super::sessions`]).
 struct Session {
     tokens: Vec<u32>,
-    /// One pool reference on each cached full page of `tokens`, in order.
-    pins: Vec<u32>,
-    /// By name: the tokens at the checkpoint and their pins.
-    checkpoints: BTreeMap<String, (Vec<u32>, Vec<u32>)>,
+    /// Its references into the pool.
+    held: Held,
+    /// By name: the tokens at the checkpoint and their references.
+    checkpoints: BTreeMap<String, (Vec<u32>, Held)>,
     last_used: Instant,
     busy: bool,
 }
@@ -462,10 +497,10 @@ impl RetainedService {
                 .map(|(id, tokens, checkpoints)| {
                     let s = Session {
                         tokens,
-                        pins: Vec::new(),
+                        held: Held::default(),
                         checkpoints: checkpoints
                             .into_iter()
-                            .map(|(name, t)| (name, (t, Vec::new())))
+                            .map(|(name, t)| (name, (t, Held::default())))
                             .collect(),
                         last_used: Instant::now(),
                         busy: false,
@@ -740,6 +775,8 @@ struct Seq {
     session: Option<String>,
     /// Proposed tokens after `tokens`, verified by the next epoch (speculative verify).
     proposal: Vec<u32>,
+    /// Its session's frontier page (one pool reference), copied into its own page when it is admitted.
+    tail: Option<Tail>,
 }
 
 impl Seq {
@@ -819,7 +856,7 @@ impl Engine {
     fn command(&mut self, c: Cmd, drain: &mut Option<mpsc::Sender<KeptSessions>>) {
         match c {
             Cmd::Drain(d) => *drain = Some(d),
-            Cmd::Submit(a) => self.enqueue(*a, None),
+            Cmd::Submit(a) => self.enqueue(*a, None, None),
             Cmd::Append {
                 id,
                 admitted,
@@ -866,13 +903,15 @@ impl Engine {
         }
         s.busy = true;
         s.last_used = Instant::now();
+        let tail = s.held.tail;
         let n = prompt.len() as u32;
         a.req.prompt = prompt;
-        self.enqueue(a, Some(id.to_string()));
+        self.enqueue(a, Some(id.to_string()), tail);
         Ok(n)
     }
 
-    fn enqueue(&mut self, a: Admitted, session: Option<String>) {
+    /// Queues `a`'s choices; an append's (`session`) also start from the session's frontier page `tail`.
+    fn enqueue(&mut self, a: Admitted, session: Option<String>, tail: Option<Tail>) {
         {
             {
                 let Admitted {
@@ -902,7 +941,11 @@ impl Engine {
                         hashes: Vec::new(),
                         session: session.clone(),
                         proposal: Vec::new(),
+                        tail,
                     });
+                    if let Some(t) = tail {
+                        self.pool.retain(&[t.page]);
+                    }
                 }
             }
         }
@@ -927,20 +970,20 @@ impl Engine {
             id: id.to_string(),
             token_ids: if full { s.tokens.clone() } else { Vec::new() },
             tokens: s.tokens.len() as u32,
-            pages: s.pins.len() as u32,
+            pages: s.held.pages().len() as u32,
             checkpoints: s
                 .checkpoints
                 .iter()
-                .map(|(n, (t, p))| (n.clone(), t.len() as u32, p.len() as u32))
+                .map(|(n, (t, h))| (n.clone(), t.len() as u32, h.pages().len() as u32))
                 .collect(),
             busy: s.busy,
             idle_seconds: now.duration_since(s.last_used).as_secs_f64(),
         };
-        let new_session = |this: &mut Engine, tokens: Vec<u32>, pins: Vec<u32>| {
+        let new_session = |this: &mut Engine, tokens: Vec<u32>, held: Held| {
             let id = format!("sess-{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
             let s = Session {
                 tokens,
-                pins,
+                held,
                 checkpoints: BTreeMap::new(),
                 last_used: now,
                 busy: false,
@@ -955,7 +998,7 @@ impl Engine {
         match op {
             SessionOp::Create { tokens } => {
                 let pins = self.pins_for(&tokens);
-                Ok(vec![new_session(self, tokens, pins)])
+                Ok(vec![new_session(self, tokens, Held { pins, tail: None })])
             }
             SessionOp::List => {
                 let mut v: Vec<SessionInfo> = self
@@ -995,20 +1038,29 @@ impl Engine {
                 }
                 let pins = self.pins_for(&all);
                 let s = self.sessions.get_mut(id).expect("checked");
-                self.pool.release(&s.pins);
-                s.pins = pins;
+                // The frontier page stays valid for the tokens it holds, unless the new tokens completed pages the
+                // prefix cache knows (their pins then reach past it).
+                let tail = s
+                    .held
+                    .tail
+                    .filter(|t| (t.tokens / pt as u32) as usize == pins.len());
+                let old = std::mem::replace(&mut s.held, Held { pins, tail });
+                if let Some(t) = tail {
+                    self.pool.retain(&[t.page]);
+                }
+                self.pool.release(&old.pages());
                 s.tokens = all;
                 s.last_used = now;
                 Ok(vec![info(id, s, true)])
             }
             SessionOp::Checkpoint { name } => {
                 let s = self.sessions.get_mut(id).ok_or_else(missing)?;
-                self.pool.retain(&s.pins);
+                self.pool.retain(&s.held.pages());
                 if let Some((_, old)) = s
                     .checkpoints
-                    .insert(name, (s.tokens.clone(), s.pins.clone()))
+                    .insert(name, (s.tokens.clone(), s.held.clone()))
                 {
-                    self.pool.release(&old);
+                    self.pool.release(&old.pages());
                 }
                 s.last_used = now;
                 Ok(vec![info(id, s, true)])
@@ -1016,14 +1068,14 @@ impl Engine {
             SessionOp::Fork { checkpoint } => {
                 let s = self.sessions.get_mut(id).ok_or_else(missing)?;
                 s.last_used = now;
-                let (tokens, pins) = match &checkpoint {
-                    None => (s.tokens.clone(), s.pins.clone()),
+                let (tokens, held) = match &checkpoint {
+                    None => (s.tokens.clone(), s.held.clone()),
                     Some(c) => s.checkpoints.get(c).cloned().ok_or_else(|| {
                         SessionError::NotFound(format!("session `{id}` has no checkpoint `{c}`"))
                     })?,
                 };
-                self.pool.retain(&pins);
-                Ok(vec![new_session(self, tokens, pins)])
+                self.pool.retain(&held.pages());
+                Ok(vec![new_session(self, tokens, held)])
             }
             SessionOp::RewindCheckpoint { name } => {
                 let s = self.sessions.get_mut(id).ok_or_else(missing)?;
@@ -1032,13 +1084,13 @@ impl Engine {
                         "session `{id}` is busy with an append"
                     )));
                 }
-                let (tokens, pins) = s.checkpoints.get(&name).cloned().ok_or_else(|| {
+                let (tokens, held) = s.checkpoints.get(&name).cloned().ok_or_else(|| {
                     SessionError::NotFound(format!("session `{id}` has no checkpoint `{name}`"))
                 })?;
-                self.pool.retain(&pins);
-                self.pool.release(&s.pins);
+                self.pool.retain(&held.pages());
+                self.pool.release(&s.held.pages());
                 s.tokens = tokens;
-                s.pins = pins;
+                s.held = held;
                 s.last_used = now;
                 Ok(vec![info(id, s, true)])
             }
@@ -1058,9 +1110,35 @@ impl Engine {
                     .into());
                 }
                 s.tokens.truncate(n);
-                let keep = (n / pt).min(s.pins.len());
-                self.pool.release(&s.pins[keep..]);
-                s.pins.truncate(keep);
+                // The state of the first n tokens is what it was: whole pages up to n stay pinned, and the page
+                // n falls into (a pinned full page or the frontier page) becomes the frontier, shared, holding
+                // the tokens up to n (the next append copies it instead of computing them again).
+                let old = std::mem::take(&mut s.held);
+                let keep = (n / pt).min(old.pins.len());
+                let valid = old
+                    .tail
+                    .map_or(old.pins.len() * pt, |t| t.tokens as usize)
+                    .min(n);
+                let tail = if !valid.is_multiple_of(pt) && valid / pt == keep {
+                    match old.pins.get(keep) {
+                        Some(&page) => Some(Tail {
+                            page,
+                            tokens: valid as u32,
+                        }),
+                        None => old.tail.map(|t| Tail {
+                            page: t.page,
+                            tokens: valid as u32,
+                        }),
+                    }
+                } else {
+                    None
+                };
+                s.held = Held {
+                    pins: old.pins[..keep].to_vec(),
+                    tail,
+                };
+                self.pool.retain(&s.held.pages());
+                self.pool.release(&old.pages());
                 s.last_used = now;
                 Ok(vec![info(id, s, true)])
             }
@@ -1086,9 +1164,9 @@ impl Engine {
 
     /// Releases a session's pins and its checkpoints' pins.
     fn release_session(&mut self, s: Session) {
-        self.pool.release(&s.pins);
-        for (_, (_, pins)) in s.checkpoints {
-            self.pool.release(&pins);
+        self.pool.release(&s.held.pages());
+        for (_, (_, held)) in s.checkpoints {
+            self.pool.release(&held.pages());
         }
         self.metrics
             .sessions
@@ -1125,12 +1203,28 @@ impl Engine {
             return;
         }
         let pins = tokens.as_ref().map(|t| self.pins_for(t));
+        let pt = self.limits.page_tokens;
         let sess = self.sessions.get_mut(id).expect("checked");
         sess.busy = false;
         sess.last_used = Instant::now();
         if let (Some(tokens), Some(pins)) = (tokens, pins) {
-            self.pool.release(&sess.pins);
-            sess.pins = pins;
+            // The sequence's partial last page becomes the session's frontier: its tokens' state is kept (the
+            // caller releases the sequence's own reference after this).
+            let valid = s.table.tokens.min(tokens.len() as u32);
+            let tail = match s.table.pages.get((valid / pt) as usize) {
+                Some(&page) if !valid.is_multiple_of(pt) && (valid / pt) as usize == pins.len() => {
+                    Some(Tail {
+                        page,
+                        tokens: valid,
+                    })
+                }
+                _ => None,
+            };
+            let old = std::mem::replace(&mut sess.held, Held { pins, tail });
+            if let Some(t) = tail {
+                self.pool.retain(&[t.page]);
+            }
+            self.pool.release(&old.pages());
             sess.tokens = tokens;
         }
     }
@@ -1143,6 +1237,9 @@ impl Engine {
             if gone {
                 metrics.waiting.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = s.tail {
+                    pool.release(&[t.page]);
+                }
                 if s.session.is_some() {
                     ended.push(s.session.clone());
                 }
@@ -1207,15 +1304,63 @@ impl Engine {
         }
         let max_pages = (s.tokens.len().saturating_sub(1)) / pt as usize;
         let hits = self.prefix.lookup(&mut self.pool, &s.tokens, pt, max_pages);
-        if hits.is_empty() {
-            return;
-        }
+        let tail = s.tail.take();
         s.table.pages = hits.iter().map(|h| h.0).collect();
         s.table.tokens = hits.len() as u32 * pt;
         s.hashes = hits.iter().map(|h| h.1).collect();
+        // An append continues from its session's frontier page: a copy of it (the original stays shared and
+        // unwritten) holds the tokens after the full pages, at least the last known token left to compute.
+        if let Some(t) = tail {
+            let valid = t.tokens.min(s.tokens.len() as u32 - 1);
+            if valid / pt == hits.len() as u32 && !valid.is_multiple_of(pt) {
+                match self.copy_page(t.page) {
+                    Ok(page) => {
+                        let s = &mut self.running[k];
+                        s.table.pages.push(page);
+                        s.table.tokens = valid;
+                        self.metrics.pages_copied.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => log::debug!(
+                        "model {}: no copy of a frontier page ({e}); its tokens are computed again",
+                        self.model.name
+                    ),
+                }
+            }
+            self.pool.release(&[t.page]);
+        }
         self.metrics
             .prefix_hit_tokens
-            .fetch_add(u64::from(s.table.tokens), Ordering::Relaxed);
+            .fetch_add(u64::from(self.running[k].table.tokens), Ordering::Relaxed);
+    }
+
+    /// A new page holding what `page` holds (copy on write of a shared frontier page). Pages run short: the
+    /// idle cached ones are evicted first; none is preempted for it.
+    fn copy_page(&mut self, page: u32) -> Result<u32> {
+        let new = match self.pool.alloc(1) {
+            Ok(p) => p[0],
+            Err(_) if self.prefix.evict(&mut self.pool, 1) > 0 => self
+                .pool
+                .alloc(1)
+                .map_err(|_| Error::Internal("no free page".into()))?[0],
+            Err(_) => return Err(Error::Internal("no free page".into())),
+        };
+        let bytes = self.limits.page_bytes;
+        let copied = self
+            .model
+            .device
+            .read(&self.pool_buf, u64::from(page) * bytes, bytes)
+            .and_then(|b| {
+                self.model
+                    .device
+                    .write(&self.pool_buf, u64::from(new) * bytes, &b)
+            });
+        match copied {
+            Ok(()) => Ok(new),
+            Err(e) => {
+                self.pool.release(&[new]);
+                Err(e)
+            }
+        }
     }
 
     /// Sets running sequence `k`'s proposals for the next epoch: prompt lookup over its own tokens when it is
@@ -1249,6 +1394,9 @@ impl Engine {
     fn fail(&mut self, mut s: Seq, e: Error) {
         self.settle_session(&s, None);
         s.table.clear(&mut self.pool);
+        if let Some(t) = s.tail.take() {
+            self.pool.release(&[t.page]);
+        }
         self.update_pages();
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
         (s.events)(Event::Failed(e));
