@@ -629,3 +629,62 @@ fn speculative_verify_gives_exactly_what_plain_decoding_gives() {
     assert_eq!(s.metric("loom_text_pages_used{model=\"spec\"}"), 0.0);
     s.healthy();
 }
+
+#[test]
+fn a_small_prefill_share_changes_no_text_and_bad_values_are_refused() {
+    let s = start("chat-prefill-share", &[]);
+    let base = s.dir.join("arith-chat").display().to_string();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "chunky", "base": base,
+                "options": {"epoch_tokens": 64, "epoch_spans": 8, "page_tokens": 16, "context": 1024,
+                            "prefill_chunk_tokens": 3}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    for bad in [json!(0), json!(65), json!(2.5)] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": "bad", "base": base,
+                    "options": {"epoch_tokens": 64, "prefill_chunk_tokens": bad}}),
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(
+            r.text().contains("options.prefill_chunk_tokens"),
+            "{}",
+            r.text()
+        );
+    }
+    // Long prompts join running decoders 3 prompt tokens an epoch; every text is still the oracle's.
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("prompt {i} {}", "lmnop".repeat(i * 12)))
+        .collect();
+    let texts: Vec<(String, String)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let s = &s;
+                sc.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20 * i as u64));
+                    let v = complete(
+                        s,
+                        json!({"model": "chunky", "prompt": p, "max_tokens": 60, "temperature": 0}),
+                    );
+                    (
+                        v["choices"][0]["text"].as_str().unwrap().to_string(),
+                        v["choices"][0]["finish_reason"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, (text, finish)) in prompts.iter().zip(&texts) {
+        let (want, f, _) = oracle(p.as_bytes(), 60);
+        assert_eq!((text.as_str(), finish.as_str()), (want.as_str(), f), "{p}");
+    }
+    s.healthy();
+}

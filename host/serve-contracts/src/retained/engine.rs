@@ -44,10 +44,16 @@ impl PlannedSpan {
     }
 }
 
-/// The spans of the next epoch (see the module doc), at most `spans` of them and `tokens` tokens in all.
-pub fn plan_epoch(seqs: &[Progress], tokens: u32, spans: u32) -> Vec<PlannedSpan> {
+/// The spans of the next epoch (see the module doc), at most `spans` of them and `tokens` tokens in all; while
+/// any sequence is decoding, prompts get at most `prefill` of those tokens (so that an epoch the decoders wait
+/// for stays short: their inter-token latency is an epoch's duration).
+pub fn plan_epoch(seqs: &[Progress], tokens: u32, spans: u32, prefill: u32) -> Vec<PlannedSpan> {
     let mut out = Vec::new();
     let mut left = tokens;
+    let decoding = seqs
+        .iter()
+        .any(|p| p.committed > 0 && p.known == p.committed + 1);
+    let mut prompt_left = if decoding { prefill } else { tokens };
     for (i, p) in seqs.iter().enumerate() {
         if left == 0 || out.len() as u32 >= spans {
             break;
@@ -56,7 +62,16 @@ pub fn plan_epoch(seqs: &[Progress], tokens: u32, spans: u32) -> Vec<PlannedSpan
         if pending == 0 {
             continue;
         }
-        let count = pending.min(left);
+        let count = if pending == 1 {
+            1
+        } else {
+            let c = pending.min(left).min(prompt_left);
+            if c == 0 {
+                continue;
+            }
+            prompt_left -= c;
+            c
+        };
         left -= count;
         // A decoder verifies its proposals in the same span, as many as the token capacity leaves room for.
         let verify = if pending == 1 {
@@ -117,7 +132,7 @@ mod tests {
     fn decoders_advance_and_a_long_prompt_is_chunked() {
         // Two decoding sequences (one pending token each) and a 1000-token prompt, 64 tokens an epoch.
         let seqs = [p(50, 49), p(20, 19), p(1000, 0)];
-        let plan = plan_epoch(&seqs, 64, 8);
+        let plan = plan_epoch(&seqs, 64, 8, 64);
         assert_eq!(
             plan,
             [
@@ -145,7 +160,7 @@ mod tests {
             ]
         );
         // The prompt's last chunk asks for logits.
-        let plan = plan_epoch(&[p(1000, 990)], 64, 8);
+        let plan = plan_epoch(&[p(1000, 990)], 64, 8, 64);
         assert_eq!(
             plan,
             [PlannedSpan {
@@ -161,15 +176,15 @@ mod tests {
     #[test]
     fn span_and_token_capacities_are_separate_limits() {
         let seqs: Vec<Progress> = (0..10).map(|_| p(5, 4)).collect();
-        assert_eq!(plan_epoch(&seqs, 100, 3).len(), 3, "span capacity");
-        let plan = plan_epoch(&[p(10, 0), p(10, 0)], 12, 8);
+        assert_eq!(plan_epoch(&seqs, 100, 3, 100).len(), 3, "span capacity");
+        let plan = plan_epoch(&[p(10, 0), p(10, 0)], 12, 8, 12);
         assert_eq!(
             plan.iter().map(|s| s.count).collect::<Vec<_>>(),
             [10, 2],
             "token capacity"
         );
         // Sequences with nothing pending take no span.
-        let plan = plan_epoch(&[p(5, 5), p(3, 2)], 10, 1);
+        let plan = plan_epoch(&[p(5, 5), p(3, 2)], 10, 1, 10);
         assert_eq!(
             plan,
             [PlannedSpan {
@@ -180,7 +195,7 @@ mod tests {
                 verify: 0
             }]
         );
-        assert!(plan_epoch(&[], 10, 1).is_empty());
+        assert!(plan_epoch(&[], 10, 1, 10).is_empty());
     }
 
     #[test]
@@ -202,7 +217,7 @@ mod tests {
                 proposed: 4,
             },
         ];
-        let plan = plan_epoch(&seqs, 8, 8);
+        let plan = plan_epoch(&seqs, 8, 8, 8);
         // The first decoder: 1 pending + 3 proposals; the prompt ignores its proposals and takes the other 4.
         assert_eq!(
             plan,
@@ -226,7 +241,7 @@ mod tests {
         assert_eq!(plan[0].logit_rows(), 4);
         assert_eq!(plan[1].logit_rows(), 0);
         // A decoder with 2 tokens of room left verifies only 1 proposal.
-        let plan = plan_epoch(&seqs[2..], 2, 8);
+        let plan = plan_epoch(&seqs[2..], 2, 8, 2);
         assert_eq!((plan[0].count, plan[0].verify), (2, 1));
     }
 
@@ -244,5 +259,25 @@ mod tests {
         assert!(propose(&[1, 2, 3, 4], 4, 1, 3).is_empty());
         assert!(propose(&[1, 2, 1, 3], 4, 2, 3).is_empty());
         assert!(propose(&t, 0, 1, 3).is_empty());
+    }
+
+    #[test]
+    fn prompts_take_at_most_the_prefill_share_while_sequences_decode() {
+        // Two decoders and two prompts, 256 tokens an epoch, 64 of them for prompts while anything decodes.
+        let seqs = [p(50, 49), p(20, 19), p(100, 0), p(300, 0)];
+        let plan = plan_epoch(&seqs, 256, 8, 64);
+        assert_eq!(
+            plan.iter().map(|s| (s.seq, s.count)).collect::<Vec<_>>(),
+            [(0, 1), (1, 1), (2, 64)]
+        );
+        // Nothing decoding: the prompts take the whole epoch.
+        let plan = plan_epoch(&seqs[2..], 256, 8, 64);
+        assert_eq!(
+            plan.iter().map(|s| (s.seq, s.count)).collect::<Vec<_>>(),
+            [(0, 100), (1, 156)]
+        );
+        // A one-token prompt remainder is a prompt too, but a single pending token is always taken.
+        let plan = plan_epoch(&[p(50, 49), p(10, 9)], 256, 8, 0);
+        assert_eq!(plan.len(), 2);
     }
 }

@@ -456,6 +456,22 @@ impl RetainedService {
                     )
                 })? as u32,
         };
+        let prefill_chunk = match model.options().get("prefill_chunk_tokens") {
+            None => limits.epoch_tokens,
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n >= 1 && n <= u64::from(limits.epoch_tokens))
+                .ok_or_else(|| {
+                    Error::package(
+                        "model.json",
+                        "options.prefill_chunk_tokens",
+                        format!(
+                            "expected a whole number of prompt tokens from 1 to the epoch token capacity {}",
+                            limits.epoch_tokens
+                        ),
+                    )
+                })? as u32,
+        };
         let chat = match model.asset("chat_template")? {
             Some(bytes) => {
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -515,6 +531,7 @@ impl RetainedService {
                 .filter(|s| *s > 0.0)
                 .map_or(SESSION_IDLE, Duration::from_secs_f64),
             speculate,
+            prefill_chunk,
         };
         metrics
             .sessions
@@ -807,6 +824,8 @@ struct Engine {
     session_idle: Duration,
     /// The most proposed tokens a decoder verifies per epoch (`options.speculative_tokens`; 0: none).
     speculate: u32,
+    /// The most prompt tokens an epoch takes while sequences decode (`options.prefill_chunk_tokens`).
+    prefill_chunk: u32,
 }
 
 impl Engine {
@@ -1422,7 +1441,12 @@ impl Engine {
             budget -= s.proposal.len();
         }
         let progress: Vec<Progress> = self.running.iter().map(Seq::progress).collect();
-        let mut plan = plan_epoch(&progress, self.limits.epoch_tokens, self.limits.epoch_spans);
+        let mut plan = plan_epoch(
+            &progress,
+            self.limits.epoch_tokens,
+            self.limits.epoch_spans,
+            self.prefill_chunk,
+        );
         // Pages for every span, oldest sequence first. A span that cannot get them takes the pages of the
         // youngest running sequence younger than itself (which is then recomputed from its tokens later); with
         // none to take, it waits for pages (or fails, when the whole pool could not hold it).
