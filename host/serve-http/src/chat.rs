@@ -192,6 +192,7 @@ pub(crate) fn parse_request(
             stop,
             n: n.min(u64::from(u32::MAX)) as u32,
             ignore_eos,
+            prompt_logprobs: false,
         },
         stream,
         include_usage,
@@ -228,6 +229,12 @@ async fn complete(
         .to_string();
     let svc = text_service(&st, &model)?;
     let (mut req, stream, include_usage) = parse_request(o, form)?;
+    // `echo` (completions): each choice's text starts with the prompt; with `logprobs`, so do its log
+    // probabilities (the first prompt token's is null), and `max_tokens` may be 0 to score the prompt only.
+    let echo = match form {
+        Form::Text => field(o, "echo", "a boolean", Json::as_bool)?.unwrap_or(false),
+        Form::Chat => false,
+    };
     req.max_tokens = req.max_tokens.min(svc.limits.context);
     req.prompt = match form {
         Form::Chat => {
@@ -249,10 +256,37 @@ async fn complete(
             ApiError::bad_request("`prompt` (a string or an array of token ids) is required")
         })?,
     };
+    let echo = match (echo, req.prompt.first()) {
+        (true, Some(&first)) => {
+            let text = match o.get("prompt") {
+                Some(Json::String(t)) => t.clone(),
+                _ => {
+                    let bytes: Vec<u8> = req
+                        .prompt
+                        .iter()
+                        .flat_map(|&t| match svc.model.tokenizer() {
+                            Some(tk) => tk.token_bytes(t).unwrap_or_default(),
+                            None => vec![t as u8],
+                        })
+                        .collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                }
+            };
+            Some(Echo { text, first })
+        }
+        _ => None,
+    };
+    req.prompt_logprobs = echo.is_some() && req.sampling.logprobs;
     let (sink, rx) = event_channel();
     let n = req.n;
     let ticket = svc.submit(req, sink)?;
-    respond(svc, model, form, n, ticket, rx, stream, include_usage).await
+    respond(svc, model, form, n, ticket, rx, stream, include_usage, echo).await
+}
+
+/// `echo`: the prompt's text and its first token (whose log probability is null).
+pub(crate) struct Echo {
+    text: String,
+    first: u32,
 }
 
 /// A prompt given as text or as token ids (`None`: absent or null).
@@ -298,6 +332,7 @@ pub(crate) async fn respond(
     rx: mpsc::UnboundedReceiver<Event>,
     stream: bool,
     include_usage: bool,
+    echo: Option<Echo>,
 ) -> Result<Response, ApiError> {
     let id = format!(
         "{}-{}",
@@ -319,6 +354,7 @@ pub(crate) async fn respond(
         n,
         svc,
         guard: Guard(Some(ticket)),
+        echo,
     };
     if stream {
         Ok(resp.stream(rx, include_usage).into_response())
@@ -352,6 +388,7 @@ struct Responder {
     n: u32,
     svc: Arc<RetainedService>,
     guard: Guard,
+    echo: Option<Echo>,
 }
 
 /// One choice's log probabilities, in the form's shape, accumulated token by token.
@@ -405,6 +442,21 @@ impl Responder {
         }
     }
 
+    /// The prompt's log probabilities (`echo` with `logprobs`): the first token's entry (null), then the rest.
+    fn add_prompt_logprobs(&self, lp: &mut Logprobs, samples: &[Sample]) {
+        if let Some(e) = &self.echo {
+            lp.tokens.push(json!(self.token_text(e.first).0));
+            lp.token_logprobs.push(Json::Null);
+            lp.top.push(Json::Null);
+        }
+        self.add_logprobs(lp, samples);
+    }
+
+    /// The echoed prompt text for a choice's first output (empty without `echo`).
+    fn echo_text(&self) -> &str {
+        self.echo.as_ref().map_or("", |e| e.text.as_str())
+    }
+
     fn logprobs_json(&self, lp: &Logprobs, asked: bool) -> Json {
         if !asked {
             return Json::Null;
@@ -430,12 +482,16 @@ impl Responder {
     /// The whole response once every choice is done.
     async fn whole(mut self, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
         let n = self.n as usize;
-        let mut text = vec![String::new(); n];
+        let mut text = vec![self.echo_text().to_string(); n];
         let mut lps: Vec<Logprobs> = (0..n).map(|_| Logprobs::default()).collect();
         let mut finish: Vec<Option<(Finish, u32)>> = vec![None; n];
         let mut asked = false;
         while finish.iter().any(Option::is_none) {
             match rx.recv().await {
+                Some(Event::Prompt { index, samples }) => {
+                    asked = true;
+                    self.add_prompt_logprobs(&mut lps[index as usize], &samples);
+                }
                 Some(Event::Delta {
                     index,
                     text: t,
@@ -544,6 +600,8 @@ impl Responder {
             r: Responder,
             rx: mpsc::UnboundedReceiver<Event>,
             started: Vec<bool>,
+            /// The choice's echoed prompt has been sent.
+            echoed: Vec<bool>,
             done: Vec<bool>,
             completion: u32,
             include_usage: bool,
@@ -555,6 +613,7 @@ impl Responder {
             r: self,
             rx,
             started: vec![false; n],
+            echoed: vec![false; n],
             done: vec![false; n],
             completion: 0,
             include_usage,
@@ -580,6 +639,17 @@ impl Responder {
                     continue;
                 }
                 match s.rx.recv().await {
+                    Some(Event::Prompt { index, samples }) => {
+                        let i = index as usize;
+                        let mut l = Logprobs::default();
+                        s.r.add_prompt_logprobs(&mut l, &samples);
+                        let lp = s.r.logprobs_json(&l, true);
+                        let first = !s.started[i];
+                        s.started[i] = true;
+                        s.echoed[i] = true;
+                        let c = s.r.delta_choice(index, s.r.echo_text(), lp, None, first);
+                        return Some((Ok(s.r.chunk(vec![c], None)), s));
+                    }
                     Some(Event::Delta {
                         index,
                         text,
@@ -588,6 +658,12 @@ impl Responder {
                         let i = index as usize;
                         let first = !s.started[i];
                         s.started[i] = true;
+                        let text = if s.echoed[i] {
+                            text
+                        } else {
+                            s.echoed[i] = true;
+                            format!("{}{text}", s.r.echo_text())
+                        };
                         let asked = samples.iter().any(|x| x.logprob.is_some());
                         let lp = if asked {
                             let mut l = Logprobs::default();
@@ -612,7 +688,10 @@ impl Responder {
                         s.completion += completion_tokens;
                         let first = !s.started[i];
                         s.started[i] = true;
-                        let c = s.r.delta_choice(index, "", Json::Null, Some(finish), first);
+                        let text = if s.echoed[i] { "" } else { s.r.echo_text() };
+                        s.echoed[i] = true;
+                        let c =
+                            s.r.delta_choice(index, text, Json::Null, Some(finish), first);
                         return Some((Ok(s.r.chunk(vec![c], None)), s));
                     }
                     Some(Event::Failed(e)) => {

@@ -279,5 +279,16 @@ pub(crate) async fn append(
         .map_err(|e| {
             ApiError::from(serve_runtime::Error::Internal(format!("append task: {e}")))
         })??;
-    respond(svc, model, Form::Text, n, ticket, rx, stream, include_usage).await
+    respond(
+        svc,
+        model,
+        Form::Text,
+        n,
+        ticket,
+        rx,
+        stream,
+        include_usage,
+        None,
+    )
+    .await
 }

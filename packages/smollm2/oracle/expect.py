@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the server test (host/loom-serve/tests/server/http_smollm2.rs) compares with: for each prompt of
 prompts.jsonl, its token ids, the float64 oracle's teacher-forced log-softmax over its first POSITIONS ids (per
-position: the top-K ids with their log-probabilities and texts, the top-1 id and the top-1 - top-2 margin) and, for the chat
+position: the top-K ids with their log-probabilities and texts, the top-1 id and the top-1 - top-2 margin; and each
+next id's log-probability, for prompt scoring) and, for the chat
 prompts, the greedy 32-token continuation of the whole prompt (ids, text with special tokens, and each id's text); and
 the chat route's prompt for one question with its greedy 16 tokens; a long prompt (the eight back to back)
 with its greedy 8 tokens; and an input-grounded chat ("repeat this paragraph", where prompt lookup's proposals
@@ -47,7 +48,10 @@ def main():
                 "top1": int(rec["top1"][t]),
                 "margin": float(rec["margin"][t]),
             })
-        row = {"name": p["name"], "chat": p["chat"], "text": p["text"], "ids": ids, "positions": positions}
+        # The log probability of each of the first POSITIONS ids after the first (prompt scoring, `echo`).
+        scored = [float(ls[t, ids[t + 1]]) for t in range(min(POSITIONS, len(ids)) - 1)]
+        row = {"name": p["name"], "chat": p["chat"], "text": p["text"], "ids": ids, "positions": positions,
+               "prompt_logprobs": scored}
         if p["chat"]:
             g = llama.cached_greedy(ids, GREEDY)
             row["greedy"] = g["greedy"]

@@ -531,7 +531,7 @@ fn register_speculative(s: &TestServer, name: &str, k: u64) {
         "/v1/models",
         &json!({"name": name, "base": base.display().to_string(),
                 "options": {"epoch_tokens": 256, "epoch_spans": 8, "page_tokens": 16, "context": 1024,
-                            "speculative_tokens": k}}),
+                            "multi_row_logits": true, "speculative_tokens": k}}),
     );
     assert_eq!(r.status, 201, "{}", r.text());
 }
@@ -554,6 +554,18 @@ fn speculative_verify_gives_exactly_what_plain_decoding_gives() {
             r.text()
         );
     }
+    // Speculation needs a package that declares multi-row logits.
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "bad", "base": s.dir.join("arith-chat").display().to_string(),
+                "options": {"speculative_tokens": 2}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("options.multi_row_logits"),
+        "{}",
+        r.text()
+    );
     // Greedy arith-chat falls into cycles that prompt lookup proposes (and the prompts repeat themselves), so
     // proposals are verified, some kept and some rejected, across page boundaries and prompt chunks.
     let prompts: Vec<String> = (0..6)
@@ -686,5 +698,161 @@ fn a_small_prefill_share_changes_no_text_and_bad_values_are_refused() {
         let (want, f, _) = oracle(p.as_bytes(), 60);
         assert_eq!((text.as_str(), finish.as_str()), (want.as_str(), f), "{p}");
     }
+    s.healthy();
+}
+
+/// The toy model's log probability of each token of `seq` after the first, given the tokens before it (its
+/// logits are -|v - next|, v = 0..256), and the best token there.
+fn prompt_logprobs(seq: &[u8]) -> Vec<(f64, u8)> {
+    (1..seq.len())
+        .map(|i| {
+            let nx = f64::from(next(&seq[..i]));
+            let lse = (0..256)
+                .map(|v| (-(f64::from(v) - nx).abs()).exp())
+                .sum::<f64>()
+                .ln();
+            (-(f64::from(seq[i]) - nx).abs() - lse, nx as u8)
+        })
+        .collect()
+}
+
+#[test]
+fn echo_with_logprobs_scores_the_prompt() {
+    let s = start("chat-echo", &[]);
+    let base = s.dir.join("arith-chat").display().to_string();
+    // Prompts chunked over several epochs (16 tokens each), and a package that does not declare multi-row logits.
+    for (name, options) in [
+        (
+            "chunked",
+            json!({"epoch_tokens": 16, "epoch_spans": 4, "multi_row_logits": true}),
+        ),
+        ("one-row", json!({"epoch_tokens": 256})),
+    ] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": name, "base": base, "options": options}),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let prompt = "Scoring a prompt: every token after the first, given all before it.";
+    let want = prompt_logprobs(prompt.as_bytes());
+    for model in ["arith-chat", "chunked", "arith-chat"] {
+        // max_tokens 0: the prompt only.
+        let v = complete(
+            &s,
+            json!({"model": model, "prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 0}),
+        );
+        let c = &v["choices"][0];
+        assert_eq!(c["text"], prompt);
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 0);
+        let lp = &c["logprobs"];
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), prompt.len());
+        assert_eq!(lp["tokens"][0], "S");
+        assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+        for (i, (l, best)) in want.iter().enumerate() {
+            let got = lp["token_logprobs"][i + 1].as_f64().unwrap();
+            assert!(
+                (got - l).abs() < 1e-4,
+                "{model} token {}: {got} vs {l}",
+                i + 1
+            );
+            let top = lp["top_logprobs"][i + 1].as_object().unwrap();
+            assert_eq!(top.len(), 2);
+            assert!(top.contains_key(&(*best as char).to_string()), "{top:?}");
+        }
+    }
+    // With generated tokens: the prompt's entries, then the completion's; text = prompt + completion.
+    let body = json!({"model": "chunked", "prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 5,
+                      "temperature": 0});
+    let v = complete(&s, body.clone());
+    let (generated, _, _) = oracle(prompt.as_bytes(), 5);
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], format!("{prompt}{generated}"));
+    // Every drawn token has an entry (the terminal '.' too, which adds no text).
+    assert_eq!(
+        c["logprobs"]["tokens"].as_array().unwrap().len() as u64,
+        prompt.len() as u64 + v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    // Streamed: the same text and log probabilities, the prompt first.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = stream(&s, "/v1/completions", streamed);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, c["text"]);
+    assert_eq!(events[0]["choices"][0]["text"], prompt);
+    let logprobs: Vec<Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["logprobs"]["token_logprobs"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(
+        logprobs,
+        *c["logprobs"]["token_logprobs"].as_array().unwrap()
+    );
+    // Echo without logprobs: the text only; and with n = 2, each choice echoes.
+    let v = complete(
+        &s,
+        json!({"model": "one-row", "prompt": "abc", "echo": true, "max_tokens": 3, "temperature": 0, "n": 2}),
+    );
+    for i in 0..2 {
+        assert_eq!(
+            v["choices"][i]["text"],
+            format!("abc{}", oracle(b"abc", 3).0)
+        );
+        assert!(v["choices"][i]["logprobs"].is_null());
+    }
+    // Scoring requests and generating ones sharing epochs (staggered): every row goes to its own sequence.
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("{i} score me {}", "qrst".repeat(i * 3)))
+        .collect();
+    std::thread::scope(|sc| {
+        for (i, p) in prompts.iter().enumerate() {
+            let s = &s;
+            sc.spawn(move || {
+                std::thread::sleep(Duration::from_millis(2 * i as u64));
+                let score = i % 2 == 0;
+                let v = complete(
+                    s,
+                    json!({"model": "chunked", "prompt": p, "echo": score, "logprobs": 1,
+                           "max_tokens": if score { 0 } else { 20 }, "temperature": 0}),
+                );
+                let c = &v["choices"][0];
+                if score {
+                    let want = prompt_logprobs(p.as_bytes());
+                    for (j, (l, _)) in want.iter().enumerate() {
+                        let got = c["logprobs"]["token_logprobs"][j + 1].as_f64().unwrap();
+                        assert!((got - l).abs() < 1e-4, "{p} token {}: {got} vs {l}", j + 1);
+                    }
+                } else {
+                    assert_eq!(c["text"], oracle(p.as_bytes(), 20).0);
+                }
+            });
+        }
+    });
+    // Errors: scoring on a package without multi-row logits; max_tokens 0 without scoring.
+    for (body, want) in [
+        (
+            json!({"model": "one-row", "prompt": "abc", "echo": true, "logprobs": 1, "max_tokens": 0}),
+            "options.multi_row_logits",
+        ),
+        (
+            json!({"model": "arith-chat", "prompt": "abc", "max_tokens": 0}),
+            "`max_tokens` must be at least 1",
+        ),
+        (
+            json!({"model": "arith-chat", "prompt": "abc", "echo": "yes"}),
+            "`echo` must be a boolean",
+        ),
+    ] {
+        let r = s.post_json("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(r.text().contains(want), "{body}: {}", r.text());
+    }
+    assert_eq!(s.metric("loom_text_pages_used{model=\"chunked\"}"), 0.0);
     s.healthy();
 }

@@ -375,3 +375,58 @@ fn speculative_verify_keeps_greedy_decoding_equal_to_the_oracle() {
     assert_eq!(s.metric("loom_text_pages_used{model=\"smollm2\"}"), 0.0);
     s.healthy();
 }
+
+/// Prompt scoring (`echo` with `logprobs`, `max_tokens: 0`): the log probability of each of a prompt's first 64
+/// tokens given those before it, against the float64 oracle's, for every prompt (several at once).
+#[test]
+fn echo_scores_prompts_like_the_float64_oracle() {
+    if fetched().is_none() {
+        return;
+    }
+    let want = expect();
+    let s = start("smollm2-echo");
+    let prompts = want["prompts"].as_array().unwrap();
+    let worst = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    let ids = ids(&p["ids"]);
+                    let n = ids.len().min(64);
+                    let v = complete(
+                        s,
+                        &json!({"model": MODEL, "prompt": ids[..n], "echo": true, "logprobs": 1,
+                                "max_tokens": 0}),
+                    );
+                    let got = v["choices"][0]["logprobs"]["token_logprobs"]
+                        .as_array()
+                        .unwrap()
+                        .clone();
+                    let oracle = p["prompt_logprobs"].as_array().unwrap();
+                    assert_eq!(got.len(), n, "{}", p["name"]);
+                    assert!(got[0].is_null());
+                    let mut worst = 0f64;
+                    for (i, o) in oracle.iter().enumerate() {
+                        let d = (got[i + 1].as_f64().unwrap() - o.as_f64().unwrap()).abs();
+                        assert!(
+                            d < TOL_LOGPROB,
+                            "{} token {}: {} vs the oracle's {o}",
+                            p["name"],
+                            i + 1,
+                            got[i + 1]
+                        );
+                        worst = worst.max(d);
+                    }
+                    worst
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .fold(0f64, f64::max)
+    });
+    eprintln!("smollm2 echo: worst |log-probability difference| {worst:.2e}");
+    assert_eq!(s.metric("loom_text_pages_used{model=\"smollm2\"}"), 0.0);
+    s.healthy();
+}

@@ -35,12 +35,20 @@ pub struct PlannedSpan {
     pub count: u32,
     pub logits: bool,
     pub verify: u32,
+    /// The span asks for the logits after every one of its tokens (scoring a prompt's known tokens).
+    pub every_row: bool,
 }
 
 impl PlannedSpan {
     /// The logits rows the span asks for.
     pub fn logit_rows(&self) -> u32 {
-        if self.logits { self.verify + 1 } else { 0 }
+        if self.every_row {
+            self.count
+        } else if self.logits {
+            self.verify + 1
+        } else {
+            0
+        }
     }
 }
 
@@ -86,6 +94,7 @@ pub fn plan_epoch(seqs: &[Progress], tokens: u32, spans: u32, prefill: u32) -> V
             count: count + verify,
             logits: p.committed + count == p.known,
             verify,
+            every_row: false,
         });
     }
     out
@@ -141,21 +150,24 @@ mod tests {
                     position: 49,
                     count: 1,
                     logits: true,
-                    verify: 0
+                    verify: 0,
+                    every_row: false
                 },
                 PlannedSpan {
                     seq: 1,
                     position: 19,
                     count: 1,
                     logits: true,
-                    verify: 0
+                    verify: 0,
+                    every_row: false
                 },
                 PlannedSpan {
                     seq: 2,
                     position: 0,
                     count: 62,
                     logits: false,
-                    verify: 0
+                    verify: 0,
+                    every_row: false
                 },
             ]
         );
@@ -168,7 +180,8 @@ mod tests {
                 position: 990,
                 count: 10,
                 logits: true,
-                verify: 0
+                verify: 0,
+                every_row: false
             }]
         );
     }
@@ -192,7 +205,8 @@ mod tests {
                 position: 2,
                 count: 1,
                 logits: true,
-                verify: 0
+                verify: 0,
+                every_row: false
             }]
         );
         assert!(plan_epoch(&[], 10, 1, 10).is_empty());
@@ -227,14 +241,16 @@ mod tests {
                     position: 9,
                     count: 4,
                     logits: true,
-                    verify: 3
+                    verify: 3,
+                    every_row: false
                 },
                 PlannedSpan {
                     seq: 1,
                     position: 0,
                     count: 4,
                     logits: false,
-                    verify: 0
+                    verify: 0,
+                    every_row: false
                 },
             ]
         );

@@ -388,6 +388,17 @@ impl Sampler {
     }
 }
 
+/// `token` as a sample of `logits` with its raw log probability and the `top` best tokens' (scoring a known
+/// token: the server's prompt log probabilities).
+pub fn score(logits: &[f32], token: u32, top: usize) -> Sample {
+    let (lse, top) = raw_logprobs(logits, top);
+    Sample {
+        token,
+        logprob: lse.map(|lse| logits[token as usize] - lse),
+        top,
+    }
+}
+
 /// The log-sum-exp of `logits` and the `n` best tokens with their log probabilities.
 fn raw_logprobs(logits: &[f32], n: usize) -> (Option<f32>, Vec<(u32, f32)>) {
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -39,6 +39,10 @@ pub struct GenRequest {
     pub n: u32,
     /// Keep drawing after the terminal token (it is then ordinary output).
     pub ignore_eos: bool,
+    /// Score the prompt: each choice first gets an [`Event::Prompt`] with the log probability of every prompt
+    /// token after the first (`max_tokens` may then be 0). Needs a package that declares
+    /// `options.multi_row_logits`.
+    pub prompt_logprobs: bool,
 }
 
 /// Why a choice ended.
@@ -62,6 +66,9 @@ impl Finish {
 /// What a request's receiver gets, per choice `index`, in order.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The prompt's tokens after the first, each with its log probability given the tokens before it (and the
+    /// most likely tokens there); before the choice's first `Delta` (only when `prompt_logprobs` was asked).
+    Prompt { index: u32, samples: Vec<Sample> },
     /// Final text (possibly empty: held back while it may begin a stop string) and the tokens drawn.
     Delta {
         index: u32,
@@ -371,6 +378,8 @@ struct Admitted {
 
 /// A model serving the retained-text contract.
 pub struct RetainedService {
+    /// The package's stage writes several logits rows per span (`options.multi_row_logits`).
+    multi_row: bool,
     pub model: Arc<Model>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
@@ -437,6 +446,16 @@ impl RetainedService {
                 model.name, limits.page_bytes
             )));
         }
+        let multi_row = match model.options().get("multi_row_logits") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                Error::package(
+                    "model.json",
+                    "options.multi_row_logits",
+                    "expected true or false (whether the package's stage honours a span's logit_count)",
+                )
+            })?,
+        };
         let speculate = match model.options().get("speculative_tokens") {
             None => 0,
             Some(v) => v
@@ -456,6 +475,14 @@ impl RetainedService {
                     )
                 })? as u32,
         };
+        if speculate > 0 && !multi_row {
+            return Err(Error::package(
+                "model.json",
+                "options.speculative_tokens",
+                "speculative verify needs a package whose stage writes a logits row per verified token: set \
+                 options.multi_row_logits to true only if it does",
+            ));
+        }
         let prefill_chunk = match model.options().get("prefill_chunk_tokens") {
             None => limits.epoch_tokens,
             Some(v) => v
@@ -547,6 +574,7 @@ impl RetainedService {
             limits.page_bytes
         );
         Ok(Arc::new(RetainedService {
+            multi_row,
             model,
             limits,
             metrics,
@@ -681,8 +709,17 @@ impl RetainedService {
                 req.n
             )));
         }
-        if req.max_tokens == 0 {
-            return Err(Error::BadRequest("`max_tokens` must be at least 1".into()));
+        if req.prompt_logprobs && !self.multi_row {
+            return Err(Error::BadRequest(format!(
+                "model `{}` cannot score prompt tokens (`echo` with `logprobs`): its package does not declare \
+                 options.multi_row_logits",
+                self.model.name
+            )));
+        }
+        if req.max_tokens == 0 && !req.prompt_logprobs {
+            return Err(Error::BadRequest(
+                "`max_tokens` must be at least 1 (0 only to score the prompt: with `echo` and `logprobs`)".into(),
+            ));
         }
         let waiting = self.metrics.waiting.load(Ordering::Relaxed);
         if waiting >= self.model.doc.capacities.max_queue as u64 {
@@ -794,6 +831,9 @@ struct Seq {
     proposal: Vec<u32>,
     /// Its session's frontier page (one pool reference), copied into its own page when it is admitted.
     tail: Option<Tail>,
+    /// The prompt is scored ([`GenRequest::prompt_logprobs`]): the log probabilities found so far (prompt
+    /// positions 1 ..= their count), sent in one [`Event::Prompt`] when the last is known.
+    scored: Option<Vec<Sample>>,
 }
 
 impl Seq {
@@ -961,6 +1001,7 @@ impl Engine {
                         session: session.clone(),
                         proposal: Vec::new(),
                         tail,
+                        scored: req.prompt_logprobs.then(Vec::new),
                     });
                     if let Some(t) = tail {
                         self.pool.retain(&[t.page]);
@@ -1321,9 +1362,15 @@ impl Engine {
         if !s.table.pages.is_empty() || s.table.tokens != 0 {
             return;
         }
-        let max_pages = (s.tokens.len().saturating_sub(1)) / pt as usize;
+        // A scored prompt needs the logits after every token: nothing is taken from the prefix cache.
+        let max_pages = if s.scored.is_some() {
+            0
+        } else {
+            (s.tokens.len().saturating_sub(1)) / pt as usize
+        };
         let hits = self.prefix.lookup(&mut self.pool, &s.tokens, pt, max_pages);
         let tail = s.tail.take();
+        let scored = s.scored.is_some();
         s.table.pages = hits.iter().map(|h| h.0).collect();
         s.table.tokens = hits.len() as u32 * pt;
         s.hashes = hits.iter().map(|h| h.1).collect();
@@ -1331,7 +1378,7 @@ impl Engine {
         // unwritten) holds the tokens after the full pages, at least the last known token left to compute.
         if let Some(t) = tail {
             let valid = t.tokens.min(s.tokens.len() as u32 - 1);
-            if valid / pt == hits.len() as u32 && !valid.is_multiple_of(pt) {
+            if !scored && valid / pt == hits.len() as u32 && !valid.is_multiple_of(pt) {
                 match self.copy_page(t.page) {
                     Ok(page) => {
                         let s = &mut self.running[k];
@@ -1447,6 +1494,17 @@ impl Engine {
             self.limits.epoch_spans,
             self.prefill_chunk,
         );
+        // A scored prompt's chunks ask for the logits after each of their tokens (until every prompt token's log
+        // probability is known: a preempted sequence computes its prompt again without asking twice).
+        for sp in &mut plan {
+            let s = &self.running[sp.seq];
+            if let Some(scored) = &s.scored
+                && (scored.len() as u32) + 1 < s.prompt_len
+                && sp.position < s.prompt_len
+            {
+                sp.every_row = true;
+            }
+        }
         // Pages for every span, oldest sequence first. A span that cannot get them takes the pages of the
         // youngest running sequence younger than itself (which is then recomputed from its tokens later); with
         // none to take, it waits for pages (or fails, when the whole pool could not hold it).
@@ -1551,7 +1609,7 @@ impl Engine {
                 (tokens.len() / 4) as i64,
                 (pages.len() / 4) as i64,
                 table_len as i64,
-                if p.logits { rows } else { -1 },
+                if p.logit_rows() > 0 { rows } else { -1 },
                 i64::from(p.logit_rows()),
             ];
             rows += i64::from(p.logit_rows());
@@ -1648,9 +1706,38 @@ impl Engine {
         let now = Instant::now();
         for p in plan {
             let s = &mut self.running[p.seq];
+            // A scored prompt's rows: row j holds the logits after the span's token j, i.e. of the prompt token
+            // at position + j + 1 (the last row of the prompt's last chunk is the first draw's).
+            let draws = if p.logits { p.verify + 1 } else { 0 };
+            let scoring = (p.logit_rows() - draws) as usize;
+            if let Some(scored) = &mut s.scored {
+                let top = s.sampler.params().top_logprobs;
+                for j in 0..scoring {
+                    let at = (p.position as usize) + j + 1;
+                    if at == scored.len() + 1 && at < s.prompt_len as usize {
+                        let l = &logits[(row + j) * vocab..(row + j + 1) * vocab];
+                        scored.push(super::sampling::score(l, s.tokens[at], top));
+                    }
+                }
+                if p.logits && scored.len() + 1 >= s.prompt_len as usize {
+                    let samples = s.scored.take().unwrap_or_default();
+                    (s.events)(Event::Prompt {
+                        index: s.index,
+                        samples,
+                    });
+                }
+            }
+            row += scoring;
+            if p.logits && s.max_tokens == 0 {
+                // Scoring only: the choice ends after its prompt, drawing nothing (its draw row goes unused).
+                row += draws as usize;
+                s.table.commit(p.count, pt);
+                finished.push((p.seq, Finish::Length, false));
+                continue;
+            }
             // The span's known tokens, then the proposals its draws agree with.
             let mut valid = p.count - p.verify;
-            for j in 0..p.logit_rows() as usize {
+            for j in 0..draws as usize {
                 let l = &logits[(row + j) * vocab..(row + j + 1) * vocab];
                 let sample = s.sampler.sample(l);
                 let token = sample.token;
@@ -1664,7 +1751,7 @@ impl Engine {
                 }
                 valid += 1;
             }
-            row += p.logit_rows() as usize;
+            row += draws as usize;
             if p.verify > 0 {
                 let kept = valid - (p.count - p.verify);
                 self.metrics
