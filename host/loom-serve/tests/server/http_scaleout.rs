@@ -45,23 +45,23 @@ fn slow_chat(dir: &Path, pages: u64, spin: u64) -> PathBuf {
     let _ = std::fs::remove_dir_all(&pkg);
     copy_dir(&repo_root().join("packages/arith-chat"), &pkg);
     let k = std::fs::read_to_string(pkg.join("kernel.loom")).unwrap();
-    let stage = "V: i64 = 256>\n";
+    let stage = "R: i64 = 8>\n";
     assert!(k.contains(stage), "arith-chat's epoch stage signature");
-    let dispatch = "    dispatch @logits<S = S, T = T, G = G, PT = PT, P = P, W = W, V = V>(%x, %pool, %out)\n";
+    let dispatch = "    dispatch @logits<S = S, T = T, G = G, PT = PT, P = P, W = W, V = V, R = R>(%x, %pool, %out)\n";
     assert!(k.contains(dispatch), "arith-chat's logits dispatch");
     let k = k
-        .replace(stage, &format!("V: i64 = 256, SPIN: i64 = {spin}>\n"))
+        .replace(stage, &format!("R: i64 = 8, SPIN: i64 = {spin}>\n"))
         .replace(
             dispatch,
-            &format!("{dispatch}    dispatch @spin<S = S, V = V, SPIN = SPIN>(%out)\n"),
+            &format!("{dispatch}    dispatch @spin<S = S, V = V, R = R, SPIN = SPIN>(%out)\n"),
         )
         .replace(
             "module @chat.kernel {\n",
             "module @chat.kernel {
   // Test fixture: adds zero to every logits row after spinning SPIN iterations (a slow epoch).
-  export kernel @spin<S: i64, V: i64, SPIN: i64>
+  export kernel @spin<S: i64, V: i64, R: i64, SPIN: i64>
       grid(S)
-      (%out: buffer<f32, [S, V]> readwrite)
+      (%out: buffer<f32, [R, V]> readwrite)
   {
     %s = program_id 0
     %rv = tile.range 0, V
