@@ -286,7 +286,8 @@ pub(crate) struct Submitted {
 /// What an error message calls record `i` of a request of `n` records: nothing when the request has one
 /// input, else `input 3`, or the name the route gives it (`question `q1``).
 pub(crate) fn label(names: Option<&[String]>, n: usize, i: usize) -> Option<String> {
-    (n > 1).then(|| match names.and_then(|names| names.get(i)) {
+    // `i` past the records: the error is the whole request's (e.g. its memory forecast), no record's.
+    (n > 1 && i < n).then(|| match names.and_then(|names| names.get(i)) {
         Some(name) => format!("question `{name}`"),
         None => format!("input {i}"),
     })

@@ -70,6 +70,13 @@ pub struct Phase {
     pub grants: Grants,
 }
 
+/// A memory forecast: the entry cold preparation selected with `prepare.memory_forecast`, run on the host over
+/// one complete request's input descriptors (no grants).
+pub static FORECAST: Phase = Phase {
+    name: "memory forecast",
+    grants: Grants::NONE,
+};
+
 /// Cold preparation (`prepare`), the same in every contract: declarations and the memory forecast.
 pub static COLD: Phase = Phase {
     name: "cold preparation",

@@ -780,3 +780,70 @@ fn a_failed_gather_fails_its_consumers_without_running_them() {
     );
     s.healthy();
 }
+
+/// A package whose cold preparation selects a memory forecast (`fixtures/forecast-embed`: arith-embed with
+/// `options.memory_forecast` and a 64 KiB budget): a request that cannot fit alone is refused with 413 before
+/// any record is prepared, naming the estimates; one that fits is served as usual. Bad selections fail the
+/// registration naming the entry.
+#[test]
+fn a_memory_forecast_refuses_requests_that_cannot_fit_alone() {
+    let s = TestServer::start("forecast", &[]);
+    let base = s.dir.join("forecast-embed").display().to_string();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "forecast-embed", "base": base}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut rng = Rng(0xf00d);
+    let inputs =
+        |n: usize, rng: &mut Rng| -> Vec<String> { (0..n).map(|_| text(rng, 200)).collect() };
+    // 16 records of 200 bytes: 16 x 209 i32 + 16 x 64 f32 = 17,472 bytes forecast; served, as arith-embed.
+    let small = inputs(16, &mut rng);
+    let v = embed(&s, "forecast-embed", json!(small));
+    for (i, t) in small.iter().enumerate() {
+        let values: Vec<i64> = t.bytes().map(i64::from).collect();
+        close(
+            v["data"][i]["embedding"].as_array().unwrap(),
+            &arith(&values, 64),
+            &format!("input {i}"),
+        );
+    }
+    // 64 records: 64 x 209 x 4 + 64 x 64 x 4 = 69,888 bytes of private peak > 65,536: never fits.
+    let big = inputs(64, &mut rng);
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "forecast-embed", "input": big}),
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("forecasts 102656 device bytes")
+            && text.contains("private peak 69888")
+            && text.contains("leaves 65536 bytes"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("input 0"),
+        "the whole request's error: {text}"
+    );
+    // The same records in requests that fit are served; the model keeps serving.
+    let v = embed(&s, "forecast-embed", json!(big[..8]));
+    assert_eq!(v["data"].as_array().unwrap().len(), 8);
+    // Bad selections: an entry the control program lacks, one with another signature.
+    for (entry, want) in [
+        ("nope", "prepare.memory_forecast selected `nope`"),
+        (
+            "prepare_request",
+            "prepare.memory_forecast selected `prepare_request`",
+        ),
+    ] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": "bad", "base": base,
+                    "options": {"max_tokens": 256, "dims": 64, "batch_units": 2048, "memory_forecast": entry}}),
+        );
+        assert!(r.status == 400 || r.status == 422, "{entry}: {}", r.text());
+        assert!(r.text().contains(want), "{entry}: {}", r.text());
+    }
+    s.healthy();
+}

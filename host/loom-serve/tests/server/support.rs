@@ -40,7 +40,7 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         copy_dir(&repo_root().join("packages").join(p), &dir.join(p));
     }
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/fixtures");
-    for f in ["slow-compile", "slow-embed", "weighted-t"] {
+    for f in ["slow-compile", "slow-embed", "weighted-t", "forecast-embed"] {
         copy_dir(&fixtures.join(f), &dir.join(f));
     }
     dir

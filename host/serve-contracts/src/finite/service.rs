@@ -214,6 +214,7 @@ impl FiniteService {
     /// Runs `prepare_request` here, then queues the request. `reply` is called exactly once, from the scheduler
     /// thread, unless this returns an error (then it is not called).
     pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        self.forecast(&[&input])?;
         let prepared = self.admit(input)?;
         let mut t = self.enqueue(vec![(prepared, reply)])?;
         Ok(t.remove(0))
@@ -223,11 +224,14 @@ impl FiniteService {
     /// sees the request's records together and can place them in one cohort (queued one by one, the first
     /// would start a cohort of its own while the others are still being admitted). All or none: when input
     /// `i` is refused, nothing is queued, no reply is called and the error is `(i, error)`; otherwise every
-    /// reply is called exactly once, from the scheduler, and the tickets are in input order.
+    /// reply is called exactly once, from the scheduler, and the tickets are in input order. The model's memory
+    /// forecast (when it has one) sees the whole request first; its refusal is `(usize::MAX, error)`.
     pub fn submit_all(
         &self,
         inputs: Vec<(Vec<u8>, Reply)>,
     ) -> std::result::Result<Vec<Ticket>, (usize, Error)> {
+        let records: Vec<&[u8]> = inputs.iter().map(|(b, _)| b.as_slice()).collect();
+        self.forecast(&records).map_err(|e| (usize::MAX, e))?;
         let mut admitted = Vec::with_capacity(inputs.len());
         for (i, (input, reply)) in inputs.into_iter().enumerate() {
             admitted.push((self.admit(input).map_err(|e| (i, e))?, reply));
@@ -282,6 +286,19 @@ impl FiniteService {
         Ok(tickets)
     }
 
+    /// The model's memory forecast over one complete request's input records ([`Model::check_forecast`]):
+    /// a request that cannot fit in the model's budget alone is refused (and counted as failed) before any of
+    /// its records is prepared.
+    fn forecast(&self, records: &[&[u8]]) -> Result<()> {
+        if let Err(e) = self.model.check_forecast(records) {
+            let n = records.len() as u64;
+            self.metrics.requests.fetch_add(n, Ordering::Relaxed);
+            self.metrics.failed.fetch_add(n, Ordering::Relaxed);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Counts the request, checks its size and runs `prepare_request`.
     fn admit(&self, input: Vec<u8>) -> Result<Prepared> {
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
@@ -326,7 +343,7 @@ impl FiniteService {
             self.gate.release();
             return self.submit(input, reply);
         }
-        let prepared = match self.admit(input) {
+        let prepared = match self.forecast(&[&input]).and_then(|()| self.admit(input)) {
             Ok(p) => p,
             Err(e) => {
                 self.gate.release();

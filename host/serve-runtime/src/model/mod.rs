@@ -113,6 +113,37 @@ pub struct Model {
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
+    /// The control entry cold preparation selected with `prepare.memory_forecast` (linked and checked).
+    pub(crate) forecast: Option<String>,
+}
+
+/// What a memory forecast estimated for one complete request, in device bytes (the spec's three results).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forecast {
+    /// The producer's private peak: activation staging, input and command workspace (parameters excluded:
+    /// they are resident already and counted apart).
+    pub private_peak: u64,
+    /// Every retained output root.
+    pub retained: u64,
+    /// Gathered output rows (16-byte aligned).
+    pub expanded: u64,
+}
+
+/// The signature of a memory forecast entry: `(state, ranges, descriptors) -> (private_peak_bytes,
+/// retained_bytes, expanded_bytes)`.
+pub fn forecast_signature() -> loom_ir::Signature {
+    use loom_ir::Type;
+    loom_ir::Signature {
+        params: vec![
+            Type::Ref {
+                name: "opaque".into(),
+                nullable: false,
+            },
+            Type::Buffer,
+            Type::Buffer,
+        ],
+        results: vec![Type::I64, Type::I64, Type::I64],
+    }
 }
 
 /// The specialization cache's counters ([`Model::spec_cache_stats`]).
@@ -218,6 +249,67 @@ impl Model {
             c.source_base = self.sources.len();
         }
         c
+    }
+
+    /// The memory forecast of one complete request whose input descriptors are `descriptors` (for the finite
+    /// contract: its input records, in order), when cold preparation selected one: the entry runs with a
+    /// `ranges` table of little-endian i64 (offset, length) pairs into the descriptors laid back to back. A
+    /// request whose three estimates together exceed what the model's budget leaves after its resident
+    /// parameters can never run, alone or not, and is refused here ([`Error::TooLarge`], naming the
+    /// estimates and the budget) before anything is prepared; the forecast reserves nothing, so a request that
+    /// fits still goes through ordinary admission. `Ok(None)`: no forecast selected.
+    pub fn check_forecast(&self, descriptors: &[&[u8]]) -> Result<Option<Forecast>> {
+        let Some(root) = &self.forecast else {
+            return Ok(None);
+        };
+        let mut ranges = Vec::with_capacity(descriptors.len() * 16);
+        let mut bytes = Vec::new();
+        for d in descriptors {
+            ranges.extend_from_slice(&(bytes.len() as i64).to_le_bytes());
+            ranges.extend_from_slice(&(d.len() as i64).to_le_bytes());
+            bytes.extend_from_slice(d);
+        }
+        let (r, _) = self.invoke(
+            root,
+            &crate::contract::FORECAST,
+            &[
+                self.state().clone(),
+                Value::buffer(ranges),
+                Value::buffer(bytes),
+            ],
+            self.doc.fuel.entry(root),
+        );
+        let out = r?;
+        let get = |i: usize| out.get(i).and_then(Value::as_i64).unwrap_or(-1);
+        let (p, k, e) = (get(0), get(1), get(2));
+        if p < 0 || k < 0 || e < 0 {
+            return Err(Error::Program(format!(
+                "the memory forecast `{root}` returned ({p}, {k}, {e}); its three byte estimates must not be \
+                 negative"
+            )));
+        }
+        let f = Forecast {
+            private_peak: p as u64,
+            retained: k as u64,
+            expanded: e as u64,
+        };
+        let total = f
+            .private_peak
+            .saturating_add(f.retained)
+            .saturating_add(f.expanded);
+        let room = self
+            .budget
+            .limit
+            .saturating_sub(self.report.parameter_bytes);
+        if total > room {
+            return Err(Error::TooLarge(format!(
+                "model `{}` forecasts {total} device bytes for this request (private peak {p}, retained output \
+                 {k}, gathered rows {e}); its memory budget leaves {room} bytes after its parameters \
+                 (memory.device_bytes is {})",
+                self.name, self.budget.limit
+            )));
+        }
+        Ok(Some(f))
     }
 
     /// What cold `prepare` returned, every result in order.

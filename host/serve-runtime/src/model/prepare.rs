@@ -49,6 +49,8 @@ struct Programs {
     prepare: Loaded,
     prepare_file: String,
     control: Loaded,
+    control_file: String,
+    control_index: usize,
 }
 
 impl Programs {
@@ -130,6 +132,8 @@ impl Programs {
             prepare,
             prepare_file: prep_file,
             control,
+            control_file: ctl_file,
+            control_index: ctl_idx,
         })
     }
 }
@@ -193,6 +197,7 @@ pub fn prepare(
 
     let programs = Programs::build(name, files, limits, &doc, &interface)?;
     let prep_file = programs.prepare_file.clone();
+    let (ctl_file, ctl_idx) = (programs.control_file.clone(), programs.control_index);
     let (prepare_loaded, control, catalog) = (programs.prepare, programs.control, programs.catalog);
 
     // Cold preparation.
@@ -245,6 +250,31 @@ pub fn prepare(
             "{prep_file}: prepare declared no stage (call prepare.stage)"
         )));
     }
+    // The memory forecast entry: linked into the control program beside the contract's entries, and checked.
+    let (control, forecast) = match &decls.memory_forecast {
+        None => (control, None),
+        Some(root) => {
+            let mut roots: Vec<&str> = interface.entries.iter().map(|(n, _)| *n).collect();
+            roots.push(root);
+            let selected = |e: Error| {
+                Error::Program(format!(
+                    "{prep_file}: prepare.memory_forecast selected `{root}` of {ctl_file}: {e}"
+                ))
+            };
+            let linked = load(
+                &catalog,
+                ctl_idx,
+                &ctl_file,
+                &roots,
+                &abi::control_role(),
+                &natives::control_program_modules(),
+            )
+            .map_err(selected)?;
+            check_entry(&linked, &ctl_file, root, &super::forecast_signature())
+                .map_err(selected)?;
+            (linked, Some(root.clone()))
+        }
+    };
 
     // Sources: each opened and indexed once, before any placement.
     progress.phase(ProgressPhase::Sources);
@@ -319,6 +349,7 @@ pub fn prepare(
         timelines: Mutex::new(Vec::new()),
         gather,
         progress: Mutex::new(progress.clone()),
+        forecast,
     };
     progress.phase(ProgressPhase::Compiling);
     let compile_start = Instant::now();
