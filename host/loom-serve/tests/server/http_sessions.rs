@@ -560,3 +560,56 @@ fn appends_copy_the_partial_frontier_page_instead_of_recomputing_it() {
     assert_eq!(pages_used(&s), 0.0);
     s.healthy();
 }
+
+#[test]
+fn sessions_of_a_speculating_model_replay_exactly() {
+    let s = start("sessions-speculative");
+    let base = s.dir.join(M).display().to_string();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "spec", "base": base,
+                "options": {"epoch_tokens": 256, "epoch_spans": 8, "page_tokens": 16, "context": 1024,
+                            "multi_row_logits": true, "speculative_tokens": 4}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Greedy arith-chat falls into cycles, so the appends verify (and keep, and reject) proposals; rejected
+    // proposals' state is written past the committed tokens, into the page that becomes the frontier.
+    let v = ok(s.post_json(
+        "/v1/sessions",
+        &json!({"model": "spec", "prompt": "abcabcabcabcabc xyz"}),
+    ));
+    let a = v["id"].as_str().unwrap().to_string();
+    let fresh = |replay: &[u8], params: &Value| {
+        let mut b = params.clone();
+        b["model"] = json!(M);
+        b["prompt"] = json!(replay);
+        ok(s.post_json("/v1/completions", &b))
+    };
+    let check = |id: &str, text: &str, params: Value| {
+        let mut replay = tokens(&s, id);
+        replay.extend_from_slice(text.as_bytes());
+        let mut b = params.clone();
+        b["prompt"] = json!(text);
+        let got = post(&s, id, "append", b);
+        let want = fresh(&replay, &params);
+        assert_eq!(got["choices"], want["choices"], "{id} + {text:?}");
+    };
+    check(&a, "", greedy(80));
+    check(&a, " again", greedy(60));
+    let b = post(&s, &a, "fork", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    check(&b, "q", seeded(50, 9));
+    check(&a, "r", greedy(40));
+    post(&s, &a, "rewind", json!({"tokens": 37}));
+    check(&a, "zz", greedy(70));
+    let kept = s.metric("loom_text_speculative_accepted_tokens_total{model=\"spec\"}");
+    let proposed = s.metric("loom_text_speculative_proposed_tokens_total{model=\"spec\"}");
+    assert!(
+        kept > 10.0 && kept < proposed,
+        "{kept} of {proposed} proposals kept"
+    );
+    assert!(s.metric("loom_text_pages_copied_total{model=\"spec\"}") >= 4.0);
+    s.healthy();
+}
