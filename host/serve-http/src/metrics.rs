@@ -39,6 +39,12 @@ fn model_series(svc: &dyn Service) -> Vec<Series> {
             c.evictions as f64,
         ),
         Series::sample(
+            "loom_specialization_cache_stale_total",
+            "invocation stage sets dropped because a checkpoint they opened changed on disk",
+            "counter",
+            c.stale as f64,
+        ),
+        Series::sample(
             "loom_specialization_cache_entries",
             "invocation stage sets cached (at most the package's specialization_cache)",
             "gauge",

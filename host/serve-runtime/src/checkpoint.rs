@@ -48,12 +48,36 @@ pub enum Meta {
 #[derive(Debug)]
 pub struct Source {
     pub files: Vec<PathBuf>,
+    /// Each file's generation when it was opened and indexed.
+    pub gens: Vec<FileGen>,
     /// How messages name each file (package-relative for package checkpoints).
     pub names: Vec<String>,
     handles: Vec<Arc<File>>,
     pub entries: HashMap<String, Entry>,
     /// GGUF metadata (empty for safetensors).
     pub meta: HashMap<String, Meta>,
+}
+
+/// A checkpoint file's generation: its identity (device, inode) and its size and modification time. Replacing the
+/// file (a new inode) or rewriting it (a new size or time) makes a new generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileGen {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileGen {
+    fn of(m: &std::fs::Metadata) -> FileGen {
+        use std::os::unix::fs::MetadataExt;
+        FileGen {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        }
+    }
 }
 
 impl Source {
@@ -72,6 +96,7 @@ impl Source {
     pub fn open_named(files: &[(PathBuf, String)]) -> Result<Source, String> {
         let mut s = Source {
             files: Vec::new(),
+            gens: Vec::new(),
             names: Vec::new(),
             handles: Vec::new(),
             entries: HashMap::new(),
@@ -87,10 +112,11 @@ impl Source {
     pub fn append(&mut self, path: &Path, name: &str) -> Result<(), String> {
         let file = File::open(path)
             .map_err(|e| format!("checkpoint {name}: {}", crate::package::io_text(&e)))?;
-        let len = file
+        let md = file
             .metadata()
-            .map_err(|e| format!("checkpoint {name}: {}", crate::package::io_text(&e)))?
-            .len();
+            .map_err(|e| format!("checkpoint {name}: {}", crate::package::io_text(&e)))?;
+        let len = md.len();
+        let generation = FileGen::of(&md);
         let mut magic = [0u8; 4];
         read_exact_at(&file, &mut magic, 0, len).map_err(|e| format!("checkpoint {name}: {e}"))?;
         let idx = self.files.len();
@@ -110,9 +136,23 @@ impl Source {
         }
         self.meta.extend(meta);
         self.files.push(path.to_path_buf());
+        self.gens.push(generation);
         self.names.push(name.to_string());
         self.handles.push(Arc::new(file));
         Ok(())
+    }
+
+    /// The first of its files (by name) that is no longer the generation it indexed: replaced, rewritten or
+    /// gone. Its index (tensor offsets) then describes another file, so nothing may be placed from it again.
+    pub fn stale(&self) -> Option<&str> {
+        self.files
+            .iter()
+            .zip(&self.gens)
+            .zip(&self.names)
+            .find(|((path, g), _)| {
+                std::fs::metadata(path).map(|m| FileGen::of(&m)).ok() != Some(**g)
+            })
+            .map(|(_, name)| name.as_str())
     }
 
     /// The open descriptor of shard `shard`, to hand to a device that queues file reads (it opens its own

@@ -801,3 +801,103 @@ fn sigterm_has_a_drain_deadline() {
         "exited {took:?} after SIGTERM"
     );
 }
+
+/// Checks the weighted embeddings of `inputs` from `model` against the oracle's times `k` (the head and the bias
+/// scaled by `scaled_head(k)`).
+fn weighted_times(s: &TestServer, model: &str, k: f64) {
+    let v = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": model, "input": ["hi", "there"]}),
+        )
+        .json();
+    for (i, t) in ["hi", "there"].iter().enumerate() {
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        let want: Vec<f64> = crate::http_embed::weighted(&vals)
+            .iter()
+            .map(|x| k * x)
+            .collect();
+        let got = v["data"][i]["embedding"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"));
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{model} x{k}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// Compiled code and placed parameters are reused only within a checkpoint's generation: a request-time
+/// checkpoint replaced (or rewritten in place) is indexed and placed again for the next cohort, and a cold
+/// checkpoint changed while the model is deactivated makes its activation fail, naming the file.
+#[test]
+fn a_changed_checkpoint_is_a_new_source_generation() {
+    let s = TestServer::start("source-generation", &[]);
+    let base = s.dir.join("arith-embed-weighted");
+    let w2 = base.join("weights2.safetensors");
+    std::fs::write(&w2, scaled_head(2.0)).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "w2", "base": base.display().to_string(),
+                "options": {"cohort_checkpoint": "weights2.safetensors"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    weighted_times(&s, "w2", 2.0);
+    weighted_times(&s, "w2", 2.0);
+    let stale = || s.metric("loom_specialization_cache_stale_total{model=\"w2\"}");
+    assert_eq!(stale(), 0.0);
+    // Replaced (a new file renamed over it): the next cohort reads the new head.
+    let tmp = base.join("weights2.tmp");
+    std::fs::write(&tmp, scaled_head(3.0)).unwrap();
+    std::fs::rename(&tmp, &w2).unwrap();
+    weighted_times(&s, "w2", 3.0);
+    assert_eq!(stale(), 1.0);
+    weighted_times(&s, "w2", 3.0);
+    assert_eq!(stale(), 1.0, "the new generation is cached");
+    // Rewritten in place (same file, same size, a later modification time).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&w2, scaled_head(4.0)).unwrap();
+    weighted_times(&s, "w2", 4.0);
+    assert_eq!(stale(), 2.0);
+    // A cold checkpoint changed while deactivated: activation fails naming it; the old model is not served
+    // from the new file's bytes.
+    let wc = base.join("weights-c.safetensors");
+    std::fs::write(&wc, scaled_head(1.0)).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "wc", "base": base.display().to_string(),
+                "options": {"checkpoint": "weights-c.safetensors"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    weighted_times(&s, "wc", 1.0);
+    let r = s.request("POST", "/v1/models/wc/deactivate", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::fs::write(&tmp, scaled_head(5.0)).unwrap();
+    std::fs::rename(&tmp, &wc).unwrap();
+    let r = s.request("POST", "/v1/models/wc/activate", b"");
+    assert!(r.status >= 400, "{}", r.text());
+    assert!(
+        r.text().contains("weights-c.safetensors")
+            && r.text().contains("changed since the model was prepared"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        !r.text().contains(&s.dir.display().to_string()),
+        "{}",
+        r.text()
+    );
+    // Unregistered and registered again, it serves the new file.
+    let r = s.request("DELETE", "/v1/models/wc", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "wc", "base": base.display().to_string(),
+                "options": {"checkpoint": "weights-c.safetensors"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    weighted_times(&s, "wc", 5.0);
+    s.healthy();
+}

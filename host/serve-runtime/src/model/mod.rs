@@ -73,7 +73,9 @@ pub struct PrepareReport {
 }
 
 /// Resident parameter buffers of one domain: (ordered file lists per policy input, policy).
-type DomainKey = (Vec<Vec<PathBuf>>, String);
+/// A parameter domain's identity: its input sources' files, each with the generation it was indexed at (a
+/// rewritten checkpoint is another domain), and its policy.
+type DomainKey = (Vec<Vec<(PathBuf, crate::checkpoint::FileGen)>>, String);
 
 /// A prepared model.
 #[derive(Debug)]
@@ -155,6 +157,8 @@ pub struct SpecCacheStats {
     pub misses: u64,
     /// Sets dropped to keep at most `specialization_cache`.
     pub evictions: u64,
+    /// Sets dropped because a checkpoint they opened changed on disk (built again from the new file).
+    pub stale: u64,
     /// Sets cached now.
     pub entries: usize,
 }
@@ -508,6 +512,24 @@ impl Model {
     /// Streams every parameter again from its (already indexed) source; on failure nothing stays resident.
     /// `progress` follows this activation from here on.
     pub fn activate_params(&self, progress: Arc<Progress>) -> Result<()> {
+        // The cold stages were compiled and bound against their checkpoints' index: a checkpoint rewritten
+        // since is another file, and placing from it would read the wrong bytes.
+        for (i, src) in self.sources.iter().enumerate() {
+            if let Some(name) = src.stale() {
+                return Err(Error::Checkpoint(format!(
+                    "source {i}: checkpoint {name} changed since the model was prepared (another file, size or \
+                     modification time); register the model again to serve it"
+                )));
+            }
+        }
+        // Request-time sets whose checkpoints changed are dropped (built again when a cohort declares them).
+        if let Ok(mut c) = self.spec_cache.lock() {
+            let cold = self.sources.len();
+            let before = c.entries.len();
+            c.entries
+                .retain(|(_, set)| set.sources[cold..].iter().all(|s| s.stale().is_none()));
+            c.stale += (before - c.entries.len()) as u64;
+        }
         *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress.clone();
         progress.phase(ProgressPhase::Placing);
         let stages = self.all_stages();
@@ -543,6 +565,7 @@ impl Model {
                 hits: c.hits,
                 misses: c.misses,
                 evictions: c.evictions,
+                stale: c.stale,
                 entries: c.entries.len(),
             })
             .unwrap_or_default()

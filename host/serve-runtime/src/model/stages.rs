@@ -120,6 +120,10 @@ pub(crate) struct SpecCache {
     pub(crate) hits: u64,
     pub(crate) misses: u64,
     pub(crate) evictions: u64,
+    /// Sets dropped because a checkpoint they opened changed on disk.
+    pub(crate) stale: u64,
+    /// A set was dropped: release the resident buffers no set uses any more.
+    pub(crate) release_pending: bool,
 }
 
 impl Model {
@@ -306,8 +310,17 @@ impl Model {
             )));
         }
         let inputs: Vec<usize> = inputs.into_iter().flatten().collect();
-        let key_files: Vec<Vec<PathBuf>> =
-            inputs.iter().map(|&s| sources[s].files.clone()).collect();
+        let key_files: Vec<Vec<(PathBuf, crate::checkpoint::FileGen)>> = inputs
+            .iter()
+            .map(|&s| {
+                let src = &sources[s];
+                src.files
+                    .iter()
+                    .cloned()
+                    .zip(src.gens.iter().copied())
+                    .collect()
+            })
+            .collect();
         let dkey: DomainKey = (key_files, policy);
         let mut out = Vec::with_capacity(stage.params.len());
         for b in &stage.params {
@@ -510,11 +523,7 @@ impl Model {
             });
         }
         let mut c = self.spec_cache.lock().ok()?;
-        let i = c.entries.iter().position(|(d, _)| d == decls)?;
-        let e = c.entries.remove(i);
-        let set = e.1.clone();
-        c.entries.push(e);
-        c.hits += 1;
+        let set = self.cache_lookup(&mut c, decls)?;
         drop(c);
         let mut stages = self.stages.clone();
         stages.extend(set.stages.iter().cloned());
@@ -548,17 +557,41 @@ impl Model {
         }
     }
 
+    /// The cached set of `decls` (counted as a hit and made the most recently used), unless a checkpoint it
+    /// opened is no longer the generation it indexed: the set is then dropped (counted in `stale`) and built
+    /// again from the files as they are, so compiled code and placed parameters are reused only within their
+    /// source generation.
+    fn cache_lookup(&self, c: &mut SpecCache, decls: &Decls) -> Option<Arc<InvocationSet>> {
+        let i = c.entries.iter().position(|(d, _)| d == decls)?;
+        let cold = self.sources.len();
+        if let Some(name) = c.entries[i].1.sources[cold..]
+            .iter()
+            .find_map(|s| s.stale())
+        {
+            log::info!(
+                "model {}: checkpoint {name} changed since it was indexed; its declaration set is built again",
+                self.name
+            );
+            c.entries.remove(i);
+            c.stale += 1;
+            // Its resident buffers are released once the set built instead is in (see `invocation_set`).
+            c.release_pending = true;
+            return None;
+        }
+        let e = c.entries.remove(i);
+        let set = e.1.clone();
+        c.entries.push(e);
+        c.hits += 1;
+        Some(set)
+    }
+
     fn invocation_set(&self, decls: Decls) -> Result<Arc<InvocationSet>> {
         {
             let mut c = self
                 .spec_cache
                 .lock()
                 .map_err(|_| Error::Internal("spec cache poisoned".into()))?;
-            if let Some(i) = c.entries.iter().position(|(d, _)| *d == decls) {
-                let e = c.entries.remove(i);
-                let set = e.1.clone();
-                c.entries.push(e);
-                c.hits += 1;
+            if let Some(set) = self.cache_lookup(&mut c, &decls) {
                 return Ok(set);
             }
             c.misses += 1;
@@ -590,7 +623,7 @@ impl Model {
             .lock()
             .map_err(|_| Error::Internal("spec cache poisoned".into()))?;
         c.entries.push((decls, built.clone()));
-        let mut evicted = false;
+        let mut evicted = std::mem::take(&mut c.release_pending);
         while c.entries.len() > self.doc.specialization_cache {
             c.entries.remove(0);
             c.evictions += 1;
