@@ -18,7 +18,8 @@ Rows (each side measured the same way; both greedy, so both do the same work):
 - time to first token, 40-token prompt, p50 (cold: a different first token every round);
 - prefix sharing (loom-serve only): time to first token behind a 500-token system prompt, cold (a new system
   prompt) and warm (the same system prompt, another question);
-- 16 concurrent streams through HTTP: aggregate tokens/s and p50/p99 inter-token latency; the peer is llama.cpp's
+- 16 concurrent streams through HTTP: aggregate tokens/s, p50/p99 inter-token latency and the time to first token
+  (the 16 arrive at once: how a server packs their prompts trades one against the other); the peer is llama.cpp's
   own `llama-server` (continuous batching, 16 slots: `-np 16 -c 16384`, its native `/completion`, greedy,
   `ignore_eos`) when a build is found (`$LLAMA_SERVER`, default `.models/bench/llama-build/bin/llama-server`; see
   BENCHMARKS.md for the build), else that row is skipped.
@@ -106,7 +107,8 @@ class Loom:
 
 def llama_server_streams(chat_ids, rounds):
     """16 concurrent greedy streams of 128 tokens against llama.cpp's llama-server (16 slots, continuous
-    batching), the same prompts as loom-serve's; returns (best aggregate tokens/s, gaps) or None without a build."""
+    batching), the same prompts as loom-serve's; returns (best aggregate tokens/s, gaps, times to first token) or
+    None without a build."""
     exe = os.environ.get("LLAMA_SERVER", os.path.join(ROOT, ".models/bench/llama-build/bin/llama-server"))
     if not os.path.exists(exe):
         print(f"llama-server: no build at {exe}; the 16-stream peer is skipped")
@@ -117,13 +119,14 @@ def llama_server_streams(chat_ids, rounds):
                              "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
         loomserve.wait_healthy(port)
-        gaps, rates = [], []
+        gaps, rates, firsts = [], [], []
         lock = threading.Lock()
 
         def one(i, counts):
             body = {"prompt": [400 + i] + chat_ids[1:], "n_predict": 128, "temperature": 0, "top_k": 1,
                     "ignore_eos": True, "stream": True, "cache_prompt": False}
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            t0 = time.perf_counter()
             times, n = [], 0
             for ev in loomserve.sse_events(c, "/completion", body):
                 if ev.get("stop"):
@@ -134,6 +137,7 @@ def llama_server_streams(chat_ids, rounds):
             with lock:
                 gaps.extend(b - a for a, b in zip(times, times[1:]))
                 counts.append(n)
+                firsts.append(times[0] - t0)
 
         for r in range(rounds + 1):
             counts = []
@@ -145,7 +149,7 @@ def llama_server_streams(chat_ids, rounds):
                 t.join()
             if r > 0:  # the first round warms up
                 rates.append(sum(counts) / (time.perf_counter() - t0))
-        return max(rates), gaps
+        return max(rates), gaps, firsts
     finally:
         proc.terminate()
         proc.wait()
@@ -198,7 +202,7 @@ def main():
     print(f"loom-serve: prefix sharing, time to first token behind a 500-token system prompt: cold "
           f"{pct(cold, 0.5) * 1000:.0f} ms, warm {pct(warm, 0.5) * 1000:.0f} ms (p50 of {rounds})")
     # 16 concurrent streams of 128 tokens after different short prompts.
-    gaps, counts, spans = [], [], []
+    gaps, counts, spans, firsts = [], [], [], []
     lock = threading.Lock()
 
     def one(i):
@@ -207,6 +211,7 @@ def main():
             gaps.extend(b - a for a, b in zip(ts, ts[1:]))
             counts.append(n)
             spans.append((t0, ts[-1]))
+            firsts.append(ts[0] - t0)
 
     for r in range(rounds):
         # Each round's prompts start with tokens of their own: nothing is served from the prefix cache.
@@ -221,7 +226,8 @@ def main():
     loom.stop()
     streams = max(res["streams"])
     print(f"loom-serve: 16 streams x 128 tokens: {streams:.0f} tokens/s aggregate, inter-token p50 "
-          f"{pct(gaps, 0.5) * 1000:.1f} ms, p99 {pct(gaps, 0.99) * 1000:.1f} ms")
+          f"{pct(gaps, 0.5) * 1000:.1f} ms, p99 {pct(gaps, 0.99) * 1000:.1f} ms; time to first token p50 "
+          f"{pct(firsts, 0.5) * 1000:.0f} ms, max {max(firsts) * 1000:.0f} ms")
 
     # ---- llama.cpp ----
     for fa in (False, True):
@@ -257,9 +263,10 @@ def main():
 
     ls = llama_server_streams(chat_ids, rounds)
     if ls:
-        rate, lgaps = ls
+        rate, lgaps, lfirsts = ls
         print(f"llama-server: 16 streams x 128 tokens: {rate:.0f} tokens/s aggregate, inter-token p50 "
-              f"{pct(lgaps, 0.5) * 1000:.1f} ms, p99 {pct(lgaps, 0.99) * 1000:.1f} ms; loom-serve / llama-server "
+              f"{pct(lgaps, 0.5) * 1000:.1f} ms, p99 {pct(lgaps, 0.99) * 1000:.1f} ms; time to first token p50 "
+              f"{pct(lfirsts, 0.5) * 1000:.0f} ms, max {max(lfirsts) * 1000:.0f} ms; loom-serve / llama-server "
               f"{streams / rate:.2f}x")
 
     peer = max((v for k, v in res.items() if k.startswith("llama.cpp")), key=lambda v: v["decode"])
