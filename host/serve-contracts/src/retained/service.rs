@@ -1430,20 +1430,22 @@ impl Engine {
     }
 
     /// Sets running sequence `k`'s proposals for the next epoch: prompt lookup over its own tokens when it is
-    /// decoding (one pending token), at most `speculate` of them and never more than it may still generate.
-    fn propose(&mut self, k: usize) {
+    /// decoding (one pending token), at most `speculate` and `budget` of them and never more than it may still
+    /// generate. Returns how many it proposes.
+    fn propose(&mut self, k: usize, budget: u32) -> u32 {
         let s = &mut self.running[k];
         s.proposal.clear();
         let known = s.tokens.len() as u32;
-        if self.speculate == 0 || s.generated == 0 || known != s.table.tokens + 1 {
-            return;
+        if self.speculate == 0 || budget == 0 || s.generated == 0 || known != s.table.tokens + 1 {
+            return 0;
         }
         // Each verified row draws a token: the pending one's row and one per proposal.
         let room = (s.max_tokens.saturating_sub(s.generated))
             .min(self.limits.context.saturating_sub(known))
             .saturating_sub(1);
-        let k = self.speculate.min(room) as usize;
+        let k = self.speculate.min(room).min(budget) as usize;
         s.proposal = propose(&s.tokens, k, LOOKUP_NGRAM.0, LOOKUP_NGRAM.1);
+        s.proposal.len() as u32
     }
 
     /// The page gauges: pages held by sequences, and pages the prefix cache knows.
@@ -1473,19 +1475,18 @@ impl Engine {
         let pt = self.limits.page_tokens;
         for k in 0..self.running.len() {
             self.attach_prefix(k);
-            self.propose(k);
         }
         // Proposals only fill a small epoch: past SPECULATIVE_ROWS decoders' rows, the epoch's dots are no longer
         // bound by reading the weights once, and verifying costs the neighbours' time (oldest sequences first).
+        // With that many decoders no lookup runs at all.
         let decoders = self
             .running
             .iter()
             .filter(|s| s.tokens.len() as u32 == s.table.tokens + 1)
             .count() as u32;
-        let mut budget = SPECULATIVE_ROWS.saturating_sub(decoders) as usize;
-        for s in &mut self.running {
-            s.proposal.truncate(budget);
-            budget -= s.proposal.len();
+        let mut budget = SPECULATIVE_ROWS.saturating_sub(decoders);
+        for k in 0..self.running.len() {
+            budget -= self.propose(k, budget);
         }
         let progress: Vec<Progress> = self.running.iter().map(Seq::progress).collect();
         let mut plan = plan_epoch(
@@ -1861,7 +1862,7 @@ fn emit(
 }
 
 /// The bytes of `token` (its tokenizer's; a byte itself without one).
-fn token_bytes(model: &Model, token: u32) -> Vec<u8> {
+pub fn token_bytes(model: &Model, token: u32) -> Vec<u8> {
     match model.tokenizer() {
         Some(t) => t.token_bytes(token).unwrap_or_default(),
         None => vec![token as u8],
