@@ -12,6 +12,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json, json};
 use serve_contracts::retained::sampling::{MAX_TOP_LOGPROBS, Sample, SamplingParams};
+use serve_contracts::retained::service::token_bytes;
 use serve_contracts::retained::{Event, Finish, GenRequest, RetainedService, Ticket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -264,10 +265,7 @@ async fn complete(
                     let bytes: Vec<u8> = req
                         .prompt
                         .iter()
-                        .flat_map(|&t| match svc.model.tokenizer() {
-                            Some(tk) => tk.token_bytes(t).unwrap_or_default(),
-                            None => vec![t as u8],
-                        })
+                        .flat_map(|&t| token_bytes(&svc.model, t))
                         .collect();
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
@@ -404,10 +402,7 @@ struct Logprobs {
 
 impl Responder {
     fn token_text(&self, id: u32) -> (String, Vec<u8>) {
-        let bytes = match self.svc.model.tokenizer() {
-            Some(t) => t.token_bytes(id).unwrap_or_default(),
-            None => vec![id as u8],
-        };
+        let bytes = token_bytes(&self.svc.model, id);
         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
     }
 
