@@ -459,26 +459,7 @@ fn prepare_batch_can_declare_a_request_time_checkpoint() {
     );
     assert_eq!(r.status, 201, "{}", r.text());
     for _ in 0..2 {
-        let v = s
-            .post_json(
-                "/v1/embeddings",
-                &json!({"model": "w2", "input": ["hi", "there"]}),
-            )
-            .json();
-        for (i, t) in ["hi", "there"].iter().enumerate() {
-            let vals: Vec<i64> = t.bytes().map(i64::from).collect();
-            let want: Vec<f64> = crate::http_embed::weighted(&vals)
-                .iter()
-                .map(|x| 2.0 * x)
-                .collect();
-            let got = v["data"][i]["embedding"].as_array().unwrap();
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0),
-                    "{g} vs {w}"
-                );
-            }
-        }
+        weighted_times(&s, "w2", 2.0);
     }
     // The second cohort reused the first one's declaration set (and its indexed source).
     assert!(s.metric("loom_specialization_cache_hits_total{model=\"w2\"}") >= 1.0);
