@@ -1,5 +1,6 @@
 """Starting the release loom-serve for the Python benchmarks (benches/*/bench.py): a free port, the server
-with one package (`--model`), and the wait until `/health` answers 200."""
+with one package (`--model`), and the wait until `/health` answers 200; registering more (`register`) and
+reading an SSE stream (`sse_events`)."""
 import http.client
 import json
 import os
@@ -26,6 +27,18 @@ def start(binary, package_dir, log_name):
     proc.stdout.readline()
     wait_healthy(port)
     return proc, port
+
+
+def register(port, name, base, options):
+    """Registers the package at `base` as model `name` with `options` (replacing its `model.json` options) on
+    the server at `port`; fails unless it is ready (201)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/models", json.dumps({"name": name, "base": base, "options": options}),
+              {"content-type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    assert r.status == 201, body
 
 
 def wait_healthy(port):

@@ -30,13 +30,7 @@ def main():
     with open(os.path.join(ROOT, "packages", "smollm2", "model.json")) as f:
         options = dict(json.load(f)["options"], speculative_tokens=0)
     for name, pkg in (("A", os.path.join(ROOT, "packages", "smollm2")), ("B", os.path.abspath(other))):
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request("POST", "/v1/models", json.dumps({"name": name, "base": pkg, "options": options}),
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        assert r.status == 201, r.read()
-        r.read()
-        c.close()
+        loomserve.register(port, name, pkg, options)
 
     def decode(model, n, r):
         body = {"model": model, "prompt": f"{r} " + CHAT, "max_tokens": n, "temperature": 0, "ignore_eos": True,

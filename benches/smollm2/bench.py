@@ -76,13 +76,7 @@ class Loom:
         # speculative verify off, registered as "plain" (benches/smollm2/speculative.py measures it).
         with open(os.path.join(package, "model.json")) as f:
             options = dict(json.load(f)["options"], speculative_tokens=0)
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        c.request("POST", "/v1/models", json.dumps({"name": "plain", "base": package, "options": options}),
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        assert r.status == 201, r.read()
-        r.read()
-        c.close()
+        loomserve.register(self.port, "plain", package, options)
 
     def stream(self, prompt, max_tokens):
         """Streams a greedy completion of `prompt` (text or token ids); returns the start time, the arrival time

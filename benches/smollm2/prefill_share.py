@@ -44,14 +44,7 @@ def main():
     names = []
     for v in values:
         names.append(f"c{v}")
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request("POST", "/v1/models", json.dumps({"name": names[-1], "base": PACKAGE,
-                                                    "options": dict(options, prefill_chunk_tokens=v)}),
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        assert r.status == 201, r.read()
-        r.read()
-        c.close()
+        loomserve.register(port, names[-1], PACKAGE, dict(options, prefill_chunk_tokens=v))
 
     def stream(model, prompt, n):
         body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,

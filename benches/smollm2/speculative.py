@@ -87,13 +87,7 @@ def main():
     plain = dict(options)
     plain["speculative_tokens"] = 0
     for name, opts in (("plain", plain), ("spec", options)):
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request("POST", "/v1/models", json.dumps({"name": name, "base": PACKAGE, "options": opts}),
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        assert r.status == 201, r.read()
-        r.read()
-        c.close()
+        loomserve.register(port, name, PACKAGE, opts)
     res, texts = {}, {}
     for task, user in TASKS.items():
         for model in ("plain", "spec"):
