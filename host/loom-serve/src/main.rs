@@ -265,7 +265,10 @@ fn main() -> Result<()> {
             {
                 let files = PackageFiles::Dir(dir.clone());
                 let name = name.unwrap_or_else(|| {
-                    files.default_name().ok().unwrap_or_else(|| {
+                    files
+                        .default_name(overrides.manifest_file())
+                        .ok()
+                        .unwrap_or_else(|| {
                         dir.file_name()
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_else(|| "model".into())
@@ -389,10 +392,25 @@ fn deployment(file: &std::path::Path, a: &mut Args) -> Result<()> {
                     .clone(),
             ),
         };
+        let manifest = match m.get("manifest") {
+            None => None,
+            Some(v) => {
+                let v = v
+                    .as_str()
+                    .with_context(|| format!("{}: expected a file name", field("manifest")))?;
+                serve_runtime::package::manifest_name(v)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", field("manifest")))?;
+                Some(v.to_string())
+            }
+        };
         a.models.push(StartModel {
             dir,
             name,
-            overrides: Overrides { device, options },
+            overrides: Overrides {
+                device,
+                options,
+                manifest,
+            },
         });
     }
     Ok(())

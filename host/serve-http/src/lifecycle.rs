@@ -166,7 +166,23 @@ fn overrides(body: &Json) -> Result<Overrides, ApiError> {
         }
         Some(_) => return Err(ApiError::bad_request("`options` must be an object")),
     };
-    Ok(Overrides { device, options })
+    let manifest = match body.get("manifest") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(m)) => {
+            serve_runtime::package::manifest_name(m).map_err(ApiError::bad_request)?;
+            Some(m.clone())
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`manifest` must be a string (a `.json` file in the package's directory)",
+            ));
+        }
+    };
+    Ok(Overrides {
+        device,
+        options,
+        manifest,
+    })
 }
 
 /// The registration's `replace` (default false): whether a model of this name that serves another role may be
@@ -195,7 +211,7 @@ async fn register_files(
     Ok((StatusCode::CREATED, axum::Json(model_json(&info))).into_response())
 }
 
-/// `POST /v1/models {name, base, device?, options?, replace?}`: a server-local package directory.
+/// `POST /v1/models {name, base, manifest?, device?, options?, replace?}`: a server-local package directory.
 pub(crate) async fn register(
     State(st): St,
     body: Result<Bytes, BytesRejection>,
@@ -222,7 +238,7 @@ pub(crate) async fn register(
     let name = match body.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
         None => PackageFiles::Dir(base.clone())
-            .default_name()
+            .default_name(ov.manifest_file())
             .map_err(ApiError::bad_request)?,
     };
     register_files(&st, name, PackageFiles::Dir(base), ov, replace).await
@@ -411,7 +427,9 @@ pub(crate) async fn upload(State(st): St, mut mp: Multipart) -> Result<Response,
     let replace = replace_flag(&meta)?;
     let name = match meta.get("name").and_then(Json::as_str) {
         Some(n) => n.to_string(),
-        None => pf.default_name().map_err(ApiError::bad_request)?,
+        None => pf
+            .default_name(ov.manifest_file())
+            .map_err(ApiError::bad_request)?,
     };
     register_files(&st, name, pf, ov, replace).await
 }

@@ -391,6 +391,27 @@ impl Drop for UploadedParams {
     }
 }
 
+/// Checks a registration's `manifest` (the package's manifest to prepare instead of `model.json`, a deployment
+/// of the same package family): a `.json` file name in the package's base directory, `[A-Za-z0-9._-]`, at most
+/// 128 bytes.
+pub fn manifest_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.ends_with(".json")
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`manifest` {name:?}: expected the name of a `.json` file in the package's directory (1 to 128 \
+             characters of [A-Za-z0-9._-], not starting with a dot)"
+        ))
+    }
+}
+
 /// Normalises a package-relative path: no absolute paths, no `..` escaping the base.
 pub fn relative(doc_file: &str, field: &str, path: &str) -> Result<String, Error> {
     let p = Path::new(path);
@@ -497,16 +518,16 @@ impl PackageFiles {
     }
 
     /// The `name` in the package's `model.json` (registrations that name no model use it).
-    pub fn default_name(&self) -> Result<String, String> {
+    pub fn default_name(&self, manifest: &str) -> Result<String, String> {
         let doc = self
-            .read("model.json")
-            .map_err(|m| format!("model.json: {m}"))?;
+            .read(manifest)
+            .map_err(|m| format!("{manifest}: {m}"))?;
         let v: serde_json::Value =
-            serde_json::from_slice(&doc).map_err(|e| format!("model.json: {e}"))?;
+            serde_json::from_slice(&doc).map_err(|e| format!("{manifest}: {e}"))?;
         v.get("name")
             .and_then(serde_json::Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| "no `name` in the request or in model.json".to_string())
+            .ok_or_else(|| format!("no `name` in the request or in {manifest}"))
     }
 
     /// The base directory checkpoint paths resolve against.

@@ -135,7 +135,9 @@ impl Registry {
     ) -> Result<ModelInfo> {
         check_model_name(name).map_err(Error::BadRequest)?;
         // What the new package says it serves; a model.json that cannot be read is preparation's to report.
-        let serves = (!replace).then(|| declared_role(&files)).flatten();
+        let serves = (!replace)
+            .then(|| declared_role(&files, overrides.manifest_file()))
+            .flatten();
         let progress = Arc::new(Progress::new());
         {
             let mut slots = self.lock();
@@ -397,9 +399,9 @@ impl Registry {
     }
 }
 
-/// The `contract` and `role` a package's `model.json` declares, if it can be read.
-fn declared_role(files: &PackageFiles) -> Option<(String, String)> {
-    let bytes = files.read("model.json").ok()?;
+/// The `contract` and `role` a package's manifest (`model.json` or the registration's) declares, if it can be read.
+fn declared_role(files: &PackageFiles, manifest: &str) -> Option<(String, String)> {
+    let bytes = files.read(manifest).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let field = |k: &str| {
         v.get(k)

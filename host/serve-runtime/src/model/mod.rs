@@ -195,6 +195,16 @@ pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Overrides {
     pub device: Option<Vec<String>>,
     pub options: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The package's manifest to prepare instead of `model.json` (a deployment of the same package family,
+    /// e.g. `score.json`): a package-relative `.json` file ([`package::manifest_name`] checks it).
+    pub manifest: Option<String>,
+}
+
+impl Overrides {
+    /// The manifest file this registration prepares: `manifest`, else `model.json`.
+    pub fn manifest_file(&self) -> &str {
+        self.manifest.as_deref().unwrap_or("model.json")
+    }
 }
 
 pub(crate) fn limits(fuel: u64, memory: u64) -> InvokeLimits {

@@ -58,6 +58,7 @@ impl Programs {
         name: &str,
         files: &PackageFiles,
         limits: &OperatorLimits,
+        doc_file: &str,
         doc: &package::ModelDoc,
         interface: &ContractInterface,
     ) -> Result<Programs> {
@@ -77,7 +78,7 @@ impl Programs {
         // another package or a shared library (`../arith-embed/control.loom`), an uploaded one only its own
         // files.
         let read_prog = |field: &str, path: &str| -> Result<(String, Vec<u8>)> {
-            let bytes = files.read_source("model.json", field, path, limits)?;
+            let bytes = files.read_source(doc_file, field, path, limits)?;
             Ok((path.to_string(), bytes))
         };
         let (prep_file, b) = read_prog("programs.prepare", &doc.programs.prepare)?;
@@ -98,7 +99,7 @@ impl Programs {
         }
         for (i, path) in doc.definition.sources.iter().enumerate() {
             let field = format!("definition.sources[{i}]");
-            let b = files.read_source("model.json", &field, path, limits)?;
+            let b = files.read_source(doc_file, &field, path, limits)?;
             if !seen.contains(path) {
                 add(&mut catalog, path, b)?;
                 seen.push(path.clone());
@@ -175,12 +176,13 @@ pub fn prepare(
     if let PackageFiles::Dir(base) = files {
         limits.check_base(base)?;
     }
+    let doc_file = overrides.manifest_file();
     let doc_bytes = files
-        .read("model.json")
-        .map_err(|m| Error::package("model.json", "", m))?;
-    let doc = package::parse_model_doc("model.json", &doc_bytes)?;
-    let contract = contracts.for_doc("model.json", &doc)?.clone();
-    limits.check_doc("model.json", &doc)?;
+        .read(doc_file)
+        .map_err(|m| Error::package(doc_file, "", m))?;
+    let doc = package::parse_model_doc(doc_file, &doc_bytes)?;
+    let contract = contracts.for_doc(doc_file, &doc)?.clone();
+    limits.check_doc(doc_file, &doc)?;
     let interface = contract.interface().clone();
     let prefs = overrides
         .device
@@ -195,7 +197,7 @@ pub fn prepare(
             .unwrap_or_else(|| doc.options.clone()),
     );
 
-    let programs = Programs::build(name, files, limits, &doc, &interface)?;
+    let programs = Programs::build(name, files, limits, doc_file, &doc, &interface)?;
     let prep_file = programs.prepare_file.clone();
     let (ctl_file, ctl_idx) = (programs.control_file.clone(), programs.control_index);
     let (prepare_loaded, control, catalog) = (programs.prepare, programs.control, programs.catalog);
@@ -239,7 +241,7 @@ pub fn prepare(
         let rel = package::relative(&prep_file, "prepare tokenizer result", &path)?;
         let bytes = files
             .read(&rel)
-            .map_err(|m| Error::package("model.json", "assets", m))?;
+            .map_err(|m| Error::package(doc_file, "assets", m))?;
         Some(Arc::new(
             Tokenizer::from_bytes(&rel, &bytes).map_err(|m| Error::package(&rel, "", m))?,
         ))
