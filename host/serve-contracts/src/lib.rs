@@ -9,6 +9,7 @@
 
 pub mod finite;
 pub mod retained;
+pub mod sequence;
 
 use serve_runtime::contract::Contracts;
 use std::sync::Arc;
@@ -18,5 +19,6 @@ pub fn builtin() -> Contracts {
     Contracts::new(vec![
         Arc::new(finite::Finite::new()),
         Arc::new(retained::Retained::new()),
+        Arc::new(sequence::Sequence::new()),
     ])
 }

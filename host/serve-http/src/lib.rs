@@ -18,6 +18,7 @@ mod lifecycle;
 mod metrics;
 mod profiles;
 mod router;
+mod score;
 mod sessions;
 mod state;
 

@@ -76,9 +76,13 @@ impl Load {
     /// `loom_text_page_pool_usage_ratio`.
     pub(crate) fn add(&mut self, s: &Series) {
         match s.name {
-            "loom_queue_depth" | "loom_text_waiting" => self.waiting += s.value,
-            "loom_requests_running" | "loom_text_running" => self.running += s.value,
-            "loom_text_page_pool_usage_ratio" => {
+            "loom_queue_depth" | "loom_text_waiting" | "loom_sequence_waiting" => {
+                self.waiting += s.value
+            }
+            "loom_requests_running" | "loom_text_running" | "loom_sequence_running" => {
+                self.running += s.value
+            }
+            "loom_text_page_pool_usage_ratio" | "loom_sequence_page_pool_usage_ratio" => {
                 self.kv_utilization = self.kv_utilization.max(s.value.clamp(0.0, 1.0))
             }
             _ => {}

@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::{AppState, St, WorkGuard};
-use crate::{chat, classify, decisions, embeddings, lifecycle, sessions};
+use crate::{chat, classify, decisions, embeddings, lifecycle, score, sessions};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -49,6 +49,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/classify", post(classify::classify))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/v1/score", post(score::score))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route(
             "/v1/sessions/{id}",

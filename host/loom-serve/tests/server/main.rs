@@ -15,6 +15,7 @@ mod http_nanoguard;
 mod http_packages;
 mod http_robustness;
 mod http_scaleout;
+mod http_sequence;
 mod http_sessions;
 mod http_smollm2;
 mod http_specialize;

@@ -35,6 +35,7 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         "arith-decision",
         "arith-lookup",
         "arith-chat",
+        "arith-score",
         "motifs",
     ] {
         copy_dir(&repo_root().join("packages").join(p), &dir.join(p));

@@ -1,0 +1,737 @@
+//! The sequence service: one engine thread per model owns the page pool, the waiting queue and the running
+//! sequences, and runs epochs (see the module doc of [`super`]).
+
+use super::plan::{self, Placement};
+use super::{CAPTURE, ENCODE, RUN};
+use crate::retained::engine::{Progress, plan_epoch};
+use crate::retained::pages::{PagePool, PageTable};
+use crate::retained::{Limits, SPAN_WORDS};
+use loom_vm::Value;
+use serve_runtime::contract::{Histogram, LATENCY_BUCKETS, Series, Service};
+use serve_runtime::device::DeviceBuffer;
+use serve_runtime::model::Model;
+use serve_runtime::{Error, Result};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+/// Where a sequence's result goes (called once, on the engine thread; it must not block): the bytes the
+/// package captured for its tokens, in order, or why it failed.
+pub type Done = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+
+/// The caller's handle on a submitted sequence.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Submitted {
+    /// The client is gone: the sequence leaves at the next epoch and frees its pages.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Counters exported as Prometheus series.
+#[derive(Debug)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub failed: AtomicU64,
+    pub refused: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub pages_used: AtomicU64,
+    pub pages_capacity: AtomicU64,
+    pub tokens: AtomicU64,
+    pub epochs: AtomicU64,
+    pub epoch_ns: AtomicU64,
+    /// Bytes the placement plans listed (and the server uploaded), and the target buffers' capacity per epoch
+    /// summed (what uploading whole buffers would have cost).
+    pub uploaded: AtomicU64,
+    pub upload_capacity: AtomicU64,
+    pub captured: AtomicU64,
+    /// Admission to completion of each sequence.
+    pub latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            pages_used: AtomicU64::new(0),
+            pages_capacity: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+            epochs: AtomicU64::new(0),
+            epoch_ns: AtomicU64::new(0),
+            uploaded: AtomicU64::new(0),
+            upload_capacity: AtomicU64::new(0),
+            captured: AtomicU64::new(0),
+            latency: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl Metrics {
+    fn series(&self) -> Vec<Series> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let s = Series::sample;
+        let cap = g(&self.pages_capacity).max(1.0);
+        vec![
+            s(
+                "loom_sequence_requests_total",
+                "sequences submitted",
+                "counter",
+                g(&self.requests),
+            ),
+            s(
+                "loom_sequence_requests_failed_total",
+                "sequences that failed",
+                "counter",
+                g(&self.failed),
+            ),
+            s(
+                "loom_sequence_requests_refused_total",
+                "sequences refused because the queue was full",
+                "counter",
+                g(&self.refused),
+            ),
+            s(
+                "loom_sequence_requests_cancelled_total",
+                "sequences cancelled by their client",
+                "counter",
+                g(&self.cancelled),
+            ),
+            s(
+                "loom_sequence_waiting",
+                "sequences waiting for pages",
+                "gauge",
+                g(&self.waiting),
+            ),
+            s(
+                "loom_sequence_running",
+                "sequences admitted and not finished",
+                "gauge",
+                g(&self.running),
+            ),
+            s(
+                "loom_sequence_pages_used",
+                "pages of the page pool held by sequences",
+                "gauge",
+                g(&self.pages_used),
+            ),
+            s(
+                "loom_sequence_page_pool_usage_ratio",
+                "fraction of the page pool in use",
+                "gauge",
+                g(&self.pages_used) / cap,
+            ),
+            s(
+                "loom_sequence_tokens_total",
+                "supplied tokens computed",
+                "counter",
+                g(&self.tokens),
+            ),
+            s(
+                "loom_sequence_epochs_total",
+                "epochs run",
+                "counter",
+                g(&self.epochs),
+            ),
+            s(
+                "loom_sequence_epoch_seconds_total",
+                "time spent in epochs (packing, device work, capture)",
+                "counter",
+                g(&self.epoch_ns) / 1e9,
+            ),
+            s(
+                "loom_sequence_upload_bytes_total",
+                "bytes the epochs' placement plans listed (all that was uploaded)",
+                "counter",
+                g(&self.uploaded),
+            ),
+            s(
+                "loom_sequence_upload_capacity_bytes_total",
+                "bytes of the epochs' metadata and input buffers (what whole uploads would have moved)",
+                "counter",
+                g(&self.upload_capacity),
+            ),
+            s(
+                "loom_sequence_captured_bytes_total",
+                "output bytes captured and downloaded for sequences",
+                "counter",
+                g(&self.captured),
+            ),
+            self.latency.series(
+                "loom_sequence_seconds",
+                "time from submission to a sequence's last captured byte",
+            ),
+        ]
+    }
+}
+
+enum Cmd {
+    Submit(Seq),
+    Drain(mpsc::Sender<()>),
+}
+
+/// One supplied sequence.
+struct Seq {
+    id: u64,
+    tokens: Vec<u32>,
+    table: PageTable,
+    output: Vec<u8>,
+    done: Option<Done>,
+    cancelled: Arc<AtomicBool>,
+    arrived: Instant,
+}
+
+impl Seq {
+    fn finish(&mut self, r: Result<Vec<u8>>) {
+        if let Some(d) = self.done.take() {
+            d(r);
+        }
+    }
+}
+
+/// A running sequence model.
+pub struct SequenceService {
+    pub model: Arc<Model>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    /// Pages in the pool.
+    pub pool_pages: u32,
+    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SequenceService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequenceService")
+            .field("model", &self.model.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The share of the model's unused budget (after its parameters) the page pool takes; the rest is for each
+/// epoch's buffers (as in retained text).
+const POOL_SHARE: (u64, u64) = (3, 4);
+
+impl SequenceService {
+    /// Allocates the page pool and starts the engine thread.
+    pub fn start(model: Arc<Model>, limits: Limits) -> Result<Arc<SequenceService>> {
+        let free = model.budget.limit.saturating_sub(model.budget.used());
+        let pool_pages =
+            (free / POOL_SHARE.1 * POOL_SHARE.0 / limits.page_bytes).min(u32::MAX as u64) as u32;
+        if pool_pages == 0 {
+            return Err(Error::Program(format!(
+                "model `{}`: its memory budget leaves {free} device bytes after its parameters, not one page \
+                 of {} bytes; raise memory.device_bytes",
+                model.name, limits.page_bytes
+            )));
+        }
+        let pool = model
+            .device
+            .alloc(u64::from(pool_pages) * limits.page_bytes, &model.budget)?;
+        let metrics = Arc::new(Metrics::default());
+        metrics
+            .pages_capacity
+            .store(u64::from(pool_pages), Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let engine = Engine {
+            model: model.clone(),
+            limits,
+            metrics: metrics.clone(),
+            pool: PagePool::new(pool_pages),
+            pool_buf: pool,
+            pool_pages,
+            targets: [None, None],
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        };
+        let name = format!("loom-seq-{}", model.name);
+        let thread = std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(move || engine.run(rx))
+            .map_err(|e| Error::Program(format!("cannot start the sequence engine: {e}")))?;
+        Ok(Arc::new(SequenceService {
+            model,
+            limits,
+            metrics,
+            pool_pages,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// The longest sequence a request may supply: the context, and what the whole pool holds.
+    pub fn max_tokens(&self) -> u32 {
+        self.limits
+            .context
+            .min(self.pool_pages.saturating_mul(self.limits.page_tokens))
+    }
+
+    /// Token ids for `text` (the package's tokenizer; bytes without one).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self.model.tokenizer() {
+            Some(t) => t.encode(text, 0).map_err(Error::BadRequest),
+            None => Ok(text.bytes().map(u32::from).collect()),
+        }
+    }
+
+    /// Checks and queues one sequence of supplied tokens; `done` gets its captured bytes. Errors: an empty or
+    /// too long sequence, a token outside the vocabulary (400/413), a full queue (`Overloaded`), a draining
+    /// model.
+    pub fn submit(&self, tokens: Vec<u32>, done: Done) -> Result<Submitted> {
+        if tokens.is_empty() {
+            return Err(Error::BadRequest("the sequence has no tokens".into()));
+        }
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t >= self.limits.vocab)
+        {
+            return Err(Error::BadRequest(format!(
+                "token {i} is {t}; the vocabulary has {} tokens",
+                self.limits.vocab
+            )));
+        }
+        let max = self.max_tokens();
+        if tokens.len() as u64 > u64::from(max) {
+            return Err(Error::TooLarge(format!(
+                "the sequence has {} tokens; model `{}` takes at most {max}",
+                tokens.len(),
+                self.model.name
+            )));
+        }
+        let waiting = self.metrics.waiting.load(Ordering::Relaxed);
+        if waiting >= self.model.doc.capacities.max_queue as u64 {
+            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Overloaded(format!(
+                "model `{}` has {waiting} sequences waiting (capacities.max_queue)",
+                self.model.name
+            )));
+        }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        self.metrics.waiting.fetch_add(1, Ordering::Relaxed);
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let seq = Seq {
+            id: 0,
+            tokens,
+            table: PageTable::default(),
+            output: Vec::new(),
+            done: Some(done),
+            cancelled: cancelled.clone(),
+            arrived: Instant::now(),
+        };
+        let sent = self
+            .tx
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|tx| tx.send(Cmd::Submit(seq)).is_ok()));
+        if sent != Some(true) {
+            self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            });
+        }
+        Ok(Submitted { cancelled })
+    }
+
+    /// Stops accepting sequences, finishes every accepted one, and joins the engine. Idempotent.
+    pub fn drain(&self) {
+        let tx = self.tx.lock().ok().and_then(|mut g| g.take());
+        if let Some(tx) = tx {
+            let (done_tx, done_rx) = mpsc::channel();
+            if tx.send(Cmd::Drain(done_tx)).is_ok() {
+                let _ = done_rx.recv();
+            }
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Service for SequenceService {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn drain(&self) {
+        SequenceService::drain(self)
+    }
+
+    fn series(&self) -> Vec<Series> {
+        self.metrics.series()
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+struct Engine {
+    model: Arc<Model>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    pool: PagePool,
+    pool_buf: DeviceBuffer,
+    pool_pages: u32,
+    /// The stage's metadata and input buffers, kept across epochs (a placement writes only its bytes; the
+    /// rest keep what earlier epochs placed there, zero at first). Replaced when a stage needs another size.
+    targets: [Option<DeviceBuffer>; 2],
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+}
+
+impl Engine {
+    fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+        let mut next_id = 0u64;
+        let mut drain: Option<mpsc::Sender<()>> = None;
+        loop {
+            if self.waiting.is_empty() && self.running.is_empty() {
+                if let Some(d) = drain.take() {
+                    let _ = d.send(());
+                    return;
+                }
+                match rx.recv() {
+                    Ok(c) => self.command(c, &mut next_id, &mut drain),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(c) = rx.try_recv() {
+                self.command(c, &mut next_id, &mut drain);
+            }
+            self.drop_cancelled();
+            self.admit();
+            if self.running.is_empty() {
+                continue;
+            }
+            self.epoch();
+        }
+    }
+
+    fn command(&mut self, c: Cmd, next_id: &mut u64, drain: &mut Option<mpsc::Sender<()>>) {
+        match c {
+            Cmd::Submit(mut s) => {
+                s.id = *next_id;
+                *next_id += 1;
+                self.waiting.push_back(s);
+            }
+            Cmd::Drain(d) => *drain = Some(d),
+        }
+    }
+
+    fn update_pages(&self) {
+        self.metrics
+            .pages_used
+            .store(u64::from(self.pool.used()), Ordering::Relaxed);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let m = &self.metrics;
+        let pool = &mut self.pool;
+        let mut gone = |s: &mut Seq| {
+            let c = s.cancelled.load(Ordering::Relaxed);
+            if c {
+                s.table.clear(pool);
+                m.cancelled.fetch_add(1, Ordering::Relaxed);
+                s.finish(Err(Error::BadRequest("cancelled".into())));
+            }
+            !c
+        };
+        let before = (self.waiting.len(), self.running.len());
+        self.waiting.retain_mut(&mut gone);
+        self.running.retain_mut(&mut gone);
+        m.waiting
+            .fetch_sub((before.0 - self.waiting.len()) as u64, Ordering::Relaxed);
+        m.running
+            .fetch_sub((before.1 - self.running.len()) as u64, Ordering::Relaxed);
+        self.update_pages();
+    }
+
+    /// Admits waiting sequences in order while the pool has pages for the whole of the next one: a
+    /// sequence's length is known, so it takes every page it will need at once and never waits for one
+    /// (nothing is preempted). One that the whole pool cannot hold was refused at submission.
+    fn admit(&mut self) {
+        let pt = self.limits.page_tokens;
+        while let Some(s) = self.waiting.front_mut() {
+            if s.table
+                .reserve(&mut self.pool, s.tokens.len() as u32, pt)
+                .is_err()
+            {
+                break;
+            }
+            let s = self.waiting.pop_front().expect("front");
+            self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.running.fetch_add(1, Ordering::Relaxed);
+            self.running.push(s);
+        }
+        self.update_pages();
+    }
+
+    fn epoch(&mut self) {
+        let t0 = Instant::now();
+        let progress: Vec<Progress> = self
+            .running
+            .iter()
+            .map(|s| Progress {
+                known: s.tokens.len() as u32,
+                committed: s.table.tokens,
+                proposed: 0,
+            })
+            .collect();
+        let plan = plan_epoch(
+            &progress,
+            self.limits.epoch_tokens,
+            self.limits.epoch_spans,
+            self.limits.epoch_tokens,
+        );
+        if plan.is_empty() {
+            return;
+        }
+        let spans: Vec<(usize, u32, u32)> =
+            plan.iter().map(|p| (p.seq, p.position, p.count)).collect();
+        // Sequences that end this epoch, answered once the pool and the metrics say so.
+        let mut ended: Vec<(Seq, Result<Vec<u8>>)> = Vec::new();
+        match self.run_epoch(&spans) {
+            Ok(captured) => {
+                let pt = self.limits.page_tokens;
+                for (&(k, _, count), bytes) in spans.iter().zip(captured) {
+                    let s = &mut self.running[k];
+                    s.table.commit(count, pt);
+                    s.output.extend_from_slice(&bytes);
+                    self.metrics
+                        .tokens
+                        .fetch_add(u64::from(count), Ordering::Relaxed);
+                    self.metrics
+                        .captured
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                let mut k = 0;
+                while k < self.running.len() {
+                    let s = &self.running[k];
+                    if s.table.tokens as usize == s.tokens.len() {
+                        let mut s = self.running.remove(k);
+                        self.metrics.latency.observe(s.arrived.elapsed());
+                        let out = std::mem::take(&mut s.output);
+                        ended.push((s, Ok(out)));
+                    } else {
+                        k += 1;
+                    }
+                }
+            }
+            Err(e) => {
+                log::debug!(
+                    "model {}: epoch of {} spans failed: {e}",
+                    self.model.name,
+                    spans.len()
+                );
+                let mut idx: Vec<usize> = spans.iter().map(|s| s.0).collect();
+                idx.sort_unstable();
+                for k in idx.into_iter().rev() {
+                    let s = self.running.remove(k);
+                    self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    ended.push((s, Err(e.clone())));
+                }
+            }
+        }
+        for (s, _) in &mut ended {
+            s.table.clear(&mut self.pool);
+        }
+        self.metrics
+            .running
+            .fetch_sub(ended.len() as u64, Ordering::Relaxed);
+        self.update_pages();
+        self.metrics.epochs.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .epoch_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        for (mut s, r) in ended {
+            s.finish(r);
+        }
+    }
+
+    /// The stage's metadata or input buffer of `bytes` bytes (`t`: 0 or 1), zeroed when it is new.
+    fn target(&mut self, t: usize, bytes: u64) -> Result<DeviceBuffer> {
+        if let Some(b) = &self.targets[t]
+            && b.bytes() == bytes
+        {
+            return Ok(b.clone());
+        }
+        self.targets[t] = None;
+        let model = &self.model;
+        let b = model.device.alloc(bytes, &model.budget)?;
+        let zero = vec![0u8; (bytes as usize).min(1 << 20)];
+        let mut at = 0u64;
+        while at < bytes {
+            let n = (bytes - at).min(zero.len() as u64);
+            model.device.write(&b, at, &zero[..n as usize])?;
+            at += n;
+        }
+        self.targets[t] = Some(b.clone());
+        Ok(b)
+    }
+
+    /// Packs (`encode_epoch`), places the listed bytes, captures (`capture_epoch`), runs and copies out one
+    /// epoch; returns each span's captured bytes, in span order.
+    fn run_epoch(&mut self, plan: &[(usize, u32, u32)]) -> Result<Vec<Vec<u8>>> {
+        let pt = self.limits.page_tokens;
+        let mut spans = Vec::with_capacity(plan.len() * SPAN_WORDS * 8);
+        let mut tokens = Vec::new();
+        let mut pages = Vec::new();
+        for &(k, position, count) in plan {
+            let s = &self.running[k];
+            let end = (position + count) as usize;
+            let table_len = PageTable::pages_for(position + count, pt) as usize;
+            let next = s.tokens.get(end).map_or(-1, |&t| i64::from(t));
+            let words: [i64; SPAN_WORDS] = [
+                s.id as i64,
+                i64::from(position),
+                i64::from(count),
+                (tokens.len() / 4) as i64,
+                (pages.len() / 4) as i64,
+                table_len as i64,
+                next,
+                0,
+            ];
+            for w in words {
+                spans.extend_from_slice(&w.to_le_bytes());
+            }
+            for &t in &s.tokens[position as usize..end] {
+                tokens.extend_from_slice(&(t as i32).to_le_bytes());
+            }
+            for &pg in &s.table.pages[..table_len] {
+                pages.extend_from_slice(&(pg as i32).to_le_bytes());
+            }
+        }
+        let model = self.model.clone();
+        let spans = Value::buffer(spans);
+        let (r, decls) = model.invoke(
+            "encode_epoch",
+            &ENCODE,
+            &[
+                model.state().clone(),
+                Value::I64(i64::from(self.pool_pages)),
+                spans.clone(),
+                Value::buffer(tokens),
+                Value::buffer(pages),
+            ],
+            model.doc.fuel.entry("encode_epoch"),
+        );
+        let out = r?;
+        let stage = out[0].as_i64().unwrap_or(-1);
+        let output_bytes = out[1].as_i64().unwrap_or(-1);
+        let packets = [
+            out[2].as_buffer().unwrap_or_default(),
+            out[3].as_buffer().unwrap_or_default(),
+        ];
+        let plan_buf = out[4].as_buffer().unwrap_or_default();
+        let (plan_off, plan_len) = (out[5].as_i64().unwrap_or(-1), out[6].as_i64().unwrap_or(-1));
+        if output_bytes <= 0 {
+            return Err(Error::Program(format!(
+                "encode_epoch returned an output of {output_bytes} bytes; it must be positive"
+            )));
+        }
+        let set = match model.cached_stages(&decls) {
+            Some(s) => s,
+            None => model.stages_for(decls)?,
+        };
+        let Some(prepared) = usize::try_from(stage).ok().and_then(|i| set.stages.get(i)) else {
+            return Err(Error::Program(format!(
+                "encode_epoch selected stage {stage}; {} stages are declared",
+                set.stages.len()
+            )));
+        };
+        let inputs = &prepared.reflection.inputs;
+        if inputs.len() < 2 {
+            return Err(Error::Program(format!(
+                "encode_epoch selected stage `{}`, which has {} input(s); a sequence stage's first two inputs \
+                 are the metadata and input buffers",
+                prepared.decl.root,
+                inputs.len()
+            )));
+        }
+        let sizes = [inputs[0].bytes, inputs[1].bytes];
+        let placements = plan::placements(
+            plan_buf,
+            plan_off,
+            plan_len,
+            [packets[0].len() as u64, packets[1].len() as u64],
+            sizes,
+        )
+        .map_err(|m| Error::Program(format!("encode_epoch: {m}")))?;
+        // The capture is asked for and checked before any row changes.
+        let (r, _) = model.invoke(
+            "capture_epoch",
+            &CAPTURE,
+            &[
+                model.state().clone(),
+                Value::I64(stage),
+                Value::I64(plan.len() as i64),
+                spans,
+            ],
+            model.doc.fuel.entry("capture_epoch"),
+        );
+        let captures = plan::captures(
+            r?[0].as_buffer().unwrap_or_default(),
+            plan.len(),
+            output_bytes as u64,
+        )
+        .map_err(|m| Error::Program(format!("capture_epoch: {m}")))?;
+        let targets = [self.target(0, sizes[0])?, self.target(1, sizes[1])?];
+        let mut listed = 0u64;
+        for Placement {
+            source,
+            source_offset,
+            target,
+            target_offset,
+            length,
+        } in placements
+        {
+            let from = &packets[source][source_offset as usize..(source_offset + length) as usize];
+            model.device.write(&targets[target], target_offset, from)?;
+            listed += length;
+        }
+        self.metrics.uploaded.fetch_add(listed, Ordering::Relaxed);
+        self.metrics
+            .upload_capacity
+            .fetch_add(sizes[0] + sizes[1], Ordering::Relaxed);
+        let output = model.device.alloc(output_bytes as u64, &model.budget)?;
+        let mut run = model.invoke_run(
+            "run",
+            &RUN,
+            &[
+                Value::I64(stage),
+                Value::native("hal.buffer", targets[0].clone()),
+                Value::native("hal.buffer", targets[1].clone()),
+                Value::native("hal.buffer", self.pool_buf.clone()),
+                Value::native("hal.buffer", output.clone()),
+            ],
+            model.doc.fuel.entry("run"),
+            set,
+            0,
+            None,
+        );
+        model.settle(&mut run)?;
+        if run.signalled.is_empty() {
+            return Err(Error::Program(
+                "run submitted no work (call runner.execute_4)".into(),
+            ));
+        }
+        let mut per_span = vec![Vec::new(); plan.len()];
+        for c in captures {
+            per_span[c.span].extend(model.device.read(&output, c.offset, c.length)?);
+        }
+        Ok(per_span)
+    }
+}
