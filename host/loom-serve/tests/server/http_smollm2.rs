@@ -103,6 +103,71 @@ fn ids(v: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// The known-token deployment of the same package (`score.json`, the sequence contract): `POST /v1/score` over
+/// the 8 prompts' first 64 tokens at once, in epochs of 48 tokens and at most 4 spans (so sequences are chunked
+/// mid-prompt and share epochs): every token's log probability within `TOL_LOGPROB` of the oracle's.
+#[test]
+fn the_score_deployment_matches_the_float64_oracle() {
+    if fetched().is_none() {
+        return;
+    }
+    let want = expect();
+    let roots = repo_root().join("packages").display().to_string();
+    let s = TestServer::start_models("smollm2-score", &[], &["--package-root", &roots]);
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"base": package().display().to_string(), "manifest": "score.json",
+                "options": {"epoch_tokens": 48, "epoch_spans": 4, "page_tokens": 16, "context": 2048,
+                            "stage": "smollm2.kernel.score"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let prompts = want["prompts"].as_array().unwrap();
+    let inputs: Vec<Vec<u64>> = prompts
+        .iter()
+        .map(|p| {
+            let ids = ids(&p["ids"]);
+            ids[..ids.len().min(64)].to_vec()
+        })
+        .collect();
+    let r = s.post_json(
+        "/v1/score",
+        &json!({"model": "smollm2-score", "input": inputs}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let mut worst = 0f64;
+    for ((p, d), ids) in prompts
+        .iter()
+        .zip(v["data"].as_array().unwrap())
+        .zip(&inputs)
+    {
+        let got = d["tokens"].as_array().unwrap();
+        assert_eq!(got.len(), ids.len(), "{}", p["name"]);
+        assert!(got[0]["logprob"].is_null());
+        let oracle = p["prompt_logprobs"].as_array().unwrap();
+        let mut total = 0f64;
+        for (i, o) in oracle.iter().enumerate().take(ids.len() - 1) {
+            let g = got[i + 1]["logprob"].as_f64().unwrap();
+            let d = (g - o.as_f64().unwrap()).abs();
+            assert!(
+                d < TOL_LOGPROB,
+                "{} token {}: {g} vs the oracle's {o}",
+                p["name"],
+                i + 1
+            );
+            worst = worst.max(d);
+            total += g;
+        }
+        assert!((d["total_logprob"].as_f64().unwrap() - total).abs() < 1e-6);
+    }
+    eprintln!("smollm2 score: worst |log-probability difference| {worst:.2e}");
+    assert_eq!(
+        s.metric("loom_sequence_pages_used{model=\"smollm2-score\"}"),
+        0.0
+    );
+    s.healthy();
+}
+
 /// Teacher-forced logits of every prompt at each of its first 64 positions, through `logprobs: 20`.
 #[test]
 fn teacher_forced_logprobs_match_the_float64_oracle() {
