@@ -25,6 +25,7 @@ cat <<MSG
   curl -s http://$host:$port/v1/decisions -d '{"model": "arith-decision", "questions": {"q": {"type": "choice", "instructions": "Pick one", "choices": ["yes", "no"]}}}'
   curl -s http://$host:$port/v1/chat/completions -d '{"model": "arith-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}'
   curl -s http://$host:$port/v1/chat/completions -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+  curl -s http://$host:$port/v1/score -d '{"model": "smollm2-score", "input": "The capital of France is Paris."}'
   curl -s http://$host:$port/metrics
 MSG
 exec target/release/loom-serve --host "$host" --port "$port" --deployment deploy/examples.json
