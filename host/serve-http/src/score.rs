@@ -12,14 +12,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value as Json, json};
 use serve_contracts::retained::service::token_bytes;
-use serve_contracts::sequence::{SequenceService, Submitted};
+use serve_contracts::sequence::{Captured, SequenceService, Submitted};
 use std::sync::Arc;
 
 /// The most inputs one request may carry.
 pub(crate) const MAX_INPUTS: usize = 64;
 
 /// Cancels the submitted sequences when the response is dropped before they finished (the client went away).
-struct Guard(Vec<Submitted>);
+pub(crate) struct Guard(pub(crate) Vec<Submitted>);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -30,7 +30,7 @@ impl Drop for Guard {
 }
 
 /// The sequence model `name` serving `score` (404 unknown, 503 not ready, 501 another role).
-fn score_service(
+pub(crate) fn score_service(
     st: &crate::state::AppState,
     name: &str,
 ) -> Result<Arc<SequenceService>, ApiError> {
@@ -100,6 +100,56 @@ fn inputs(v: &Json) -> Result<Vec<Input>, ApiError> {
     Ok(out)
 }
 
+/// The `score` profile's reading of captured output: one little-endian f32 per computed position.
+pub(crate) fn profile(c: Captured) -> Result<Vec<u8>, serve_runtime::Error> {
+    if c.bytes.len() as u64 != u64::from(c.positions) * 4 {
+        return Err(serve_runtime::Error::Program(format!(
+            "the package captured {} bytes for {} tokens; the score profile takes one f32 (4 bytes) per token",
+            c.bytes.len(),
+            c.positions
+        )));
+    }
+    Ok(c.bytes)
+}
+
+pub(crate) fn logprobs(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `{tokens: [{id, text, logprob}], total_logprob, mean_logprob, perplexity}` for `tokens`, where `logprob(j)`
+/// is token j's log probability (None: not scored, the first token of a sequence).
+pub(crate) fn scored(
+    svc: &SequenceService,
+    tokens: &[u32],
+    logprob: impl Fn(usize) -> Option<f32>,
+) -> Json {
+    let mut total = 0f64;
+    let mut n = 0usize;
+    let entries: Vec<Json> = tokens
+        .iter()
+        .enumerate()
+        .map(|(j, &t)| {
+            let text = String::from_utf8_lossy(&token_bytes(&svc.model, t)).into_owned();
+            let l = logprob(j);
+            if let Some(l) = l {
+                total += f64::from(l);
+                n += 1;
+            }
+            json!({"id": t, "text": text, "logprob": l.map(f64::from)})
+        })
+        .collect();
+    let mean = (n > 0).then(|| total / n as f64);
+    json!({
+        "tokens": entries,
+        "total_logprob": total,
+        "mean_logprob": mean,
+        "perplexity": mean.map(|m| (-m).exp()),
+    })
+}
+
 /// `POST /v1/score`.
 pub(crate) async fn score(
     State(st): St,
@@ -159,46 +209,12 @@ pub(crate) async fn score(
                 })
             })?
             .map_err(|e| ApiError::from(e).within(&format!("input {i}")))?;
-        if bytes.len() != tokens.len() * 4 {
-            return Err(ApiError::from(serve_runtime::Error::Program(format!(
-                "input {i}: the package captured {} bytes for {} tokens; the score profile takes one f32 (4 \
-                 bytes) per token",
-                bytes.len(),
-                tokens.len()
-            ))));
-        }
-        let lp: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let mut total = 0f64;
-        let entries: Vec<Json> = tokens
-            .iter()
-            .enumerate()
-            .map(|(j, &t)| {
-                let text = String::from_utf8_lossy(&token_bytes(&svc.model, t)).into_owned();
-                // Token j's log probability is what the package captured after token j - 1.
-                let logprob = (j > 0).then(|| lp[j - 1]);
-                if let Some(l) = logprob {
-                    total += f64::from(l);
-                }
-                json!({"id": t, "text": text, "logprob": logprob.map(f64::from)})
-            })
-            .collect();
-        let scored = tokens.len() - 1;
-        let mean = if scored > 0 {
-            total / scored as f64
-        } else {
-            0.0
-        };
-        data.push(json!({
-            "object": "score",
-            "index": i,
-            "tokens": entries,
-            "total_logprob": total,
-            "mean_logprob": if scored > 0 { Json::from(mean) } else { Json::Null },
-            "perplexity": if scored > 0 { Json::from((-mean).exp()) } else { Json::Null },
-        }));
+        let bytes = profile(bytes).map_err(|e| ApiError::from(e).within(&format!("input {i}")))?;
+        let lp = logprobs(&bytes);
+        let mut entry = scored(&svc, tokens, |j| (j > 0).then(|| lp[j - 1]));
+        entry["object"] = json!("score");
+        entry["index"] = json!(i);
+        data.push(entry);
         total_tokens += tokens.len();
     }
     guard.0.clear();

@@ -1,9 +1,11 @@
-//! Sessions over retained-text models (loom-native routes, documented in `docs/serving/http.md`): create a
-//! session, append text or token ids to it (optionally generating, streamed or not, in the shape of
-//! `/v1/completions`), take named checkpoints, fork a session or a checkpoint into a new session, rewind to a
-//! checkpoint or a token count, list and delete. The engine side is
-//! `serve_contracts::retained::sessions`: a session is a token list with its full pages pinned, so a fork
-//! copies no page and an append computes only what follows the session's full pages.
+//! Sessions over retained-text and known-token sequence models (loom-native routes, documented in
+//! `docs/serving/http.md`): create a session, append text or token ids to it (on a text model optionally
+//! generating, streamed or not, in the shape of `/v1/completions`; on a sequence model scoring the appended
+//! tokens, in the shape of a `/v1/score` entry), take named checkpoints, fork a session or a checkpoint into a
+//! new session, rewind to a checkpoint or a token count, list and delete. The engine sides are
+//! `serve_contracts::retained::sessions` (a token list with its full pages pinned, so a fork copies no page and
+//! an append computes only what follows the session's full pages) and the sequence engine's sessions (a token
+//! list with its page table; forks and checkpoints share its pages, an append copies the partial one).
 
 use crate::chat::{Form, event_channel, parse_request, respond, text_prompt, text_service};
 use crate::error::ApiError;
@@ -17,7 +19,24 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json, json};
 use serve_contracts::retained::RetainedService;
 use serve_contracts::retained::sessions::{SessionError, SessionInfo, SessionOp};
+use serve_contracts::sequence::SequenceService;
 use std::sync::Arc;
+
+/// The model a session lives in: a text model or a sequence model.
+#[derive(Clone)]
+enum Host {
+    Text(Arc<RetainedService>),
+    Seq(Arc<SequenceService>),
+}
+
+impl Host {
+    fn name(&self) -> String {
+        match self {
+            Host::Text(s) => s.model.name.clone(),
+            Host::Seq(s) => s.model.name.clone(),
+        }
+    }
+}
 
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> ApiError {
@@ -54,30 +73,35 @@ fn object_or_empty(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Js
     }
 }
 
-/// Runs `op` on `svc`'s engine thread (off the async workers: it waits for the engine's current epoch).
-async fn run(
-    svc: Arc<RetainedService>,
-    id: String,
-    op: SessionOp,
-) -> Result<Vec<SessionInfo>, ApiError> {
-    tokio::task::spawn_blocking(move || svc.session(&id, op))
-        .await
-        .map_err(|e| ApiError::from(serve_runtime::Error::Internal(format!("session task: {e}"))))?
-        .map_err(ApiError::from)
+/// Runs `op` on `host`'s engine thread (off the async workers: it waits for the engine's current epoch).
+async fn run(host: Host, id: String, op: SessionOp) -> Result<Vec<SessionInfo>, ApiError> {
+    tokio::task::spawn_blocking(move || match host {
+        Host::Text(svc) => svc.session(&id, op),
+        Host::Seq(svc) => svc.session(&id, op),
+    })
+    .await
+    .map_err(|e| ApiError::from(serve_runtime::Error::Internal(format!("session task: {e}"))))?
+    .map_err(ApiError::from)
 }
 
-/// Every ready retained-text model.
-fn text_services(st: &AppState) -> Vec<Arc<RetainedService>> {
+/// Every ready model that keeps sessions: retained-text and sequence models.
+fn hosts(st: &AppState) -> Vec<Host> {
     st.registry
         .services()
         .into_iter()
-        .filter_map(|s| s.as_any().downcast::<RetainedService>().ok())
+        .filter_map(|s| {
+            let any = s.as_any();
+            match any.clone().downcast::<RetainedService>() {
+                Ok(t) => Some(Host::Text(t)),
+                Err(_) => any.downcast::<SequenceService>().ok().map(Host::Seq),
+            }
+        })
         .collect()
 }
 
 /// The model holding session `id` (404 when none does).
-async fn owner(st: &AppState, id: &str) -> Result<Arc<RetainedService>, ApiError> {
-    for svc in text_services(st) {
+async fn owner(st: &AppState, id: &str) -> Result<Host, ApiError> {
+    for svc in hosts(st) {
         match run(svc.clone(), id.to_string(), SessionOp::Get).await {
             Ok(_) => return Ok(svc),
             Err(e) if e.status == StatusCode::NOT_FOUND => continue,
@@ -127,10 +151,41 @@ pub(crate) async fn create(
         .and_then(Json::as_str)
         .ok_or_else(|| ApiError::bad_request("`model` (a string) is required"))?
         .to_string();
-    let svc = text_service(&st, &model)?;
-    let tokens = input(&svc, &o)?.unwrap_or_default();
-    let v = run(svc, String::new(), SessionOp::Create { tokens }).await?;
+    let host = match st.registry.service(&model)?.model().doc.contract.as_str() {
+        "sequence" => Host::Seq(crate::score::score_service(&st, &model)?),
+        _ => Host::Text(text_service(&st, &model)?),
+    };
+    let tokens = match &host {
+        Host::Text(svc) => input(svc, &o)?,
+        Host::Seq(svc) => seq_input(svc, &o)?,
+    }
+    .unwrap_or_default();
+    let v = run(host, String::new(), SessionOp::Create { tokens }).await?;
     Ok(one(&model, v))
+}
+
+/// The `prompt` (text or token ids) or `tokens` (token ids) of a body, for a sequence model.
+fn seq_input(svc: &SequenceService, o: &Map<String, Json>) -> Result<Option<Vec<u32>>, ApiError> {
+    let ids = |v: &Json, field: &str| -> Result<Vec<u32>, ApiError> {
+        v.as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("`{field}` must be an array of token ids"))
+            })
+    };
+    match (o.get("prompt"), o.get("tokens")) {
+        (Some(p), Some(t)) if !p.is_null() && !t.is_null() => {
+            Err(ApiError::bad_request("give `prompt` or `tokens`, not both"))
+        }
+        (Some(Json::String(p)), _) => Ok(Some(svc.encode(p)?)),
+        (Some(p), _) if !p.is_null() => ids(p, "prompt").map(Some),
+        (_, Some(t)) if !t.is_null() => ids(t, "tokens").map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The `prompt` (text or token ids) or `tokens` (token ids) of a body.
@@ -153,8 +208,8 @@ fn input(svc: &RetainedService, o: &Map<String, Json>) -> Result<Option<Vec<u32>
 /// `GET /v1/sessions`.
 pub(crate) async fn list(State(st): St) -> Result<Response, ApiError> {
     let mut data = Vec::new();
-    for svc in text_services(&st) {
-        let model = svc.model.name.clone();
+    for svc in hosts(&st) {
+        let model = svc.name();
         for s in run(svc, String::new(), SessionOp::List).await? {
             data.push(session_json(&model, &s, false));
         }
@@ -165,7 +220,7 @@ pub(crate) async fn list(State(st): St) -> Result<Response, ApiError> {
 /// `GET /v1/sessions/{id}`.
 pub(crate) async fn get(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
     let svc = owner(&st, &id).await?;
-    let model = svc.model.name.clone();
+    let model = svc.name();
     Ok(one(&model, run(svc, id, SessionOp::Get).await?))
 }
 
@@ -192,7 +247,7 @@ pub(crate) async fn checkpoint(
         }
     };
     let svc = owner(&st, &id).await?;
-    let model = svc.model.name.clone();
+    let model = svc.name();
     Ok(one(
         &model,
         run(svc, id, SessionOp::Checkpoint { name }).await?,
@@ -212,7 +267,7 @@ pub(crate) async fn fork(
         Some(_) => return Err(ApiError::bad_request("`checkpoint` must be a string")),
     };
     let svc = owner(&st, &id).await?;
-    let model = svc.model.name.clone();
+    let model = svc.name();
     Ok(one(
         &model,
         run(svc, id, SessionOp::Fork { checkpoint }).await?,
@@ -247,7 +302,7 @@ pub(crate) async fn rewind(
         }
     };
     let svc = owner(&st, &id).await?;
-    let model = svc.model.name.clone();
+    let model = svc.name();
     Ok(one(&model, run(svc, id, op).await?))
 }
 
@@ -259,13 +314,16 @@ pub(crate) async fn append(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let o = object(body)?;
-    let svc = owner(&st, &id).await?;
+    let svc = match owner(&st, &id).await? {
+        Host::Text(svc) => svc,
+        Host::Seq(svc) => return score_append(svc, id, &o).await,
+    };
     let model = svc.model.name.clone();
     let tokens = input(&svc, &o)?.unwrap_or_default();
     if o.get("max_tokens").and_then(Json::as_u64) == Some(0) {
         return Ok(one(
             &model,
-            run(svc, id, SessionOp::Extend { tokens }).await?,
+            run(Host::Text(svc), id, SessionOp::Extend { tokens }).await?,
         ));
     }
     let (mut req, stream, include_usage) = parse_request(&o, Form::Text)?;
@@ -291,4 +349,54 @@ pub(crate) async fn append(
         None,
     )
     .await
+}
+
+/// `POST /v1/sessions/{id}/append {prompt | tokens}` on a sequence model: the appended tokens, scored given the
+/// session's tokens before them.
+async fn score_append(
+    svc: Arc<SequenceService>,
+    id: String,
+    o: &Map<String, Json>,
+) -> Result<Response, ApiError> {
+    let tokens = seq_input(&svc, o)?.ok_or_else(|| {
+        ApiError::bad_request("give `prompt` (text or token ids) or `tokens` (token ids) to append")
+    })?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let s2 = svc.clone();
+    let t2 = tokens.clone();
+    let id2 = id.clone();
+    let submitted = tokio::task::spawn_blocking(move || {
+        s2.append(
+            &id2,
+            t2,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+    })
+    .await
+    .map_err(|e| ApiError::from(serve_runtime::Error::Internal(format!("append task: {e}"))))??;
+    let mut guard = crate::score::Guard(vec![submitted]);
+    let captured = rx.await.map_err(|_| {
+        ApiError::from(serve_runtime::Error::NotReady {
+            name: svc.model.name.clone(),
+            status: "draining".into(),
+        })
+    })??;
+    guard.0.clear();
+    let from = captured.from as usize;
+    let end = from + captured.positions as usize;
+    let lp = crate::score::logprobs(&crate::score::profile(captured)?);
+    // The session's tokens before the append: the appended token j (of all of them, `before + k`) was scored at
+    // position j - 1, which the append computed.
+    let before = end + 1 - tokens.len();
+    let mut v = crate::score::scored(&svc, &tokens, |k| {
+        let p = (before + k).checked_sub(1)?;
+        (p >= from && p < end).then(|| lp[p - from])
+    });
+    v["object"] = json!("score");
+    v["session"] = json!(id);
+    v["model"] = json!(svc.model.name);
+    v["usage"] = json!({"prompt_tokens": tokens.len(), "total_tokens": tokens.len()});
+    Ok(AxJson(v).into_response())
 }

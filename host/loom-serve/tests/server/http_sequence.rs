@@ -386,3 +386,166 @@ fn a_manifest_selects_another_deployment_of_a_package() {
     assert!(r.text().contains("absent.json"), "{}", r.text());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sessions on a sequence model: appends score only their own tokens, given everything before them in the
+/// session, and equal the oracle over the session's whole token list whatever appends, checkpoints, forks
+/// (of forks), rewinds (into the middle of a page) and concurrent appends to two branches built it; forks and
+/// checkpoints take no page; a deactivation keeps the sessions; deleting them frees every page.
+#[test]
+fn sessions_score_appends_like_the_whole_sequence() {
+    let s = TestServer::start_models("seq-sessions", &[], &[]);
+    let base = crate::support::package_dir("seq-sessions-pkgs").join("arith-score");
+    // 7-token epochs, 3-token pages: appends are chunked and end mid-page.
+    register(
+        &s,
+        json!({"name": "tiny", "base": base.display().to_string(),
+               "options": {"epoch_tokens": 7, "epoch_spans": 3, "page_tokens": 3, "context": 256}}),
+    );
+    let pages = || s.metric("loom_sequence_pages_used{model=\"tiny\"}");
+    let new_session = |body: Value| {
+        let r = s.post_json("/v1/sessions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["model"], "tiny");
+        v["id"].as_str().unwrap().to_string()
+    };
+    // Appends `add` to session `id`, which holds `had`; checks the scores against the oracle over `had + add`.
+    let append = |id: &str, had: &[u32], add: &[u32]| -> Vec<u32> {
+        let r = s.post_json(
+            &format!("/v1/sessions/{id}/append"),
+            &json!({"tokens": add}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["object"], "score");
+        assert_eq!(v["session"], id);
+        let all: Vec<u32> = had.iter().chain(add).copied().collect();
+        assert_eq!(
+            logprobs(&v),
+            oracle(&all)[had.len()..].to_vec(),
+            "append of {} to {} tokens",
+            add.len(),
+            had.len()
+        );
+        assert_eq!(v["usage"]["prompt_tokens"], add.len());
+        all
+    };
+    let post = |path: String, body: Value| {
+        let r = s.post_json(&path, &body);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        r.json()
+    };
+
+    let a = new_session(json!({"model": "tiny"}));
+    let mut t: Vec<u32> = Vec::new();
+    for (i, n) in [1, 1, 5, 2, 17, 3, 9].into_iter().enumerate() {
+        t = append(&a, &t, &tokens(100 + i as u64, n));
+    }
+    let held = pages();
+    // The state of all but the last token, in 3-token pages.
+    assert_eq!(
+        held,
+        ((t.len() - 1) as f64 / 3.0).ceil(),
+        "{} tokens",
+        t.len()
+    );
+    // A checkpoint and a fork take no page.
+    post(
+        format!("/v1/sessions/{a}/checkpoints"),
+        json!({"name": "c1"}),
+    );
+    let f = post(format!("/v1/sessions/{a}/fork"), json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(pages(), held);
+    let at_c1 = t.clone();
+    // The branches share the partial page their appends continue (position 36 of 38 tokens, 3 to a page): the
+    // toy reads only the position before a span, so each branch appends 2 tokens (its state then ends at
+    // position 38, in that page), and the other's append in between would overwrite that slot without the copy.
+    let ta = append(&a, &at_c1, &tokens(5, 2));
+    let tf = append(&f, &at_c1, &tokens(6, 2));
+    let ta = append(&a, &ta, &tokens(7, 3));
+    let tf = append(&f, &tf, &tokens(8, 1));
+    // And both at once.
+    let (ta, tf) = std::thread::scope(|sc| {
+        let ha = sc.spawn(|| append(&a, &ta, &tokens(7, 11)));
+        let hf = sc.spawn(|| append(&f, &tf, &tokens(8, 4)));
+        (ha.join().unwrap(), hf.join().unwrap())
+    });
+    let tf = append(&f, &tf, &tokens(9, 2));
+    // A fork of a fork, from its current state.
+    let ff = post(format!("/v1/sessions/{f}/fork"), json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    append(&ff, &tf, &tokens(10, 6));
+    // Back to the checkpoint, then on from there.
+    let v = post(
+        format!("/v1/sessions/{a}/rewind"),
+        json!({"checkpoint": "c1"}),
+    );
+    assert_eq!(v["tokens"], at_c1.len());
+    append(&a, &at_c1, &tokens(11, 3));
+    // A rewind into the middle of a page (and then past the page boundary again).
+    let v = post(format!("/v1/sessions/{a}/rewind"), json!({"tokens": 20}));
+    assert_eq!(v["tokens"], 20);
+    let t20 = append(&a, &ta[..20], &tokens(12, 8));
+    // A fork of the checkpoint.
+    let fc = post(
+        format!("/v1/sessions/{a}/fork"),
+        json!({"checkpoint": "c1"}),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    append(&fc, &at_c1, &tokens(13, 1));
+    // A session created with tokens computes them with its first append, which returns only its own.
+    let c = new_session(json!({"model": "tiny", "tokens": tokens(14, 10)}));
+    append(&c, &tokens(14, 10), &tokens(15, 5));
+    // The session object and the listing.
+    let v = s.request("GET", &format!("/v1/sessions/{a}"), b"").json();
+    assert_eq!(v["token_ids"], json!(t20));
+    assert_eq!(v["checkpoints"][0]["name"], "c1");
+    let listed = s.request("GET", "/v1/sessions", b"").json();
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["id"] == a.as_str() && x["model"] == "tiny")
+    );
+    // Deactivation keeps the sessions (tokens and checkpoints, no pages); the next append computes again.
+    let r = s.post_json("/v1/models/tiny/deactivate", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post_json("/v1/models/tiny/activate", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(pages(), 0.0);
+    append(&a, &t20, &tokens(16, 4));
+    post(
+        format!("/v1/sessions/{a}/rewind"),
+        json!({"checkpoint": "c1"}),
+    );
+    append(&a, &at_c1, &tokens(17, 2));
+    // Errors.
+    let r = s.post_json(
+        &format!("/v1/sessions/{a}/append"),
+        &json!({"tokens": [300]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = s.post_json(&format!("/v1/sessions/{a}/append"), &json!({}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = s.post_json(
+        &format!("/v1/sessions/{a}/append"),
+        &json!({"tokens": vec![1; 300]}),
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    let r = s.post_json("/v1/sessions/sess-999999/append", &json!({"tokens": [1]}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    for id in [&a, &f, &ff, &fc, &c] {
+        let r = s.request("DELETE", &format!("/v1/sessions/{id}"), b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(pages(), 0.0);
+    s.healthy();
+}

@@ -105,7 +105,8 @@ fn ids(v: &Value) -> Vec<u64> {
 
 /// The known-token deployment of the same package (`score.json`, the sequence contract): `POST /v1/score` over
 /// the 8 prompts' first 64 tokens at once, in epochs of 48 tokens and at most 4 spans (so sequences are chunked
-/// mid-prompt and share epochs): every token's log probability within `TOL_LOGPROB` of the oracle's.
+/// mid-prompt and share epochs): every token's log probability within `TOL_LOGPROB` of the oracle's; and the
+/// same through a session's appends, a checkpoint and a rewind.
 #[test]
 fn the_score_deployment_matches_the_float64_oracle() {
     if fetched().is_none() {
@@ -161,6 +162,64 @@ fn the_score_deployment_matches_the_float64_oracle() {
         assert!((d["total_logprob"].as_f64().unwrap() - total).abs() < 1e-6);
     }
     eprintln!("smollm2 score: worst |log-probability difference| {worst:.2e}");
+    // A session over the first prompt: 21 tokens, a checkpoint, 30 more (ending mid-page), then back to the
+    // checkpoint and 43 more. The appended tokens attend to the session's pages (the pages of earlier appends,
+    // and the copy of a shared partial page): their log probabilities are the oracle's.
+    let ids = &inputs[0];
+    let oracle = prompts[0]["prompt_logprobs"].as_array().unwrap();
+    let post = |path: String, body: Value| {
+        let r = s.post_json(&path, &body);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        r.json()
+    };
+    let id = post("/v1/sessions".into(), json!({"model": "smollm2-score"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let check = |v: &Value, from: usize| {
+        for (k, t) in v["tokens"].as_array().unwrap().iter().enumerate() {
+            let j = from + k;
+            match j {
+                0 => assert!(t["logprob"].is_null()),
+                _ => {
+                    let d =
+                        (t["logprob"].as_f64().unwrap() - oracle[j - 1].as_f64().unwrap()).abs();
+                    assert!(d < TOL_LOGPROB, "session token {j}: off by {d}");
+                }
+            }
+        }
+    };
+    check(
+        &post(
+            format!("/v1/sessions/{id}/append"),
+            json!({"tokens": ids[..21]}),
+        ),
+        0,
+    );
+    post(
+        format!("/v1/sessions/{id}/checkpoints"),
+        json!({"name": "c"}),
+    );
+    check(
+        &post(
+            format!("/v1/sessions/{id}/append"),
+            json!({"tokens": ids[21..51]}),
+        ),
+        21,
+    );
+    post(
+        format!("/v1/sessions/{id}/rewind"),
+        json!({"checkpoint": "c"}),
+    );
+    check(
+        &post(
+            format!("/v1/sessions/{id}/append"),
+            json!({"tokens": ids[21..]}),
+        ),
+        21,
+    );
+    let r = s.request("DELETE", &format!("/v1/sessions/{id}"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         s.metric("loom_sequence_pages_used{model=\"smollm2-score\"}"),
         0.0

@@ -330,7 +330,8 @@ enum Cmd {
 /// Idle sessions are deleted after this long unless the model's `options.session_idle_seconds` says otherwise.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
-static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+/// Session ids (`sess-N`) are unique in the process, across models and contracts.
+pub static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// A session's (or a checkpoint's) references into the pool: one on each cached full page of its tokens, in
 /// order (`pins`), and one on its partial frontier page (`tail`), if it has one.
@@ -401,7 +402,7 @@ pub struct RetainedService {
 pub struct KeptSessions(Vec<KeptSession>);
 
 /// One kept session: its id, its tokens, and its checkpoints (name, tokens).
-type KeptSession = (String, Vec<u32>, Vec<(String, Vec<u32>)>);
+pub type KeptSession = (String, Vec<u32>, Vec<(String, Vec<u32>)>);
 
 impl KeptSessions {
     /// Whether no session is kept.

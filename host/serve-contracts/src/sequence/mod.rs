@@ -33,7 +33,7 @@
 pub mod plan;
 pub mod service;
 
-pub use service::{SequenceService, Submitted};
+pub use service::{Captured, SequenceService, Submitted};
 
 use crate::retained::Limits;
 use loom_ir::{Signature, Type};
@@ -149,8 +149,22 @@ impl Contract for Sequence {
     }
 
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>> {
+        self.resume(model, Box::new(service::KeptSessions::default()))
+    }
+
+    /// Sessions survive a deactivation (their tokens and checkpoints; their pages are computed again by their
+    /// next append).
+    fn resume(
+        &self,
+        model: Arc<Model>,
+        kept: serve_runtime::contract::KeptState,
+    ) -> Result<Arc<dyn Service>> {
         let limits = Limits::from_cold(model.cold_results())
             .map_err(|m| serve_runtime::Error::Program(format!("model `{}`: {m}", model.name)))?;
-        Ok(SequenceService::start(model, limits)?)
+        let sessions = kept
+            .downcast::<service::KeptSessions>()
+            .map(|k| *k)
+            .unwrap_or_default();
+        Ok(SequenceService::start(model, limits, sessions)?)
     }
 }

@@ -5,6 +5,8 @@ use super::plan::{self, Placement};
 use super::{CAPTURE, ENCODE, RUN};
 use crate::retained::engine::{Progress, plan_epoch};
 use crate::retained::pages::{PagePool, PageTable};
+use crate::retained::service::{KeptSession, NEXT_SESSION, SESSION_IDLE};
+use crate::retained::sessions::{SessionError, SessionInfo, SessionOp};
 use crate::retained::{Limits, SPAN_WORDS};
 use loom_vm::Value;
 use serve_runtime::contract::{Histogram, LATENCY_BUCKETS, Series, Service};
@@ -12,14 +14,26 @@ use serve_runtime::device::DeviceBuffer;
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// Where a sequence's result goes (called once, on the engine thread; it must not block): the bytes the
-/// package captured for its tokens, in order, or why it failed.
-pub type Done = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+/// Where a sequence's result goes (called once, on the engine thread; it must not block): what the package
+/// captured, or why it failed.
+pub type Done = Box<dyn FnOnce(Result<Captured>) + Send>;
+
+/// A sequence's captured output: the bytes the package captured for the positions `from ..` of its tokens that
+/// it computed (all of them for a submitted sequence; for a session's append, from the first position the
+/// session had not computed up to the one before its new last token), concatenated in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    /// The first position computed.
+    pub from: u32,
+    /// The positions computed.
+    pub positions: u32,
+}
 
 /// The caller's handle on a submitted sequence.
 #[derive(Debug, Clone)]
@@ -177,24 +191,40 @@ impl Metrics {
     }
 }
 
+type SessionReply = std::result::Result<Vec<SessionInfo>, SessionError>;
+
 enum Cmd {
     Submit(Seq),
-    Drain(mpsc::Sender<()>),
+    Session(String, SessionOp, mpsc::Sender<SessionReply>),
+    /// An append to a session: its sequence (tokens: the new ones only), and where to say whether it was taken.
+    Append(
+        String,
+        Seq,
+        mpsc::Sender<std::result::Result<(), SessionError>>,
+    ),
+    Drain(mpsc::Sender<KeptSessions>),
 }
 
 /// One supplied sequence.
 struct Seq {
     id: u64,
     tokens: Vec<u32>,
+    /// Tokens whose state it computes: all of them, or for a session's append all but the last (whose output,
+    /// the score of the token after it, waits for that token: the next append computes it).
+    target: u32,
     table: PageTable,
     output: Vec<u8>,
     done: Option<Done>,
     cancelled: Arc<AtomicBool>,
     arrived: Instant,
+    /// The session it appends to, and the session's token count before it.
+    session: Option<(String, u32)>,
+    /// The first position it computes (its table's committed tokens when it was queued).
+    from: u32,
 }
 
 impl Seq {
-    fn finish(&mut self, r: Result<Vec<u8>>) {
+    fn finish(&mut self, r: Result<Captured>) {
         if let Some(d) = self.done.take() {
             d(r);
         }
@@ -210,7 +240,15 @@ pub struct SequenceService {
     pub pool_pages: u32,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The sessions the drained engine handed back (for a deactivation: [`Service::kept_state`]).
+    kept: Mutex<Option<KeptSessions>>,
 }
+
+/// Sessions kept across a deactivation: each one's id, tokens and checkpoints (name, tokens), without pages (the
+/// pool goes with the model's device memory): after the activation an append computes the session's tokens
+/// again and returns what it would have.
+#[derive(Debug, Default)]
+pub struct KeptSessions(Vec<KeptSession>);
 
 impl std::fmt::Debug for SequenceService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,8 +263,13 @@ impl std::fmt::Debug for SequenceService {
 const POOL_SHARE: (u64, u64) = (3, 4);
 
 impl SequenceService {
-    /// Allocates the page pool and starts the engine thread.
-    pub fn start(model: Arc<Model>, limits: Limits) -> Result<Arc<SequenceService>> {
+    /// Allocates the page pool and starts the engine thread, with the sessions a deactivated service kept (same
+    /// ids, tokens and checkpoints; no pages).
+    pub fn start(
+        model: Arc<Model>,
+        limits: Limits,
+        kept: KeptSessions,
+    ) -> Result<Arc<SequenceService>> {
         let free = model.budget.limit.saturating_sub(model.budget.used());
         let pool_pages =
             (free / POOL_SHARE.1 * POOL_SHARE.0 / limits.page_bytes).min(u32::MAX as u64) as u32;
@@ -255,6 +298,29 @@ impl SequenceService {
             targets: [None, None],
             waiting: VecDeque::new(),
             running: Vec::new(),
+            sessions: kept
+                .0
+                .into_iter()
+                .map(|(id, tokens, checkpoints)| {
+                    let s = Session {
+                        tokens,
+                        table: PageTable::default(),
+                        checkpoints: checkpoints
+                            .into_iter()
+                            .map(|(n, t)| (n, (t, PageTable::default())))
+                            .collect(),
+                        last_used: Instant::now(),
+                        busy: false,
+                    };
+                    (id, s)
+                })
+                .collect(),
+            session_idle: model
+                .options()
+                .get("session_idle_seconds")
+                .and_then(serde_json::Value::as_f64)
+                .filter(|s| *s > 0.0)
+                .map_or(SESSION_IDLE, Duration::from_secs_f64),
         };
         let name = format!("loom-seq-{}", model.name);
         let thread = std::thread::Builder::new()
@@ -268,6 +334,7 @@ impl SequenceService {
             pool_pages,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            kept: Mutex::new(None),
         }))
     }
 
@@ -324,12 +391,15 @@ impl SequenceService {
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
         let seq = Seq {
             id: 0,
+            target: tokens.len() as u32,
             tokens,
             table: PageTable::default(),
             output: Vec::new(),
             done: Some(done),
             cancelled: cancelled.clone(),
             arrived: Instant::now(),
+            session: None,
+            from: 0,
         };
         let sent = self
             .tx
@@ -346,13 +416,94 @@ impl SequenceService {
         Ok(Submitted { cancelled })
     }
 
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        let sent = self
+            .tx
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
+        if sent != Some(true) {
+            return Err(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs a session operation on the engine thread (see [`SessionOp`]; `Extend` is refused: every append
+    /// of a sequence session is computed, [`SequenceService::append`]). Blocks until the engine answers.
+    pub fn session(&self, id: &str, op: SessionOp) -> SessionReply {
+        let (tx, rx) = mpsc::channel();
+        self.send(Cmd::Session(id.to_string(), op, tx))?;
+        rx.recv().map_err(|_| {
+            SessionError::Failed(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            })
+        })?
+    }
+
+    /// Appends `tokens` to session `id` and computes them: `done` gets the captured bytes of the session's
+    /// tokens from its old last token on (for `score`: the appended tokens' scores, in order; with an empty
+    /// session, the scores of the appended tokens after the first). One append runs per session at a time
+    /// (409 otherwise). Blocks until the engine took it.
+    pub fn append(
+        &self,
+        id: &str,
+        tokens: Vec<u32>,
+        done: Done,
+    ) -> std::result::Result<Submitted, SessionError> {
+        if tokens.is_empty() {
+            return Err(Error::BadRequest("the append has no tokens".into()).into());
+        }
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t >= self.limits.vocab)
+        {
+            return Err(Error::BadRequest(format!(
+                "token {i} is {t}; the vocabulary has {} tokens",
+                self.limits.vocab
+            ))
+            .into());
+        }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let seq = Seq {
+            id: 0,
+            target: 0,
+            tokens,
+            table: PageTable::default(),
+            output: Vec::new(),
+            done: Some(done),
+            cancelled: cancelled.clone(),
+            arrived: Instant::now(),
+            session: None,
+            from: 0,
+        };
+        let (tx, rx) = mpsc::channel();
+        self.send(Cmd::Append(id.to_string(), seq, tx))?;
+        rx.recv().map_err(|_| {
+            SessionError::Failed(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            })
+        })??;
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(Submitted { cancelled })
+    }
+
     /// Stops accepting sequences, finishes every accepted one, and joins the engine. Idempotent.
     pub fn drain(&self) {
         let tx = self.tx.lock().ok().and_then(|mut g| g.take());
         if let Some(tx) = tx {
             let (done_tx, done_rx) = mpsc::channel();
             if tx.send(Cmd::Drain(done_tx)).is_ok() {
-                let _ = done_rx.recv();
+                if let Ok(k) = done_rx.recv() {
+                    if let Ok(mut g) = self.kept.lock() {
+                        *g = Some(k);
+                    }
+                }
             }
         }
         if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
@@ -377,6 +528,11 @@ impl Service for SequenceService {
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
     }
+
+    fn kept_state(&self) -> Option<serve_runtime::contract::KeptState> {
+        let k = self.kept.lock().ok()?.take()?;
+        (!k.0.is_empty()).then(|| Box::new(k) as serve_runtime::contract::KeptState)
+    }
 }
 
 struct Engine {
@@ -391,44 +547,392 @@ struct Engine {
     targets: [Option<DeviceBuffer>; 2],
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    sessions: HashMap<String, Session>,
+    session_idle: Duration,
+}
+
+/// A session: its tokens, and a page table holding the state of all but its last token (the last one's
+/// output needs the token after it, which the next append brings). Checkpoints hold the same: their pages are
+/// the session's, one more pool reference each, so a checkpoint or a fork copies nothing; an append writes
+/// only into pages nobody else holds (it copies the partial page it continues, see `Engine::append`).
+struct Session {
+    tokens: Vec<u32>,
+    table: PageTable,
+    checkpoints: BTreeMap<String, (Vec<u32>, PageTable)>,
+    last_used: Instant,
+    busy: bool,
 }
 
 impl Engine {
     fn run(mut self, rx: mpsc::Receiver<Cmd>) {
         let mut next_id = 0u64;
-        let mut drain: Option<mpsc::Sender<()>> = None;
+        let mut drain: Option<mpsc::Sender<KeptSessions>> = None;
         loop {
             if self.waiting.is_empty() && self.running.is_empty() {
                 if let Some(d) = drain.take() {
-                    let _ = d.send(());
+                    let _ = d.send(self.keep_sessions());
                     return;
                 }
-                match rx.recv() {
+                let c = if self.sessions.is_empty() {
+                    rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(self.session_idle.min(Duration::from_secs(1)))
+                };
+                match c {
                     Ok(c) => self.command(c, &mut next_id, &mut drain),
-                    Err(_) => return,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             }
+            self.expire_sessions();
             while let Ok(c) = rx.try_recv() {
                 self.command(c, &mut next_id, &mut drain);
             }
             self.drop_cancelled();
             self.admit();
             if self.running.is_empty() {
+                if let Some(mut s) = self.waiting.pop_front() {
+                    // Nothing runs and the oldest waiting sequence cannot get its pages: sessions hold them.
+                    self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                    self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    self.end_session_append(&mut s, false);
+                    s.finish(Err(Error::TooLarge(format!(
+                        "the sequence needs {} pages; sessions hold all but {} of the model's {} (delete \
+                         sessions or rewind them)",
+                        PageTable::pages_for(s.target, self.limits.page_tokens),
+                        self.pool.free(),
+                        self.pool.capacity()
+                    ))));
+                }
                 continue;
             }
             self.epoch();
         }
     }
 
-    fn command(&mut self, c: Cmd, next_id: &mut u64, drain: &mut Option<mpsc::Sender<()>>) {
+    fn command(
+        &mut self,
+        c: Cmd,
+        next_id: &mut u64,
+        drain: &mut Option<mpsc::Sender<KeptSessions>>,
+    ) {
         match c {
             Cmd::Submit(mut s) => {
                 s.id = *next_id;
                 *next_id += 1;
                 self.waiting.push_back(s);
             }
+            Cmd::Session(id, op, reply) => {
+                let _ = reply.send(self.session_op(&id, op));
+            }
+            Cmd::Append(id, mut s, reply) => {
+                s.id = *next_id;
+                *next_id += 1;
+                let r = self.append(&id, s);
+                let _ = reply.send(r);
+            }
             Cmd::Drain(d) => *drain = Some(d),
         }
+    }
+
+    /// Queues an append to session `id`: a sequence over the session's tokens and `s.tokens`, starting from a
+    /// copy of the session's page table (one more reference on each page) whose partial last page, which it
+    /// will write, is copied first (copy on write: the session, its checkpoints and forks keep the original).
+    fn append(&mut self, id: &str, mut s: Seq) -> std::result::Result<(), SessionError> {
+        let max =
+            (self.limits.context).min(self.pool.capacity().saturating_mul(self.limits.page_tokens));
+        let sess = self
+            .sessions
+            .get(id)
+            .ok_or_else(|| SessionError::NotFound(format!("no session `{id}`")))?;
+        if sess.busy {
+            return Err(SessionError::Conflict(format!(
+                "session `{id}` is busy with another append"
+            )));
+        }
+        let before = sess.tokens.len() as u32;
+        let mut tokens = sess.tokens.clone();
+        tokens.extend_from_slice(&s.tokens);
+        if tokens.len() as u64 > u64::from(max) {
+            return Err(Error::TooLarge(format!(
+                "the session would hold {} tokens; model `{}` takes at most {max}",
+                tokens.len(),
+                self.model.name
+            ))
+            .into());
+        }
+        let mut table = sess.table.clone();
+        self.pool.retain(&table.pages);
+        let pt = self.limits.page_tokens;
+        if table.tokens % pt != 0 {
+            let last = table.pages.len() - 1;
+            match self.copy_page(table.pages[last]) {
+                Ok(new) => {
+                    self.pool.release(&[table.pages[last]]);
+                    table.pages[last] = new;
+                }
+                Err(e) => {
+                    table.clear(&mut self.pool);
+                    return Err(e.into());
+                }
+            }
+        }
+        s.target = tokens.len() as u32 - 1;
+        s.from = table.tokens;
+        s.tokens = tokens;
+        s.table = table;
+        s.session = Some((id.to_string(), before));
+        let sess = self.sessions.get_mut(id).expect("checked");
+        sess.busy = true;
+        sess.last_used = Instant::now();
+        self.metrics.waiting.fetch_add(1, Ordering::Relaxed);
+        self.waiting.push_back(s);
+        self.update_pages();
+        Ok(())
+    }
+
+    /// A fresh page holding a copy of `page` (host read and write of `page_bytes`, between epochs).
+    fn copy_page(&mut self, page: u32) -> Result<u32> {
+        let new = self.pool.alloc(1).map_err(|_| {
+            Error::TooLarge(
+                "no free page to continue the session in (sessions hold the model's page pool)"
+                    .into(),
+            )
+        })?[0];
+        let bytes = self.limits.page_bytes;
+        let copied = self
+            .model
+            .device
+            .read(&self.pool_buf, u64::from(page) * bytes, bytes)
+            .and_then(|b| {
+                self.model
+                    .device
+                    .write(&self.pool_buf, u64::from(new) * bytes, &b)
+            });
+        match copied {
+            Ok(()) => Ok(new),
+            Err(e) => {
+                self.pool.release(&[new]);
+                Err(e)
+            }
+        }
+    }
+
+    /// A session append's sequence ended: `ok` moves its tokens and pages into the session (releasing what the
+    /// session held), otherwise the session keeps what it had. Either way the sequence holds no page after.
+    fn end_session_append(&mut self, s: &mut Seq, ok: bool) {
+        let Some((id, _)) = &s.session else {
+            s.table.clear(&mut self.pool);
+            return;
+        };
+        match self.sessions.get_mut(id) {
+            Some(sess) => {
+                sess.busy = false;
+                sess.last_used = Instant::now();
+                if ok {
+                    let mut old = std::mem::replace(&mut sess.table, std::mem::take(&mut s.table));
+                    sess.tokens = std::mem::take(&mut s.tokens);
+                    old.clear(&mut self.pool);
+                } else {
+                    s.table.clear(&mut self.pool);
+                }
+            }
+            None => s.table.clear(&mut self.pool),
+        }
+    }
+
+    fn session_op(&mut self, id: &str, op: SessionOp) -> SessionReply {
+        let now = Instant::now();
+        let missing = || SessionError::NotFound(format!("no session `{id}`"));
+        let info = |id: &str, s: &Session, full: bool| SessionInfo {
+            id: id.to_string(),
+            token_ids: if full { s.tokens.clone() } else { Vec::new() },
+            tokens: s.tokens.len() as u32,
+            pages: s.table.pages.len() as u32,
+            checkpoints: s
+                .checkpoints
+                .iter()
+                .map(|(n, (t, p))| (n.clone(), t.len() as u32, p.pages.len() as u32))
+                .collect(),
+            busy: s.busy,
+            idle_seconds: now.duration_since(s.last_used).as_secs_f64(),
+        };
+        let max = self.limits.context;
+        let r = match op {
+            SessionOp::Create { tokens } => {
+                if tokens.len() as u64 > u64::from(max) {
+                    return Err(Error::TooLarge(format!(
+                        "the session would hold {} tokens; model `{}` takes at most {max}",
+                        tokens.len(),
+                        self.model.name
+                    ))
+                    .into());
+                }
+                if let Some(t) = tokens.iter().find(|t| **t >= self.limits.vocab) {
+                    return Err(Error::BadRequest(format!(
+                        "token {t} is outside the vocabulary of {} tokens",
+                        self.limits.vocab
+                    ))
+                    .into());
+                }
+                let id = format!("sess-{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
+                let s = Session {
+                    tokens,
+                    table: PageTable::default(),
+                    checkpoints: BTreeMap::new(),
+                    last_used: now,
+                    busy: false,
+                };
+                let r = info(&id, &s, true);
+                self.sessions.insert(id, s);
+                Ok(vec![r])
+            }
+            SessionOp::List => {
+                let mut v: Vec<SessionInfo> = self
+                    .sessions
+                    .iter()
+                    .map(|(id, s)| info(id, s, false))
+                    .collect();
+                v.sort_by_key(|i| i.id[5..].parse::<u64>().unwrap_or(0));
+                Ok(v)
+            }
+            SessionOp::Get => {
+                let s = self.sessions.get(id).ok_or_else(missing)?;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::Delete => {
+                let mut s = self.sessions.remove(id).ok_or_else(missing)?;
+                self.release_session(&mut s);
+                Ok(Vec::new())
+            }
+            SessionOp::Extend { .. } => Err(Error::BadRequest(
+                "a sequence session computes every append: append tokens to have them scored"
+                    .into(),
+            )
+            .into()),
+            SessionOp::Checkpoint { name } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                let snap = (s.tokens.clone(), s.table.clone());
+                self.pool.retain(&snap.1.pages);
+                if let Some((_, mut old)) = s.checkpoints.insert(name, snap) {
+                    old.clear(&mut self.pool);
+                }
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::Fork { checkpoint } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                let (tokens, table) = match &checkpoint {
+                    None => (s.tokens.clone(), s.table.clone()),
+                    Some(c) => {
+                        let (t, p) = s.checkpoints.get(c).ok_or_else(|| {
+                            SessionError::NotFound(format!(
+                                "session `{id}` has no checkpoint `{c}`"
+                            ))
+                        })?;
+                        (t.clone(), p.clone())
+                    }
+                };
+                s.last_used = now;
+                self.pool.retain(&table.pages);
+                let new = format!("sess-{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
+                let f = Session {
+                    tokens,
+                    table,
+                    checkpoints: BTreeMap::new(),
+                    last_used: now,
+                    busy: false,
+                };
+                let r = info(&new, &f, true);
+                self.sessions.insert(new, f);
+                Ok(vec![r])
+            }
+            SessionOp::RewindCheckpoint { name } => {
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                if s.busy {
+                    return Err(SessionError::Conflict(format!(
+                        "session `{id}` is busy with an append"
+                    )));
+                }
+                let (t, p) = s.checkpoints.get(&name).cloned().ok_or_else(|| {
+                    SessionError::NotFound(format!("session `{id}` has no checkpoint `{name}`"))
+                })?;
+                self.pool.retain(&p.pages);
+                s.tokens = t;
+                let mut old = std::mem::replace(&mut s.table, p);
+                s.last_used = now;
+                old.clear(&mut self.pool);
+                let s = &self.sessions[id];
+                Ok(vec![info(id, s, true)])
+            }
+            SessionOp::RewindTokens { tokens } => {
+                let pt = self.limits.page_tokens;
+                let s = self.sessions.get_mut(id).ok_or_else(missing)?;
+                if s.busy {
+                    return Err(SessionError::Conflict(format!(
+                        "session `{id}` is busy with an append"
+                    )));
+                }
+                if tokens as usize > s.tokens.len() {
+                    return Err(Error::BadRequest(format!(
+                        "cannot rewind session `{id}` to {tokens} tokens: it holds {}",
+                        s.tokens.len()
+                    ))
+                    .into());
+                }
+                s.tokens.truncate(tokens as usize);
+                s.table
+                    .truncate(&mut self.pool, tokens.saturating_sub(1), pt);
+                s.last_used = now;
+                Ok(vec![info(id, s, true)])
+            }
+        };
+        self.update_pages();
+        r
+    }
+
+    fn release_session(&mut self, s: &mut Session) {
+        s.table.clear(&mut self.pool);
+        for (_, (_, mut t)) in std::mem::take(&mut s.checkpoints) {
+            t.clear(&mut self.pool);
+        }
+    }
+
+    fn expire_sessions(&mut self) {
+        if self.sessions.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let idle = self.session_idle;
+        let gone: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.busy && now.duration_since(s.last_used) >= idle)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(mut s) = self.sessions.remove(&id) {
+                log::debug!("model {}: session {id} expired", self.model.name);
+                self.release_session(&mut s);
+            }
+        }
+        self.update_pages();
+    }
+
+    /// The sessions' ids, tokens and checkpoints (their pages are released).
+    fn keep_sessions(&mut self) -> KeptSessions {
+        let mut out = Vec::new();
+        for (id, mut s) in std::mem::take(&mut self.sessions) {
+            let cps = s
+                .checkpoints
+                .iter()
+                .map(|(n, (t, _))| (n.clone(), t.clone()))
+                .collect();
+            let tokens = std::mem::take(&mut s.tokens);
+            self.release_session(&mut s);
+            out.push((id, tokens, cps));
+        }
+        KeptSessions(out)
     }
 
     fn update_pages(&self) {
@@ -438,24 +942,35 @@ impl Engine {
     }
 
     fn drop_cancelled(&mut self) {
-        let m = &self.metrics;
-        let pool = &mut self.pool;
-        let mut gone = |s: &mut Seq| {
-            let c = s.cancelled.load(Ordering::Relaxed);
-            if c {
-                s.table.clear(pool);
-                m.cancelled.fetch_add(1, Ordering::Relaxed);
-                s.finish(Err(Error::BadRequest("cancelled".into())));
+        let gone = |s: &Seq| s.cancelled.load(Ordering::Relaxed);
+        let mut out: Vec<Seq> = Vec::new();
+        let (w, r) = (self.waiting.len(), self.running.len());
+        let mut k = 0;
+        while k < self.waiting.len() {
+            if gone(&self.waiting[k]) {
+                out.extend(self.waiting.remove(k));
+            } else {
+                k += 1;
             }
-            !c
-        };
-        let before = (self.waiting.len(), self.running.len());
-        self.waiting.retain_mut(&mut gone);
-        self.running.retain_mut(&mut gone);
+        }
+        let mut k = 0;
+        while k < self.running.len() {
+            if gone(&self.running[k]) {
+                out.push(self.running.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        let m = self.metrics.clone();
         m.waiting
-            .fetch_sub((before.0 - self.waiting.len()) as u64, Ordering::Relaxed);
+            .fetch_sub((w - self.waiting.len()) as u64, Ordering::Relaxed);
         m.running
-            .fetch_sub((before.1 - self.running.len()) as u64, Ordering::Relaxed);
+            .fetch_sub((r - self.running.len()) as u64, Ordering::Relaxed);
+        for mut s in out {
+            self.end_session_append(&mut s, false);
+            m.cancelled.fetch_add(1, Ordering::Relaxed);
+            s.finish(Err(Error::Cancelled));
+        }
         self.update_pages();
     }
 
@@ -465,14 +980,24 @@ impl Engine {
     fn admit(&mut self) {
         let pt = self.limits.page_tokens;
         while let Some(s) = self.waiting.front_mut() {
-            if s.table
-                .reserve(&mut self.pool, s.tokens.len() as u32, pt)
-                .is_err()
-            {
+            let extra = s.target - s.table.tokens;
+            if s.table.reserve(&mut self.pool, extra, pt).is_err() {
                 break;
             }
-            let s = self.waiting.pop_front().expect("front");
+            let mut s = self.waiting.pop_front().expect("front");
             self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            if extra == 0 {
+                // Nothing to compute (an append of one token to a session without any): done already.
+                self.end_session_append(&mut s, true);
+                self.update_pages();
+                let from = s.from;
+                s.finish(Ok(Captured {
+                    bytes: Vec::new(),
+                    from,
+                    positions: 0,
+                }));
+                continue;
+            }
             self.metrics.running.fetch_add(1, Ordering::Relaxed);
             self.running.push(s);
         }
@@ -485,7 +1010,7 @@ impl Engine {
             .running
             .iter()
             .map(|s| Progress {
-                known: s.tokens.len() as u32,
+                known: s.target,
                 committed: s.table.tokens,
                 proposed: 0,
             })
@@ -502,7 +1027,7 @@ impl Engine {
         let spans: Vec<(usize, u32, u32)> =
             plan.iter().map(|p| (p.seq, p.position, p.count)).collect();
         // Sequences that end this epoch, answered once the pool and the metrics say so.
-        let mut ended: Vec<(Seq, Result<Vec<u8>>)> = Vec::new();
+        let mut ended: Vec<(Seq, Result<Captured>)> = Vec::new();
         match self.run_epoch(&spans) {
             Ok(captured) => {
                 let pt = self.limits.page_tokens;
@@ -520,10 +1045,14 @@ impl Engine {
                 let mut k = 0;
                 while k < self.running.len() {
                     let s = &self.running[k];
-                    if s.table.tokens as usize == s.tokens.len() {
+                    if s.table.tokens == s.target {
                         let mut s = self.running.remove(k);
                         self.metrics.latency.observe(s.arrived.elapsed());
-                        let out = std::mem::take(&mut s.output);
+                        let out = Captured {
+                            bytes: std::mem::take(&mut s.output),
+                            from: s.from,
+                            positions: s.target - s.from,
+                        };
                         ended.push((s, Ok(out)));
                     } else {
                         k += 1;
@@ -545,8 +1074,9 @@ impl Engine {
                 }
             }
         }
-        for (s, _) in &mut ended {
-            s.table.clear(&mut self.pool);
+        for (s, r) in &mut ended {
+            let ok = r.is_ok();
+            self.end_session_append(s, ok);
         }
         self.metrics
             .running
