@@ -112,6 +112,7 @@ fn parse_args() -> Result<Args> {
                 let v = value()?;
                 a.config.params_root =
                     Some(std::fs::canonicalize(&v).with_context(|| format!("--params-root {v}"))?);
+                a.limits.params_root = a.config.params_root.clone();
             }
             "--package-root" => {
                 let v = value()?;

@@ -227,6 +227,10 @@ pub struct OperatorLimits {
     pub max_state_bytes: u64,
     /// The largest `limits.kernel_steps` a package may declare, and the budget of packages that declare none.
     pub max_kernel_steps: u64,
+    /// The operator's parameter root (`--params-root`, canonical): besides its own parameter root, a package's
+    /// `prepare.source(directory, path)` may name an absolute directory inside it (weights on a shared volume,
+    /// packages elsewhere). None: only the asset root.
+    pub params_root: Option<PathBuf>,
 }
 
 /// Default [`OperatorLimits::max_invocation_bytes`]: 1 GiB.
@@ -246,6 +250,7 @@ impl Default for OperatorLimits {
             max_invocation_bytes: DEFAULT_MAX_INVOCATION_BYTES,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             max_kernel_steps: DEFAULT_MAX_KERNEL_STEPS,
+            params_root: None,
         }
     }
 }

@@ -193,6 +193,89 @@ fn multipart_upload_with_parameters_under_the_operator_root() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// A server-local package reads its checkpoint from a directory inside the operator's `--params-root`
+/// (`prepare.source(dir, path)` with `dir` not the package: weights on a shared volume). A directory outside the
+/// parameter root, a relative one, a path escaping it, or no `--params-root` at all fail the registration with a
+/// 400 naming the directory; the served embeddings are the checkpoint's.
+#[test]
+fn checkpoints_from_a_directory_inside_the_parameter_root() {
+    let dir = crate::support::package_dir("shared-params");
+    let shared = dir.join("volume/arith");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::rename(
+        dir.join("arith-embed-weighted/weights.safetensors"),
+        shared.join("head.safetensors"),
+    )
+    .unwrap();
+    let volume = dir.join("volume").display().to_string();
+    let base = dir.join("arith-embed-weighted").display().to_string();
+    let roots = dir.display().to_string();
+    let s = TestServer::start_models(
+        "shared-params-run",
+        &[],
+        &["--params-root", &volume, "--package-root", &roots],
+    );
+    let register = |name: &str, options: serde_json::Value| {
+        s.post_json(
+            "/v1/models",
+            &json!({"name": name, "base": base, "options": options}),
+        )
+    };
+    let r = register(
+        "shared",
+        json!({"checkpoint_dir": shared.display().to_string(), "checkpoint": "head.safetensors"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = s
+        .post_json("/v1/embeddings", &json!({"model": "shared", "input": "hi"}))
+        .json();
+    let want = crate::http_embed::weighted(&[104, 105]);
+    let got = v["data"][0]["embedding"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0));
+    }
+    // The package's own directory no longer has the file.
+    let r = register("local", json!({}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    for (options, want) in [
+        (
+            json!({"checkpoint_dir": dir.join("arith-embed").display().to_string(), "checkpoint": "control.loom"}),
+            "resolves outside the server's --params-root",
+        ),
+        (
+            json!({"checkpoint_dir": "volume/arith", "checkpoint": "head.safetensors"}),
+            "must be the asset root given to prepare or an absolute directory inside the server's --params-root",
+        ),
+        (
+            json!({"checkpoint_dir": shared.display().to_string(), "checkpoint": "../../arith-embed-weighted/gen_weights.py"}),
+            "escapes the package base",
+        ),
+    ] {
+        let r = register("bad", options.clone());
+        assert_eq!(r.status, 400, "{options}: {}", r.text());
+        let e = r.json();
+        assert_eq!(e["error"]["code"], "invalid_checkpoint", "{e}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{options}: {msg}");
+    }
+    drop(s);
+    // Without --params-root, only the asset root.
+    let s = TestServer::start_models("shared-params-none", &[], &["--package-root", &roots]);
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "shared", "base": base,
+                "options": {"checkpoint_dir": shared.display().to_string(), "checkpoint": "head.safetensors"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("this server has no --params-root"),
+        "{}",
+        r.text()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// gen_weights.py's head scaled by `k` (weights and bias), written independently here.
 fn scaled_head(k: f32) -> Vec<u8> {
     let mut data = Vec::new();

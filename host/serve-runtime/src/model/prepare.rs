@@ -17,7 +17,7 @@ use loom_compiler::{Catalog, Role};
 use loom_ir::{Signature, TParamKind, TValue};
 use loom_vm::{LoadLimits, Loaded, Value, Vm};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -366,10 +366,14 @@ pub fn prepare(
 }
 
 /// Where source shard `path` (declared with directory `dir`) of source `ordinal` is: its canonical path and its
-/// name for messages (the package-relative path). Checkpoints resolve against the package's parameter root (a
-/// server-local package's directory; an uploaded package's own parameter files, or `--params-root` when it
-/// carried none) and, symlinks resolved, must stay
-/// inside it (a server-local package: inside the operator's package roots, [`OperatorLimits::admits`]).
+/// name for messages.
+///
+/// With `dir` the asset root given to `prepare` (or empty), `path` resolves against the package's parameter root
+/// (a server-local package's directory; an uploaded package's own parameter files, or `--params-root` when it
+/// carried none) and, symlinks resolved, must stay inside it (a server-local package: inside the operator's
+/// package roots, [`OperatorLimits::admits`]); its name is the package-relative path. Any other `dir` must be an
+/// absolute directory inside the operator's `--params-root` ([`OperatorLimits::params_root`]), and `path`
+/// resolves against it and must stay inside it; its name is `dir/path`.
 pub(crate) fn resolve_source_path(
     files: &PackageFiles,
     limits: &OperatorLimits,
@@ -378,13 +382,11 @@ pub(crate) fn resolve_source_path(
     path: &str,
     ordinal: usize,
 ) -> Result<(PathBuf, String)> {
-    if !dir.is_empty() && dir != asset_root {
-        return Err(Error::Checkpoint(format!(
-            "source {ordinal}: directory {dir:?} is not the asset root given to prepare"
-        )));
-    }
     let rel = package::relative("prepare.source", "path", path)
         .map_err(|e| Error::Checkpoint(format!("source {ordinal}: {e}")))?;
+    if !dir.is_empty() && dir != asset_root {
+        return resolve_in_params_root(limits, dir, &rel, ordinal);
+    }
     let root = files.params_root().ok_or_else(|| {
         Error::Checkpoint(format!(
             "source {ordinal}: {path}: this uploaded package carried no parameter files (multipart \
@@ -406,6 +408,50 @@ pub(crate) fn resolve_source_path(
         ));
     }
     Ok((canon, rel))
+}
+
+/// `prepare.source(dir, rel)` with `dir` other than the asset root: `dir` absolute, inside `--params-root`, and
+/// `dir/rel` (symlinks resolved) inside it too.
+fn resolve_in_params_root(
+    limits: &OperatorLimits,
+    dir: &str,
+    rel: &str,
+    ordinal: usize,
+) -> Result<(PathBuf, String)> {
+    let name = format!("{}/{rel}", dir.trim_end_matches('/'));
+    let bad = |m: String| Error::Checkpoint(format!("source {ordinal}: checkpoint {name}: {m}"));
+    let Some(root) = &limits.params_root else {
+        return Err(bad(format!(
+            "directory {dir:?} is not the asset root given to prepare, and this server has no --params-root \
+             (checkpoints outside the package are read only from inside the operator's parameter root)"
+        )));
+    };
+    if !Path::new(dir).is_absolute() {
+        return Err(bad(format!(
+            "directory {dir:?} must be the asset root given to prepare or an absolute directory inside the \
+             server's --params-root"
+        )));
+    }
+    let outside = |p: &Path| p.canonicalize().is_ok_and(|c| !c.starts_with(root));
+    if outside(Path::new(dir)) {
+        return Err(bad(
+            "resolves outside the server's --params-root (checkpoints outside the package are read only from \
+             inside it)"
+                .into(),
+        ));
+    }
+    let canon = Path::new(dir)
+        .join(rel)
+        .canonicalize()
+        .map_err(|e| bad(package::io_text(&e)))?;
+    if !canon.starts_with(root) {
+        return Err(bad(
+            "resolves outside the server's --params-root (checkpoints outside the package are read only from \
+             inside it)"
+                .into(),
+        ));
+    }
+    Ok((canon, name))
 }
 
 /// Parses a `prepare.config` text value by the kind of the template parameter it binds.
