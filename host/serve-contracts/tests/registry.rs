@@ -250,7 +250,7 @@ fn packages_are_validated_by_contract_and_role() {
     let e = reg.register("c", files, Overrides::default()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "model.json: field `contract`: expected one of [\"finite\", \"retained\"] (the contracts this server serves), found \"recognition\""
+        "model.json: field `contract`: expected one of [\"finite\", \"retained\", \"sequence\"] (the contracts this server serves), found \"recognition\""
     );
     let (_d, files) = package("arith-embed", |d| d["role"] = "chat".into());
     let e = reg.register("r", files, Overrides::default()).unwrap_err();
