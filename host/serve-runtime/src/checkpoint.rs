@@ -44,6 +44,9 @@ pub enum Meta {
     Array(Vec<Meta>),
 }
 
+/// The block size (file offsets and lengths, and staging addresses) of direct-I/O reads.
+pub const DIRECT_ALIGN: u64 = 4096;
+
 /// An indexed checkpoint: the ordered shards, their open handles, and every tensor by key.
 #[derive(Debug)]
 pub struct Source {
@@ -164,17 +167,7 @@ impl Source {
 
     /// Reads `len` bytes of `entry` starting `offset` bytes into its payload.
     pub fn read(&self, entry: &Entry, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= entry.len)
-            .ok_or_else(|| {
-                format!(
-                    "range {offset}+{} is outside the tensor's {} bytes",
-                    buf.len(),
-                    entry.len
-                )
-            })?;
-        let _ = end;
+        self.check_range(entry, offset, buf.len())?;
         let file = &self.handles[entry.file];
         file.read_exact_at(buf, entry.offset + offset).map_err(|e| {
             format!(
@@ -183,6 +176,87 @@ impl Source {
                 crate::package::io_text(&e)
             )
         })
+    }
+
+    fn check_range(&self, entry: &Entry, offset: u64, len: usize) -> Result<(), String> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&e| e <= entry.len)
+            .map(|_| ())
+            .ok_or_else(|| {
+                format!(
+                    "range {offset}+{len} is outside the tensor's {} bytes",
+                    entry.len
+                )
+            })
+    }
+
+    /// Opens shard `shard` for direct I/O (`O_DIRECT`: reads bypass the page cache). A file system that refuses
+    /// it (tmpfs) is an error naming the file, never a buffered fallback.
+    pub fn open_direct(&self, shard: usize) -> Result<File, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.files[shard])
+            .map_err(|e| {
+                format!(
+                    "{}: the file system refuses direct I/O (`io.direct` in model.json): {}",
+                    self.names[shard],
+                    crate::package::io_text(&e)
+                )
+            })
+    }
+
+    /// [`read`](Self::read) through `direct`, a handle of the entry's shard from [`open_direct`](Self::open_direct):
+    /// the whole [`DIRECT_ALIGN`]-byte blocks around the range go into `staging` (grown as needed; its aligned
+    /// part is used), and the range is copied out of them.
+    pub fn read_direct(
+        &self,
+        direct: &File,
+        staging: &mut Vec<u8>,
+        entry: &Entry,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), String> {
+        self.check_range(entry, offset, buf.len())?;
+        let a = DIRECT_ALIGN;
+        let at = entry.offset + offset;
+        let start = at / a * a;
+        let end = (at + buf.len() as u64).div_ceil(a) * a;
+        let span = (end - start) as usize;
+        if staging.len() < span + a as usize {
+            staging.resize(span + a as usize, 0);
+        }
+        let skew = staging.as_ptr().align_offset(a as usize);
+        let block = &mut staging[skew..skew + span];
+        let mut got = 0usize;
+        while got < span {
+            // The file's last block may be short: a read at the end returns fewer bytes.
+            let n = direct
+                .read_at(&mut block[got..], start + got as u64)
+                .map_err(|e| {
+                    format!(
+                        "{}: {}",
+                        self.names[entry.file],
+                        crate::package::io_text(&e)
+                    )
+                })?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let from = (at - start) as usize;
+        if got < from + buf.len() {
+            return Err(format!(
+                "{}: truncated: needs {} bytes at offset {at}",
+                self.names[entry.file],
+                buf.len()
+            ));
+        }
+        buf.copy_from_slice(&block[from..from + buf.len()]);
+        Ok(())
     }
 }
 

@@ -178,7 +178,9 @@ fn default_invoke_bytes() -> u64 {
 pub struct Io {
     /// Direct I/O (`O_DIRECT`, bypassing the page cache) for the ranges `parameters.gather` reads: the device
     /// must queue file reads, and every range's file offset, length and destination offset must be aligned
-    /// (4096 bytes on the CPU HAL); a misaligned range fails its gather (never a buffered fallback).
+    /// (4096 bytes on the CPU HAL); a misaligned range fails its gather (never a buffered fallback). Resident
+    /// parameters are placed through direct reads too (aligned blocks staged on the host, see
+    /// `checkpoint::Source::read_direct`).
     #[serde(default)]
     pub direct: bool,
 }

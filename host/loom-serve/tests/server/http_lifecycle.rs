@@ -4,6 +4,7 @@
 use crate::http_embed::arith;
 use crate::support::{TestServer, multipart};
 use serde_json::json;
+use std::os::unix::fs::OpenOptionsExt;
 
 fn embed_status(s: &TestServer, model: &str) -> u16 {
     s.post_json("/v1/embeddings", &json!({"model": model, "input": "ping"}))
@@ -274,6 +275,83 @@ fn checkpoints_from_a_directory_inside_the_parameter_root() {
         r.text()
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `"io": {"direct": true}` reads resident parameters through direct I/O when they are placed (preparation and
+/// every activation): the checkpoint's tensors start at unaligned offsets, so the aligned staging must cut them
+/// out exactly; the embeddings are the checkpoint's before and after a deactivation. On a file system that refuses
+/// O_DIRECT (tmpfs) the registration fails naming the file instead of reading through the page cache.
+#[test]
+fn direct_io_places_resident_parameters() {
+    let dir = crate::support::package_dir("direct-activate");
+    let base = dir.join("arith-embed-weighted");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(base.join("model.json")).unwrap()).unwrap();
+    doc["io"] = json!({"direct": true});
+    std::fs::write(base.join("model.json"), doc.to_string()).unwrap();
+    let roots = dir.display().to_string();
+    let mut extra = vec!["--package-root".to_string(), roots];
+    // A tmpfs directory for the refusal, when this machine has one.
+    let shm = std::path::Path::new("/dev/shm").join(format!("loom-direct-{}", std::process::id()));
+    let tmpfs = std::fs::create_dir_all(&shm).is_ok()
+        && std::fs::copy(base.join("weights.safetensors"), shm.join("w.safetensors")).is_ok()
+        && std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_o_direct())
+            .open(shm.join("w.safetensors"))
+            .is_err();
+    if tmpfs {
+        extra.extend(["--params-root".to_string(), shm.display().to_string()]);
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let s = TestServer::start_models("direct-activate-run", &[], &extra);
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "direct", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let check = || {
+        let v = s
+            .post_json(
+                "/v1/embeddings",
+                &json!({"model": "direct", "input": "direct"}),
+            )
+            .json();
+        let want = crate::http_embed::weighted(&b"direct".map(i64::from));
+        let got = v["data"][0]["embedding"].as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{v}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g.as_f64().unwrap() - w).abs() <= 1e-5 * w.abs().max(1.0));
+        }
+    };
+    check();
+    for step in ["deactivate", "activate"] {
+        let r = s.post_json(&format!("/v1/models/direct/{step}"), &json!({}));
+        assert_eq!(r.status, 200, "{step}: {}", r.text());
+    }
+    check();
+    if tmpfs {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": "direct-shm", "base": base.display().to_string(),
+                    "options": {"checkpoint_dir": shm.display().to_string(), "checkpoint": "w.safetensors"}}),
+        );
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains("refuses direct I/O"), "{}", r.text());
+    } else {
+        eprintln!("SKIPPED the tmpfs refusal: no /dev/shm that refuses O_DIRECT on this machine");
+    }
+    let _ = std::fs::remove_dir_all(&shm);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// O_DIRECT on Linux (the tests do not depend on libc).
+fn libc_o_direct() -> i32 {
+    if cfg!(any(target_arch = "aarch64", target_arch = "arm")) {
+        0o200000
+    } else {
+        0o40000
+    }
 }
 
 /// gen_weights.py's head scaled by `k` (weights and bias), written independently here.

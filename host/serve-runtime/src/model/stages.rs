@@ -444,14 +444,30 @@ impl Model {
             return Ok(buf.clone());
         }
         let buf = self.device.alloc(b.entry.len, &self.budget)?;
+        // `io.direct`: the checkpoint's bytes come through a handle opened for direct I/O (whole aligned blocks
+        // into an aligned staging buffer, bypassing the page cache), never a buffered read.
+        let direct = match self.doc.io.direct {
+            true => Some(
+                b.source
+                    .open_direct(b.entry.file)
+                    .map_err(Error::Checkpoint)?,
+            ),
+            false => None,
+        };
+        let mut staging = Vec::new();
+        let mut read = |off: u64, dst: &mut [u8]| -> Result<()> {
+            match &direct {
+                Some(f) => b.source.read_direct(f, &mut staging, &b.entry, off, dst),
+                None => b.source.read(&b.entry, off, dst),
+            }
+            .map_err(Error::Checkpoint)
+        };
         if b.transpose {
             // [r, c] in the checkpoint -> [c, r] resident, element by element, on the host.
             let (r, c) = (b.entry.shape[0] as usize, b.entry.shape[1] as usize);
             let esz = (b.entry.len as usize) / (r * c).max(1);
             let mut src = vec![0u8; b.entry.len as usize];
-            b.source
-                .read(&b.entry, 0, &mut src)
-                .map_err(Error::Checkpoint)?;
+            read(0, &mut src)?;
             let mut dst = vec![0u8; src.len()];
             for i in 0..r {
                 for j in 0..c {
@@ -470,9 +486,7 @@ impl Model {
         let mut off = 0u64;
         while off < b.entry.len {
             let n = CHUNK.min(b.entry.len - off) as usize;
-            b.source
-                .read(&b.entry, off, &mut tmp[..n])
-                .map_err(Error::Checkpoint)?;
+            read(off, &mut tmp[..n])?;
             self.device.write(&buf, off, &tmp[..n])?;
             progress.bytes_placed(n as u64);
             off += n as u64;
