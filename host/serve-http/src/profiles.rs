@@ -72,6 +72,7 @@ pub(crate) const BUILTIN_PATHS: &[&str] = &[
     "/classify",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/score",
     "/v1/sessions",
     "/v1/sessions/{id}",
     "/v1/sessions/{id}/append",
