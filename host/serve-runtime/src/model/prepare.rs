@@ -418,7 +418,8 @@ fn resolve_in_params_root(
     rel: &str,
     ordinal: usize,
 ) -> Result<(PathBuf, String)> {
-    let name = format!("{}/{rel}", dir.trim_end_matches('/'));
+    // Messages name the file by its place in the parameter root, never by its absolute path.
+    let name = format!("{rel} in {dir:?}");
     let bad = |m: String| Error::Checkpoint(format!("source {ordinal}: checkpoint {name}: {m}"));
     let Some(root) = &limits.params_root else {
         return Err(bad(format!(
@@ -444,14 +445,15 @@ fn resolve_in_params_root(
         .join(rel)
         .canonicalize()
         .map_err(|e| bad(package::io_text(&e)))?;
-    if !canon.starts_with(root) {
+    let Ok(inside) = canon.strip_prefix(root) else {
         return Err(bad(
             "resolves outside the server's --params-root (checkpoints outside the package are read only from \
              inside it)"
                 .into(),
         ));
-    }
-    Ok((canon, name))
+    };
+    let shown = format!("params-root/{}", inside.display());
+    Ok((canon, shown))
 }
 
 /// Parses a `prepare.config` text value by the kind of the template parameter it binds.
