@@ -10,9 +10,27 @@
 pub mod finite;
 pub mod retained;
 pub mod sequence;
+pub mod thread;
 
+use loom_ir::Type;
 use serve_runtime::contract::Contracts;
 use std::sync::Arc;
+
+/// The `!opaque` type of control entries' state parameters.
+pub(crate) fn opaque_type() -> Type {
+    Type::Ref {
+        name: "opaque".into(),
+        nullable: false,
+    }
+}
+
+/// The `!hal.buffer` type of `run` entries' buffer parameters.
+pub(crate) fn hal_buffer_type() -> Type {
+    Type::Ref {
+        name: "hal.buffer".into(),
+        nullable: false,
+    }
+}
 
 /// Every contract this server serves.
 pub fn builtin() -> Contracts {

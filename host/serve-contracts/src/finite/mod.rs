@@ -51,6 +51,7 @@ pub use service::{
     Rows, Ticket,
 };
 
+use crate::{hal_buffer_type as hal_buffer, opaque_type as opaque};
 use loom_ir::{Signature, Type};
 use loom_vm::Value;
 use serve_runtime::Result;
@@ -124,20 +125,6 @@ impl Limits {
             output_capacity: v[2],
             result_capacity: v[3],
         })
-    }
-}
-
-fn opaque() -> Type {
-    Type::Ref {
-        name: "opaque".into(),
-        nullable: false,
-    }
-}
-
-fn hal_buffer() -> Type {
-    Type::Ref {
-        name: "hal.buffer".into(),
-        nullable: false,
     }
 }
 

@@ -47,6 +47,7 @@ pub mod text;
 
 pub use service::{Event, EventSink, Finish, GenRequest, RetainedService, Ticket};
 
+use crate::{hal_buffer_type as hal_buffer, opaque_type as opaque};
 use loom_ir::{Signature, Type};
 use loom_vm::Value;
 use serve_runtime::Result;
@@ -138,17 +139,15 @@ impl Limits {
     }
 }
 
-fn opaque() -> Type {
-    Type::Ref {
-        name: "opaque".into(),
-        nullable: false,
-    }
-}
-
-fn hal_buffer() -> Type {
-    Type::Ref {
-        name: "hal.buffer".into(),
-        nullable: false,
+/// Cold `prepare`'s ten results ([`Limits`], tokenizer, source name, state): retained text's, and the
+/// known-token sequence contract's.
+pub(crate) fn cold_interface() -> ColdInterface {
+    use Type::*;
+    ColdInterface {
+        results: vec![I64, I64, I64, I64, I64, I64, I64, Str, Str, opaque()],
+        tokenizer: Some(7),
+        state: 9,
+        check: |values| Limits::from_cold(values).map(|_| ()),
     }
 }
 
@@ -171,12 +170,7 @@ impl Retained {
             interface: ContractInterface {
                 name: "retained",
                 roles: ROLES,
-                cold: ColdInterface {
-                    results: vec![I64, I64, I64, I64, I64, I64, I64, Str, Str, opaque()],
-                    tokenizer: Some(7),
-                    state: 9,
-                    check: |values| Limits::from_cold(values).map(|_| ()),
-                },
+                cold: cold_interface(),
                 entries: vec![
                     (
                         "epoch",

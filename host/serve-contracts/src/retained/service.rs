@@ -15,6 +15,7 @@ use super::sampling::{Sample, Sampler, SamplingParams};
 use super::sessions::{SessionError, SessionInfo, SessionOp};
 use super::text::{StopMatcher, Utf8Stream};
 use super::{EPOCH, Limits, RUN, SPAN_WORDS};
+use crate::thread::EngineThread;
 use loom_vm::Value;
 use serve_runtime::contract::{Histogram, KeptState, LATENCY_BUCKETS, Series, Service};
 use serve_runtime::device::DeviceBuffer;
@@ -23,7 +24,7 @@ use serve_runtime::{Error, Result};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 /// One generation request, tokenized.
@@ -388,10 +389,8 @@ pub struct RetainedService {
     pub pool_pages: u32,
     /// The package's chat template (`assets.chat_template`), if it has one.
     pub chat: Option<super::chat::ChatTemplate>,
-    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The sessions the drained engine handed back (for a deactivation: [`Service::kept_state`]).
-    kept: Mutex<Option<KeptSessions>>,
+    /// The engine thread; drained, it hands back the sessions (for a deactivation: [`Service::kept_state`]).
+    engine: EngineThread<Cmd, KeptSessions>,
 }
 
 /// Sessions kept across a deactivation: each one's id, tokens and checkpoints (name, tokens). Their pages are
@@ -523,7 +522,6 @@ impl RetainedService {
         metrics
             .pages_capacity
             .store(u64::from(pool_pages), Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
         let engine = Engine {
             model: model.clone(),
             limits,
@@ -564,10 +562,9 @@ impl RetainedService {
         metrics
             .sessions
             .store(engine.sessions.len() as u64, Ordering::Relaxed);
-        let thread = std::thread::Builder::new()
-            .name(format!("text-{}", model.name))
-            .spawn(move || engine.run(rx))
-            .map_err(|e| Error::Internal(format!("spawning an engine thread: {e}")))?;
+        let engine = EngineThread::spawn(&model.name, format!("text-{}", model.name), move |rx| {
+            engine.run(rx)
+        })?;
         log::info!(
             "model {}: page pool of {pool_pages} pages ({} tokens, {} bytes each)",
             model.name,
@@ -581,9 +578,7 @@ impl RetainedService {
             metrics,
             pool_pages,
             chat,
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-            kept: Mutex::new(None),
+            engine,
         }))
     }
 
@@ -603,7 +598,7 @@ impl RetainedService {
         }
         self.check(&req)?;
         let (cmd, ticket) = self.admitted(req, events);
-        self.send(Cmd::Submit(cmd))?;
+        self.engine.send(Cmd::Submit(cmd))?;
         Ok(ticket)
     }
 
@@ -623,20 +618,15 @@ impl RetainedService {
         }
         self.check(&req)?;
         let (admitted, mut ticket) = self.admitted(req, events);
-        let (reply, rx) = mpsc::channel();
-        let sent = self.send(Cmd::Append {
-            id: id.to_string(),
-            admitted,
-            reply,
-        });
-        let r = sent.map_err(SessionError::from).and_then(|()| {
-            rx.recv().unwrap_or_else(|_| {
-                Err(SessionError::Failed(Error::NotReady {
-                    name: self.model.name.clone(),
-                    status: "draining".into(),
-                }))
+        let r = self
+            .engine
+            .ask(|reply| Cmd::Append {
+                id: id.to_string(),
+                admitted,
+                reply,
             })
-        });
+            .map_err(SessionError::from)
+            .and_then(|r| r);
         match r {
             Ok(prompt_tokens) => {
                 ticket.prompt_tokens = prompt_tokens;
@@ -655,7 +645,7 @@ impl RetainedService {
             self.check_tokens(tokens)?;
         }
         let (reply, rx) = mpsc::channel();
-        self.send(Cmd::Session {
+        self.engine.send(Cmd::Session {
             id: id.to_string(),
             op,
             reply,
@@ -679,21 +669,6 @@ impl RetainedService {
                 "token {bad} is outside the vocabulary of {}",
                 self.limits.vocab
             )));
-        }
-        Ok(())
-    }
-
-    fn send(&self, cmd: Cmd) -> Result<()> {
-        let sent = self
-            .tx
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
-        if sent != Some(true) {
-            return Err(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            });
         }
         Ok(())
     }
@@ -758,28 +733,12 @@ impl RetainedService {
 
     /// Token ids for `text` (the package's tokenizer, special tokens matched; bytes without one).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        match self.model.tokenizer() {
-            Some(t) => t.encode(text, 0).map_err(Error::BadRequest),
-            None => Ok(text.bytes().map(u32::from).collect()),
-        }
+        encode(&self.model, text)
     }
 
     /// Stops accepting requests, finishes every accepted one, and joins the engine. Idempotent.
     pub fn drain(&self) {
-        let tx = self.tx.lock().ok().and_then(|mut g| g.take());
-        if let Some(tx) = tx {
-            let (done_tx, done_rx) = mpsc::channel();
-            if tx.send(Cmd::Drain(done_tx)).is_ok() {
-                if let Ok(k) = done_rx.recv() {
-                    if let Ok(mut g) = self.kept.lock() {
-                        *g = Some(k);
-                    }
-                }
-            }
-        }
-        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
-            let _ = t.join();
-        }
+        self.engine.drain(Cmd::Drain)
     }
 }
 
@@ -801,7 +760,7 @@ impl Service for RetainedService {
     }
 
     fn kept_state(&self) -> Option<KeptState> {
-        let k = self.kept.lock().ok()?.take()?;
+        let k = self.engine.take_kept()?;
         (!k.is_empty()).then(|| Box::new(k) as KeptState)
     }
 }
@@ -1403,31 +1362,17 @@ impl Engine {
     /// A new page holding what `page` holds (copy on write of a shared frontier page). Pages run short: the
     /// idle cached ones are evicted first; none is preempted for it.
     fn copy_page(&mut self, page: u32) -> Result<u32> {
-        let new = match self.pool.alloc(1) {
-            Ok(p) => p[0],
-            Err(_) if self.prefix.evict(&mut self.pool, 1) > 0 => self
-                .pool
-                .alloc(1)
-                .map_err(|_| Error::Internal("no free page".into()))?[0],
-            Err(_) => return Err(Error::Internal("no free page".into())),
-        };
-        let bytes = self.limits.page_bytes;
-        let copied = self
-            .model
-            .device
-            .read(&self.pool_buf, u64::from(page) * bytes, bytes)
-            .and_then(|b| {
-                self.model
-                    .device
-                    .write(&self.pool_buf, u64::from(new) * bytes, &b)
-            });
-        match copied {
-            Ok(()) => Ok(new),
-            Err(e) => {
-                self.pool.release(&[new]);
-                Err(e)
-            }
+        if self.pool.free() == 0 {
+            self.prefix.evict(&mut self.pool, 1);
         }
+        copy_pool_page(
+            &self.model,
+            &self.pool_buf,
+            &mut self.pool,
+            self.limits.page_bytes,
+            page,
+        )?
+        .ok_or_else(|| Error::Internal("no free page".into()))
     }
 
     /// Sets running sequence `k`'s proposals for the next epoch: prompt lookup over its own tokens when it is
@@ -1860,6 +1805,41 @@ fn emit(
         samples: vec![sample],
     });
     finish.map(|f| (f, terminal))
+}
+
+/// Token ids for `text`: `model`'s tokenizer (special tokens matched), or its bytes without one.
+pub fn encode(model: &Model, text: &str) -> Result<Vec<u32>> {
+    match model.tokenizer() {
+        Some(t) => t.encode(text, 0).map_err(Error::BadRequest),
+        None => Ok(text.bytes().map(u32::from).collect()),
+    }
+}
+
+/// A new page of `pages` holding a copy of page `from` of the pool buffer `buf` (pages of `page_bytes`),
+/// copied through the host (one read and one write, between epochs): copy on write of a shared partial page.
+/// `None` when the pool has no free page; a failed copy releases the new page.
+pub(crate) fn copy_pool_page(
+    model: &Model,
+    buf: &DeviceBuffer,
+    pages: &mut PagePool,
+    page_bytes: u64,
+    from: u32,
+) -> Result<Option<u32>> {
+    let Ok(new) = pages.alloc(1) else {
+        return Ok(None);
+    };
+    let to = new[0];
+    let copied = model
+        .device
+        .read(buf, u64::from(from) * page_bytes, page_bytes)
+        .and_then(|b| model.device.write(buf, u64::from(to) * page_bytes, &b));
+    match copied {
+        Ok(()) => Ok(Some(to)),
+        Err(e) => {
+            pages.release(&new);
+            Err(e)
+        }
+    }
 }
 
 /// The bytes of `token` (its tokenizer's; a byte itself without one).

@@ -36,11 +36,10 @@ pub mod service;
 pub use service::{Captured, SequenceService, Submitted};
 
 use crate::retained::Limits;
+use crate::{hal_buffer_type as hal_buffer, opaque_type as opaque};
 use loom_ir::{Signature, Type};
 use serve_runtime::Result;
-use serve_runtime::contract::{
-    COLD, ColdInterface, Contract, ContractInterface, Grants, Phase, Service,
-};
+use serve_runtime::contract::{COLD, Contract, ContractInterface, Grants, Phase, Service};
 use serve_runtime::model::Model;
 use std::sync::Arc;
 
@@ -69,20 +68,6 @@ pub static RUN: Phase = Phase {
 /// The sequence contract's phases.
 pub static PHASES: [&Phase; 4] = [&COLD, &ENCODE, &CAPTURE, &RUN];
 
-fn opaque() -> Type {
-    Type::Ref {
-        name: "opaque".into(),
-        nullable: false,
-    }
-}
-
-fn hal_buffer() -> Type {
-    Type::Ref {
-        name: "hal.buffer".into(),
-        nullable: false,
-    }
-}
-
 /// The known-token sequence contract.
 #[derive(Debug)]
 pub struct Sequence {
@@ -102,12 +87,7 @@ impl Sequence {
             interface: ContractInterface {
                 name: "sequence",
                 roles: ROLES,
-                cold: ColdInterface {
-                    results: vec![I64, I64, I64, I64, I64, I64, I64, Str, Str, opaque()],
-                    tokenizer: Some(7),
-                    state: 9,
-                    check: |values| Limits::from_cold(values).map(|_| ()),
-                },
+                cold: crate::retained::cold_interface(),
                 entries: vec![
                     (
                         "encode_epoch",

@@ -5,9 +5,10 @@ use super::plan::{self, Placement};
 use super::{CAPTURE, ENCODE, RUN};
 use crate::retained::engine::{Progress, plan_epoch};
 use crate::retained::pages::{PagePool, PageTable};
-use crate::retained::service::{KeptSession, NEXT_SESSION, SESSION_IDLE};
+use crate::retained::service::{KeptSession, NEXT_SESSION, SESSION_IDLE, copy_pool_page};
 use crate::retained::sessions::{SessionError, SessionInfo, SessionOp};
 use crate::retained::{Limits, SPAN_WORDS};
+use crate::thread::EngineThread;
 use loom_vm::Value;
 use serve_runtime::contract::{Histogram, LATENCY_BUCKETS, Series, Service};
 use serve_runtime::device::DeviceBuffer;
@@ -16,7 +17,7 @@ use serve_runtime::{Error, Result};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 /// Where a sequence's result goes (called once, on the engine thread; it must not block): what the package
@@ -238,10 +239,8 @@ pub struct SequenceService {
     pub metrics: Arc<Metrics>,
     /// Pages in the pool.
     pub pool_pages: u32,
-    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The sessions the drained engine handed back (for a deactivation: [`Service::kept_state`]).
-    kept: Mutex<Option<KeptSessions>>,
+    /// The engine thread; drained, it hands back the sessions (for a deactivation: [`Service::kept_state`]).
+    engine: EngineThread<Cmd, KeptSessions>,
 }
 
 /// Sessions kept across a deactivation: each one's id, tokens and checkpoints (name, tokens), without pages (the
@@ -287,7 +286,6 @@ impl SequenceService {
         metrics
             .pages_capacity
             .store(u64::from(pool_pages), Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
         let engine = Engine {
             model: model.clone(),
             limits,
@@ -322,19 +320,15 @@ impl SequenceService {
                 .filter(|s| *s > 0.0)
                 .map_or(SESSION_IDLE, Duration::from_secs_f64),
         };
-        let name = format!("loom-seq-{}", model.name);
-        let thread = std::thread::Builder::new()
-            .name(name.chars().take(15).collect())
-            .spawn(move || engine.run(rx))
-            .map_err(|e| Error::Program(format!("cannot start the sequence engine: {e}")))?;
+        let engine = EngineThread::spawn(&model.name, format!("seq-{}", model.name), move |rx| {
+            engine.run(rx)
+        })?;
         Ok(Arc::new(SequenceService {
             model,
             limits,
             metrics,
             pool_pages,
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-            kept: Mutex::new(None),
+            engine,
         }))
     }
 
@@ -347,9 +341,24 @@ impl SequenceService {
 
     /// Token ids for `text` (the package's tokenizer; bytes without one).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        match self.model.tokenizer() {
-            Some(t) => t.encode(text, 0).map_err(Error::BadRequest),
-            None => Ok(text.bytes().map(u32::from).collect()),
+        crate::retained::service::encode(&self.model, text)
+    }
+
+    /// Supplied tokens are at least one, each inside the vocabulary.
+    fn check_tokens(&self, tokens: &[u32], what: &str) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::BadRequest(format!("the {what} has no tokens")));
+        }
+        match tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t >= self.limits.vocab)
+        {
+            Some((i, t)) => Err(Error::BadRequest(format!(
+                "token {i} is {t}; the vocabulary has {} tokens",
+                self.limits.vocab
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -357,19 +366,7 @@ impl SequenceService {
     /// too long sequence, a token outside the vocabulary (400/413), a full queue (`Overloaded`), a draining
     /// model.
     pub fn submit(&self, tokens: Vec<u32>, done: Done) -> Result<Submitted> {
-        if tokens.is_empty() {
-            return Err(Error::BadRequest("the sequence has no tokens".into()));
-        }
-        if let Some((i, t)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t >= self.limits.vocab)
-        {
-            return Err(Error::BadRequest(format!(
-                "token {i} is {t}; the vocabulary has {} tokens",
-                self.limits.vocab
-            )));
-        }
+        self.check_tokens(&tokens, "sequence")?;
         let max = self.max_tokens();
         if tokens.len() as u64 > u64::from(max) {
             return Err(Error::TooLarge(format!(
@@ -401,47 +398,18 @@ impl SequenceService {
             session: None,
             from: 0,
         };
-        let sent = self
-            .tx
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|tx| tx.send(Cmd::Submit(seq)).is_ok()));
-        if sent != Some(true) {
+        if let Err(e) = self.engine.send(Cmd::Submit(seq)) {
             self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-            return Err(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            });
+            return Err(e);
         }
         Ok(Submitted { cancelled })
-    }
-
-    fn send(&self, cmd: Cmd) -> Result<()> {
-        let sent = self
-            .tx
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|tx| tx.send(cmd).is_ok()));
-        if sent != Some(true) {
-            return Err(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            });
-        }
-        Ok(())
     }
 
     /// Runs a session operation on the engine thread (see [`SessionOp`]; `Extend` is refused: every append
     /// of a sequence session is computed, [`SequenceService::append`]). Blocks until the engine answers.
     pub fn session(&self, id: &str, op: SessionOp) -> SessionReply {
-        let (tx, rx) = mpsc::channel();
-        self.send(Cmd::Session(id.to_string(), op, tx))?;
-        rx.recv().map_err(|_| {
-            SessionError::Failed(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            })
-        })?
+        self.engine
+            .ask(|reply| Cmd::Session(id.to_string(), op, reply))?
     }
 
     /// Appends `tokens` to session `id` and computes them: `done` gets the captured bytes of the session's
@@ -454,20 +422,7 @@ impl SequenceService {
         tokens: Vec<u32>,
         done: Done,
     ) -> std::result::Result<Submitted, SessionError> {
-        if tokens.is_empty() {
-            return Err(Error::BadRequest("the append has no tokens".into()).into());
-        }
-        if let Some((i, t)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t >= self.limits.vocab)
-        {
-            return Err(Error::BadRequest(format!(
-                "token {i} is {t}; the vocabulary has {} tokens",
-                self.limits.vocab
-            ))
-            .into());
-        }
+        self.check_tokens(&tokens, "append")?;
         let cancelled = Arc::new(AtomicBool::new(false));
         let seq = Seq {
             id: 0,
@@ -481,34 +436,15 @@ impl SequenceService {
             session: None,
             from: 0,
         };
-        let (tx, rx) = mpsc::channel();
-        self.send(Cmd::Append(id.to_string(), seq, tx))?;
-        rx.recv().map_err(|_| {
-            SessionError::Failed(Error::NotReady {
-                name: self.model.name.clone(),
-                status: "draining".into(),
-            })
-        })??;
+        self.engine
+            .ask(|reply| Cmd::Append(id.to_string(), seq, reply))??;
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
         Ok(Submitted { cancelled })
     }
 
     /// Stops accepting sequences, finishes every accepted one, and joins the engine. Idempotent.
     pub fn drain(&self) {
-        let tx = self.tx.lock().ok().and_then(|mut g| g.take());
-        if let Some(tx) = tx {
-            let (done_tx, done_rx) = mpsc::channel();
-            if tx.send(Cmd::Drain(done_tx)).is_ok() {
-                if let Ok(k) = done_rx.recv() {
-                    if let Ok(mut g) = self.kept.lock() {
-                        *g = Some(k);
-                    }
-                }
-            }
-        }
-        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
-            let _ = t.join();
-        }
+        self.engine.drain(Cmd::Drain)
     }
 }
 
@@ -530,7 +466,7 @@ impl Service for SequenceService {
     }
 
     fn kept_state(&self) -> Option<serve_runtime::contract::KeptState> {
-        let k = self.kept.lock().ok()?.take()?;
+        let k = self.engine.take_kept()?;
         (!k.0.is_empty()).then(|| Box::new(k) as serve_runtime::contract::KeptState)
     }
 }
@@ -693,29 +629,19 @@ impl Engine {
 
     /// A fresh page holding a copy of `page` (host read and write of `page_bytes`, between epochs).
     fn copy_page(&mut self, page: u32) -> Result<u32> {
-        let new = self.pool.alloc(1).map_err(|_| {
+        copy_pool_page(
+            &self.model,
+            &self.pool_buf,
+            &mut self.pool,
+            self.limits.page_bytes,
+            page,
+        )?
+        .ok_or_else(|| {
             Error::TooLarge(
                 "no free page to continue the session in (sessions hold the model's page pool)"
                     .into(),
             )
-        })?[0];
-        let bytes = self.limits.page_bytes;
-        let copied = self
-            .model
-            .device
-            .read(&self.pool_buf, u64::from(page) * bytes, bytes)
-            .and_then(|b| {
-                self.model
-                    .device
-                    .write(&self.pool_buf, u64::from(new) * bytes, &b)
-            });
-        match copied {
-            Ok(()) => Ok(new),
-            Err(e) => {
-                self.pool.release(&[new]);
-                Err(e)
-            }
-        }
+        })
     }
 
     /// A session append's sequence ended: `ok` moves its tokens and pages into the session (releasing what the
