@@ -54,7 +54,8 @@ enum Input {
     Tokens(Vec<u32>),
 }
 
-fn token_ids(v: &[Json], at: &str) -> Result<Vec<u32>, ApiError> {
+/// The token ids of the list `v`, the field `field` of the body (errors name `field[i]`).
+pub(crate) fn token_ids(v: &[Json], field: &str) -> Result<Vec<u32>, ApiError> {
     v.iter()
         .enumerate()
         .map(|(i, t)| {
@@ -62,7 +63,7 @@ fn token_ids(v: &[Json], at: &str) -> Result<Vec<u32>, ApiError> {
                 .and_then(|t| u32::try_from(t).ok())
                 .ok_or_else(|| {
                     ApiError::bad_request(format!(
-                        "`input{at}[{i}]` must be a token id (a non-negative integer)"
+                        "`{field}[{i}]` must be a token id (a non-negative integer)"
                     ))
                 })
         })
@@ -75,13 +76,13 @@ fn inputs(v: &Json) -> Result<Vec<Input>, ApiError> {
     let out = match v {
         Json::String(s) => vec![Input::Text(s.clone())],
         Json::Array(a) if a.is_empty() => return Err(ApiError::bad_request("`input` is empty")),
-        Json::Array(a) if a[0].is_number() => vec![Input::Tokens(token_ids(a, "")?)],
+        Json::Array(a) if a[0].is_number() => vec![Input::Tokens(token_ids(a, "input")?)],
         Json::Array(a) => a
             .iter()
             .enumerate()
             .map(|(i, x)| match x {
                 Json::String(s) => Ok(Input::Text(s.clone())),
-                Json::Array(t) => Ok(Input::Tokens(token_ids(t, &format!("[{i}]"))?)),
+                Json::Array(t) => Ok(Input::Tokens(token_ids(t, &format!("input[{i}]"))?)),
                 _ => Err(ApiError::bad_request(format!(
                     "`input[{i}]` must be a string or a list of token ids"
                 ))),

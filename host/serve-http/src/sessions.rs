@@ -166,16 +166,11 @@ pub(crate) async fn create(
 
 /// The `prompt` (text or token ids) or `tokens` (token ids) of a body, for a sequence model.
 fn seq_input(svc: &SequenceService, o: &Map<String, Json>) -> Result<Option<Vec<u32>>, ApiError> {
-    let ids = |v: &Json, field: &str| -> Result<Vec<u32>, ApiError> {
-        v.as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                    .collect::<Option<Vec<u32>>>()
-            })
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("`{field}` must be an array of token ids"))
-            })
+    let ids = |v: &Json, field: &str| match v.as_array() {
+        Some(a) => crate::score::token_ids(a, field),
+        None => Err(ApiError::bad_request(format!(
+            "`{field}` must be an array of token ids"
+        ))),
     };
     match (o.get("prompt"), o.get("tokens")) {
         (Some(p), Some(t)) if !p.is_null() && !t.is_null() => {
