@@ -257,6 +257,9 @@ impl std::fmt::Debug for SequenceService {
     }
 }
 
+/// The most metadata (and input) buffer sizes kept at once (one per stage geometry in use).
+const MAX_TARGET_SIZES: usize = 8;
+
 /// The share of the model's unused budget (after its parameters) the page pool takes; the rest is for each
 /// epoch's buffers (as in retained text).
 const POOL_SHARE: (u64, u64) = (3, 4);
@@ -293,7 +296,7 @@ impl SequenceService {
             pool: PagePool::new(pool_pages),
             pool_buf: pool,
             pool_pages,
-            targets: [None, None],
+            targets: [Vec::new(), Vec::new()],
             waiting: VecDeque::new(),
             running: Vec::new(),
             sessions: kept
@@ -478,9 +481,10 @@ struct Engine {
     pool: PagePool,
     pool_buf: DeviceBuffer,
     pool_pages: u32,
-    /// The stage's metadata and input buffers, kept across epochs (a placement writes only its bytes; the
-    /// rest keep what earlier epochs placed there, zero at first). Replaced when a stage needs another size.
-    targets: [Option<DeviceBuffer>; 2],
+    /// The stages' metadata and input buffers, one per size (stages of several token buckets), kept across
+    /// epochs: a placement writes only its bytes, the rest keep what earlier epochs of that size placed there
+    /// (zero at first). At most [`MAX_TARGET_SIZES`] sizes each, the oldest dropped first.
+    targets: [Vec<DeviceBuffer>; 2],
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     sessions: HashMap<String, Session>,
@@ -1017,24 +1021,19 @@ impl Engine {
         }
     }
 
-    /// The stage's metadata or input buffer of `bytes` bytes (`t`: 0 or 1), zeroed when it is new.
+    /// The stage's metadata or input buffer of `bytes` bytes (`t`: 0 or 1): the kept one of that size, or a
+    /// new one (zero-filled).
     fn target(&mut self, t: usize, bytes: u64) -> Result<DeviceBuffer> {
-        if let Some(b) = &self.targets[t]
-            && b.bytes() == bytes
-        {
+        let kept = &mut self.targets[t];
+        if let Some(b) = kept.iter().find(|b| b.bytes() == bytes) {
             return Ok(b.clone());
         }
-        self.targets[t] = None;
-        let model = &self.model;
-        let b = model.device.alloc(bytes, &model.budget)?;
-        let zero = vec![0u8; (bytes as usize).min(1 << 20)];
-        let mut at = 0u64;
-        while at < bytes {
-            let n = (bytes - at).min(zero.len() as u64);
-            model.device.write(&b, at, &zero[..n as usize])?;
-            at += n;
+        // Device buffers come zero-filled from the allocator.
+        let b = self.model.device.alloc(bytes, &self.model.budget)?;
+        if kept.len() == MAX_TARGET_SIZES {
+            kept.remove(0);
         }
-        self.targets[t] = Some(b.clone());
+        kept.push(b.clone());
         Ok(b)
     }
 
