@@ -396,8 +396,9 @@ pub(crate) fn finish(
         if r.is_err() {
             metrics.failed.fetch_add(1, Ordering::Relaxed);
         }
-        (p.reply)(r);
+        // The gauges first: a client that reads the metrics after its answer must not see itself running.
         metrics.running.fetch_sub(1, Ordering::Relaxed);
+        (p.reply)(r);
     }
 }
 
