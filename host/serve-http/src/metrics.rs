@@ -21,6 +21,13 @@ fn model_series(svc: &dyn Service) -> Vec<Series> {
             m.device_bytes() as f64,
         ),
         Series::sample(
+            "loom_work_timelines",
+            "device work timelines the model holds (idle and in use): at least one per invocation in flight, \
+             and one per chain of independent stages within an invocation",
+            "gauge",
+            m.work_timelines() as f64,
+        ),
+        Series::sample(
             "loom_specialization_cache_hits_total",
             "invocation stage sets reused",
             "counter",

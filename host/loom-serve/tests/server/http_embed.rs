@@ -847,3 +847,116 @@ fn a_memory_forecast_refuses_requests_that_cannot_fit_alone() {
     }
     s.healthy();
 }
+
+/// Work within one invocation is ordered by its fences and buffer hazards only. The `branches` fixture runs
+/// the embedding twice from the same input into two buffers of its own (no fence, no shared written buffer:
+/// independent), then a stage that averages them. The two go on chains of their own (the model holds two
+/// work timelines after its first request; one chain per invocation before this change), the average waits on
+/// both through the buffers it reads, and every result matches the oracle, for a batch of ragged inputs and
+/// for concurrent requests. A model whose stages form one chain keeps one timeline per invocation.
+#[test]
+fn independent_stages_of_one_invocation_go_on_chains_of_their_own() {
+    let s = TestServer::start("branches", &[]);
+    let base = s.dir.join("branches");
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let texts = [
+        "a",
+        "independent stages",
+        "of one invocation, joined by a third",
+    ];
+    let v = embed(&s, "branches", json!(texts));
+    for (i, t) in texts.iter().enumerate() {
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        close(
+            v["data"][i]["embedding"].as_array().unwrap(),
+            &arith(&vals, 64),
+            &format!("input {i}"),
+        );
+    }
+    assert_eq!(s.metric("loom_work_timelines{model=\"branches\"}"), 2.0);
+    std::thread::scope(|sc| {
+        for c in 0..4 {
+            let s = &s;
+            sc.spawn(move || {
+                for k in 0..6 {
+                    let t = format!("client {c} request {k}: {}", "x".repeat(k * 7));
+                    let v = embed(s, "branches", json!(t));
+                    let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+                    close(
+                        v["data"][0]["embedding"].as_array().unwrap(),
+                        &arith(&vals, 64),
+                        &t,
+                    );
+                }
+            });
+        }
+    });
+    let held = s.metric("loom_work_timelines{model=\"branches\"}");
+    assert!(
+        held >= 2.0 && held % 1.0 == 0.0,
+        "{held} timelines after concurrent requests"
+    );
+    // One chain: the embedding alone.
+    embed(&s, "arith-embed", json!("one stage"));
+    assert_eq!(s.metric("loom_work_timelines{model=\"arith-embed\"}"), 1.0);
+    s.healthy();
+}
+
+/// A stage that reads gathered rows waits for the gather because it reads its target (a buffer hazard), not
+/// only because the package joined the gather's fence: arith-lookup without its `runner.join` pools the rows
+/// the gather read, and stays on one chain (the gather waited on the descriptor work, so the pooling follows
+/// that chain). Without the hazard nothing would order the pooling after the read; on the CPU device the race
+/// did not show in a run of this test with hazards switched off (the read is quick and the jobs lock their
+/// buffers), so this is a check of the ordering, not a demonstration of the race.
+#[test]
+fn a_stage_reading_gathered_rows_waits_for_the_gather_without_a_join() {
+    let s = TestServer::start("gather-hazard", &[]);
+    let base = s.dir.join("lookup-nojoin");
+    crate::support::copy_dir(&s.dir.join("arith-lookup"), &base);
+    let control = std::fs::read_to_string(base.join("control.loom")).unwrap();
+    let edited = control.replace("    call @runner.join(%g)\n", "");
+    assert_ne!(edited, control, "the fixture edit applies");
+    std::fs::write(base.join("control.loom"), edited).unwrap();
+    let doc = std::fs::read_to_string(base.join("model.json"))
+        .unwrap()
+        .replace("\"name\": \"arith-lookup\"", "\"name\": \"lookup-nojoin\"");
+    std::fs::write(base.join("model.json"), doc).unwrap();
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    for round in 0..8i64 {
+        let inputs: Vec<Vec<i64>> = (0..5)
+            .map(|i| {
+                (0..(1 + (round * 5 + i) % 40))
+                    .map(|t| (t * 37 + round * 11 + i) % 256)
+                    .collect()
+            })
+            .collect();
+        let v = embed(&s, "lookup-nojoin", json!(inputs));
+        for (i, vals) in inputs.iter().enumerate() {
+            close(
+                v["data"][i]["embedding"].as_array().unwrap(),
+                &lookup(vals),
+                &format!("round {round} input {i}"),
+            );
+        }
+    }
+    assert_eq!(
+        s.metric("loom_work_timelines{model=\"lookup-nojoin\"}"),
+        1.0
+    );
+    // A failed gather still fails the stage that reads its rows.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "lookup-nojoin", "input": [[300]]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("outside the entry"), "{}", r.text());
+    let v = embed(&s, "lookup-nojoin", json!([[5, 6]]));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &lookup(&[5, 6]),
+        "after",
+    );
+    s.healthy();
+}

@@ -41,7 +41,13 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         copy_dir(&repo_root().join("packages").join(p), &dir.join(p));
     }
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/fixtures");
-    for f in ["slow-compile", "slow-embed", "weighted-t", "forecast-embed"] {
+    for f in [
+        "slow-compile",
+        "slow-embed",
+        "weighted-t",
+        "forecast-embed",
+        "branches",
+    ] {
         copy_dir(&fixtures.join(f), &dir.join(f));
     }
     dir

@@ -104,14 +104,15 @@ pub struct Model {
     pub(crate) spec_cache: Mutex<SpecCache>,
     pub(crate) options: Arc<serde_json::Map<String, serde_json::Value>>,
     pub(crate) tokenizer: Option<Arc<Tokenizer>>,
-    /// Idle work timelines with their last signalled values. Each invocation in a running phase takes one
-    /// for itself ([`Model::invoke_run`]) and [`Model::settle`] gives it back when its work succeeded; a
-    /// failed timeline reports its failure to every later wait, so it is dropped, and the failure reaches no
-    /// other invocation (one sharing the timeline would see a neighbour's error). Invocations are ordered
+    /// The model's work timelines. Each invocation in a running phase takes one for itself
+    /// ([`Model::invoke_run`]), and more for chains of independent work; [`Model::settle`] gives them back
+    /// when their work succeeded; a failed timeline reports its failure to every later wait, so it is
+    /// dropped, and the failure reaches no other invocation (one sharing the timeline would see a
+    /// neighbour's error). Invocations are ordered
     /// against each other only by the fences they are given: a device may run two of them side by side (the
     /// CPU device runs each timeline in a lane of its own), so work that another invocation's work must see
     /// is waited for before that invocation is made (the contracts settle it first).
-    pub(crate) timelines: Mutex<Vec<(TimelineId, u64)>>,
+    pub(crate) timelines: Arc<crate::natives::TimelinePool>,
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
@@ -178,13 +179,15 @@ pub struct RunOutcome {
     pub results: Result<Vec<Value>>,
     /// Every point its submissions signal, in order.
     pub signalled: Vec<TimelinePoint>,
+    /// The last point of each chain it submitted on (its work is done when these are reached).
+    pub tails: Vec<TimelinePoint>,
     /// Every point its gathers signal.
     pub gathers: Vec<TimelinePoint>,
     /// `runner.feedback` slots, in call order: (after this work, buffer, offset, length).
     pub feedback: Vec<(TimelinePoint, DeviceBuffer, u64, u64)>,
-    /// The timeline this invocation submitted on and its last value, given back by [`Model::settle`] when
-    /// the work succeeded.
-    lease: Option<(TimelineId, u64)>,
+    /// The timelines this invocation submitted on and their last values, given back by [`Model::settle`]
+    /// when their work succeeded.
+    leases: Vec<(TimelineId, u64)>,
 }
 
 /// How long [`Model::settle`] waits for an invocation's device work before failing it.
@@ -371,9 +374,9 @@ impl Model {
     }
 
     /// Runs control entry `entry` as an invocation of `phase` (one that grants running) over the stages of
-    /// `set`: its `runner.execute_N` calls enqueue on the model's device in order, on a work timeline of its
-    /// own (an idle one of the model's, or a new one). `feedback_limit` bounds the bytes of its
-    /// `runner.feedback` slots.
+    /// `set`: its `runner.execute_N` calls enqueue on the model's device, ordered by the fences they are given
+    /// and their buffer hazards only ([`crate::natives::order`]), on work timelines of its own (idle ones of
+    /// the model's, or new ones). `feedback_limit` bounds the bytes of its `runner.feedback` slots.
     pub fn invoke_run(
         &self,
         entry: &str,
@@ -384,33 +387,26 @@ impl Model {
         feedback_limit: u64,
         cancel: Option<Arc<CancelFlag>>,
     ) -> RunOutcome {
-        let idle = self
-            .timelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop();
-        let (timeline, value) = match idle {
-            Some(t) => t,
-            None => match self.device.timeline() {
-                Ok(t) => (t, 0),
-                Err(e) => {
-                    return RunOutcome {
-                        results: Err(e),
-                        signalled: Vec::new(),
-                        gathers: Vec::new(),
-                        feedback: Vec::new(),
-                        lease: None,
-                    };
-                }
-            },
+        let (timeline, value) = match self.timelines.take(&self.device) {
+            Ok(t) => t,
+            Err(e) => {
+                return RunOutcome {
+                    results: Err(e),
+                    signalled: Vec::new(),
+                    tails: Vec::new(),
+                    gathers: Vec::new(),
+                    feedback: Vec::new(),
+                    leases: Vec::new(),
+                };
+            }
         };
         let mut ctx = self.ctx(phase);
         ctx.runner = Some(RunCtx {
             device: self.device.clone(),
             budget: self.budget.clone(),
             stages: set.stages,
-            timeline,
-            value,
+            order: crate::natives::Order::new(timeline, value),
+            spare: self.timelines.clone(),
             joins: Vec::new(),
             signalled: Vec::new(),
             sources: set.sources,
@@ -427,26 +423,24 @@ impl Model {
         RunOutcome {
             results,
             signalled: runner.signalled,
+            tails: runner.order.tails(),
             gathers: runner.gathers,
             feedback: runner.feedback,
-            lease: Some((timeline, runner.value)),
+            leases: runner.order.leases(),
         }
     }
 
-    /// Gives an invocation's timeline back to the idle ones (its work is done and did not fail it).
-    fn give_back(&self, run: &mut RunOutcome) {
-        if let Some(t) = run.lease.take() {
-            self.timelines
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(t);
-        }
+    /// The work timelines the model holds (idle and in use).
+    pub fn work_timelines(&self) -> u64 {
+        self.timelines.held()
     }
 
-    /// Collects what `run` submitted: waits for its last work point and every gather (accepted work is
-    /// collected even when the invocation trapped after submitting it), then returns the invocation's results.
-    /// The invocation's own error comes first; then a failed dispatch or gather (a client error: the work of
-    /// this input failed), then a timeout.
+    /// Collects what `run` submitted: waits for the last point of each of its chains and every gather
+    /// (accepted work is collected even when the invocation trapped after submitting it), then returns the
+    /// invocation's results. The invocation's own error comes first; then a failed dispatch or gather (a
+    /// client error: the work of this input failed), then a timeout. The timelines whose work succeeded go
+    /// back to the model's idle ones; a failed timeline reports its failure to every later wait, so it is
+    /// dropped, and one still running is not given back (its work may yet fail it).
     pub fn settle(&self, run: &mut RunOutcome) -> Result<Vec<Value>> {
         let take = |run: &mut RunOutcome| {
             std::mem::replace(
@@ -455,26 +449,34 @@ impl Model {
             )
         };
         let timeout = DEVICE_TIMEOUT.as_nanos() as u64;
-        if let Some(p) = run.signalled.last().copied() {
-            match self.device.wait(p, timeout) {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Still running: the timeline is not given back (its work may yet fail it).
-                    return Err(Error::Device(format!(
-                        "model `{}`: device work did not finish within {DEVICE_TIMEOUT:?}",
-                        self.name
-                    )));
-                }
+        let mut failed: Option<String> = None;
+        let mut late = false;
+        let mut done: Vec<TimelineId> = Vec::new();
+        for p in &run.tails {
+            match self.device.wait(*p, timeout) {
+                Ok(true) => done.push(p.timeline),
+                Ok(false) => late = true,
                 Err(e) => {
-                    // The failure stays on this invocation's timeline, which is dropped: other invocations
-                    // have their own (a kernel past its budget or cancelled fails only its own cohort).
-                    run.lease = None;
-                    take(run)?;
-                    return Err(Error::BadRequest(format!("device execution failed: {e}")));
+                    failed.get_or_insert(e);
                 }
             }
         }
-        self.give_back(run);
+        // Chains with no work of this invocation were never waited on: their timelines are as they were.
+        let (idle, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut run.leases)
+            .into_iter()
+            .partition(|(t, _)| done.contains(t) || !run.tails.iter().any(|p| p.timeline == *t));
+        self.timelines.give_back(idle);
+        self.timelines.drop_failed(lost.len());
+        if let Some(e) = failed {
+            take(run)?;
+            return Err(Error::BadRequest(format!("device execution failed: {e}")));
+        }
+        if late {
+            return Err(Error::Device(format!(
+                "model `{}`: device work did not finish within {DEVICE_TIMEOUT:?}",
+                self.name
+            )));
+        }
         for g in &run.gathers {
             let _ = self.device.wait(*g, timeout);
         }

@@ -348,7 +348,7 @@ pub fn prepare(
         spec_cache: Mutex::new(SpecCache::default()),
         options,
         tokenizer,
-        timelines: Mutex::new(Vec::new()),
+        timelines: Arc::default(),
         gather,
         progress: Mutex::new(progress.clone()),
         forecast,

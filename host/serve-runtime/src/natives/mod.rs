@@ -19,17 +19,20 @@
 //!
 //! A call outside its phase fails the invocation with a message naming the phases that allow it. Declarations
 //! copy their strings. `runner.execute_N` only enqueues: it checks the stage and buffers, submits one dispatch
-//! that waits on the points joined so far and signals the next value of the invocation's work timeline, and returns
-//! that point as `!runner.work`.
+//! that waits on the points joined so far and on its buffers' hazards within the invocation, and signals the next
+//! value of one of the invocation's work timelines ([`order`]: independent stages go on chains of their own), and
+//! returns that point as `!runner.work`.
 
 mod input;
 mod options;
+pub mod order;
 mod parameters;
 mod prepare;
 mod runner;
 
 pub use input::{MAX_INPUT_CAPACITY, input_module};
 pub use options::options_module;
+pub use order::{MAX_CHAINS, Order, TimelinePool};
 pub use parameters::parameters_module;
 pub use prepare::{MAX_DECLS, prepare_module};
 pub use runner::{MAX_EXECUTE_ARITY, runner_module};
@@ -37,7 +40,7 @@ pub use runner::{MAX_EXECUTE_ARITY, runner_module};
 use crate::checkpoint::Source;
 use crate::contract::{Grant, Phase};
 use crate::device::gather::GatherQueue;
-use crate::device::{Budget, CancelFlag, Device, DeviceBuffer, TimelineId, TimelinePoint};
+use crate::device::{Budget, CancelFlag, Device, DeviceBuffer, TimelinePoint};
 use crate::model::PreparedStage;
 use crate::tokenizer::Tokenizer;
 use loom_ir::{Signature, Type};
@@ -87,9 +90,10 @@ pub struct RunCtx {
     pub budget: Arc<Budget>,
     /// Cold stages, then this invocation's declared stages.
     pub stages: Vec<Arc<PreparedStage>>,
-    pub timeline: TimelineId,
-    /// The last value signalled on `timeline` before this invocation.
-    pub value: u64,
+    /// The invocation's dependency graph: its chains (timelines) and buffer hazards ([`order`]).
+    pub order: Order,
+    /// The model's work timelines, from which further chains are drawn.
+    pub spare: Arc<TimelinePool>,
     pub joins: Vec<TimelinePoint>,
     /// Every point this invocation's submissions signal.
     pub signalled: Vec<TimelinePoint>,

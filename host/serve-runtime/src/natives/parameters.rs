@@ -78,6 +78,19 @@ pub fn parameters_module() -> NativeModule {
                         "{what}: buffers must live on the model's device"
                     )));
                 }
+                // The gather reads its descriptors when `wait` is reached: the work of this invocation that
+                // wrote them must be behind it (it is the default wait).
+                let wait = match (wait, r.order.writer(descriptors.id())) {
+                    (None, w) => w,
+                    (Some(f), Some(w)) if !(f.timeline == w.timeline && f.value >= w.value) => {
+                        return Err(NativeError::failed(format!(
+                            "{what}: the descriptors are written by work of this invocation that the fence given \
+                             does not follow (pass that work's fence, or null)"
+                        )));
+                    }
+                    (Some(f), _) => Some(f),
+                };
+                let target_id = target.id();
                 let point = r
                     .gather
                     .submit(Job {
@@ -90,11 +103,12 @@ pub fn parameters_module() -> NativeModule {
                         entry,
                         key,
                         point: TimelinePoint {
-                            timeline: r.timeline,
+                            timeline: r.order.first_timeline(),
                             value: 0,
                         },
                     })
                     .map_err(|m| NativeError::failed(format!("{what}: {m}")))?;
+                r.order.record_gather(target_id, wait, point);
                 r.gathers.push(point);
                 Ok(vec![Value::native("hal.fence", point)])
             })

@@ -2,7 +2,7 @@
 //! feedback slots. Available only in phases whose grants include running.
 
 use super::{arg_i64, device_buffer, point_of, rty, sig, with_runner};
-use crate::device::{Bounds, Dispatch, TimelinePoint};
+use crate::device::{Bounds, Dispatch};
 use loom_ir::Type;
 use loom_vm::{NativeCtx, NativeError, NativeModule, Value};
 use std::sync::Arc;
@@ -70,10 +70,6 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
                     .map_err(|e| NativeError::failed(format!("{what}: workspace: {e}")))?,
             );
         }
-        let point = TimelinePoint {
-            timeline: r.timeline,
-            value: r.value + 1,
-        };
         let params = stage
             .params
             .lock()
@@ -84,10 +80,28 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
                 stage.decl.root
             )));
         }
-        let mut wait: Vec<TimelinePoint> = r.joins.clone();
-        if let Some(prev) = r.signalled.last() {
-            wait.push(*prev);
-        }
+        let ids =
+            |b: &[crate::device::DeviceBuffer]| -> Vec<_> { b.iter().map(|b| b.id()).collect() };
+        let (reads, writes) = (ids(&bufs[..ni]), ids(&bufs[ni..]));
+        let placement = r.order.place(&reads, &writes, &r.joins).map_err(|i| {
+            NativeError::failed(format!(
+                "{what}: stage `{}` writes its output `{}` into a buffer given to runner.feedback, which \
+                 reads it when the invocation's work is collected; a later stage may not write it (use another \
+                 buffer)",
+                stage.decl.root, stage.reflection.outputs[i].name
+            ))
+        })?;
+        let chain = match placement.chain {
+            Some(c) => c,
+            None => {
+                let (t, v) = r
+                    .spare
+                    .take(&r.device)
+                    .map_err(|e| NativeError::failed(format!("{what}: {e}")))?;
+                r.order.add_chain(t, v)
+            }
+        };
+        let point = r.order.next_point(chain);
         r.device
             .dispatch(
                 &Dispatch {
@@ -97,7 +111,7 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
                     outputs: &bufs[ni..],
                     workspace: &ws,
                 },
-                &wait,
+                &placement.waits,
                 point,
                 &Bounds {
                     steps: r.kernel_steps,
@@ -106,7 +120,7 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             )
             .map_err(|e| NativeError::failed(format!("{what}: {e}")))?;
         drop(params);
-        r.value += 1;
+        r.order.record(chain, &reads, &writes);
         r.signalled.push(point);
         Ok(vec![Value::native("runner.work", point)])
     })
@@ -217,6 +231,7 @@ pub fn runner_module() -> NativeModule {
                 if r.feedback.len() >= 1024 {
                     return Err(NativeError::failed(format!("{what}: more than 1024 slots")));
                 }
+                r.order.record_feedback(b.id());
                 r.feedback.push((after, b, off as u64, len as u64));
                 Ok(vec![Value::I64(r.feedback.len() as i64 - 1)])
             })
