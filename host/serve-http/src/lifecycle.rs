@@ -28,6 +28,7 @@ fn model_json(m: &ModelInfo) -> Json {
         "source": m.source,
         "stages": m.stages,
         "device_bytes": m.device_bytes,
+        "reserved_bytes": m.reserved_bytes,
         "error": m.error,
         "failed_source": m.failed_source,
     })

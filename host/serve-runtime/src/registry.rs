@@ -79,6 +79,8 @@ pub struct ModelInfo {
     /// Where a failed re-registration (the one `error` is about) came from, while the old version serves.
     pub failed_source: Option<String>,
     pub device_bytes: u64,
+    /// The device capacity reserved for it ([`crate::device::Budget::reserved_bytes`]).
+    pub reserved_bytes: u64,
     pub stages: usize,
 }
 
@@ -284,8 +286,12 @@ impl Registry {
         let kept = svc.kept_state();
         let model = svc.model().clone();
         model.deactivate();
+        // The service (its pools and kept device buffers) goes first, then the reservation shrinks to what
+        // the model still holds: the rest of its share of the device is free for other models meanwhile.
+        drop(svc);
+        let reserved = model.budget.trim();
         log::info!(
-            "model {name}: deactivated ({} device bytes held)",
+            "model {name}: deactivated ({} device bytes held, {reserved} reserved)",
             model.device_bytes()
         );
         let mut slots = self.lock();
@@ -320,8 +326,12 @@ impl Registry {
             model.ok_or_else(|| Error::Internal("a deactivated model without a model".into()))?;
         // The kept state stays with the parked model when the parameters cannot be placed again (a later
         // activation may succeed); once handed to `resume`, it is the new service's.
+        // The whole budget is reserved again first (refused, naming the holders, when other models were
+        // placed in the share it gave back).
         let r = model
-            .activate_params(progress.clone())
+            .budget
+            .restore()
+            .and_then(|()| model.activate_params(progress.clone()))
             .and_then(|()| match kept.take() {
                 Some(k) => model.contract.clone().resume(model.clone(), k),
                 None => model.contract.clone().start(model.clone()),
@@ -345,8 +355,9 @@ impl Registry {
             Err(e) => {
                 progress.failed(e.to_string());
                 // Nothing stays resident (activate_params released what it placed; a service that did not
-                // start leaves its parameters too).
+                // start leaves its parameters too), and the share is given back again.
                 model.deactivate();
+                model.budget.trim();
                 slot.parked = Some(model);
                 slot.kept = kept;
                 slot.status = Status::Deactivated;
@@ -430,6 +441,7 @@ fn info(name: &str, s: &Slot) -> ModelInfo {
             .clone()
             .filter(|_| s.status != Status::Preparing && s.error.is_some()),
         device_bytes: m.map(|m| m.device_bytes()).unwrap_or(0),
+        reserved_bytes: m.map(|m| m.budget.reserved_bytes()).unwrap_or(0),
         stages: m.map(|m| m.stages.len()).unwrap_or(0),
     }
 }

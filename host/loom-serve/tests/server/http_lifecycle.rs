@@ -587,6 +587,7 @@ fn deactivation_releases_parameters_and_keeps_compiled_code() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["status"], "deactivated");
     assert_eq!(r.json()["device_bytes"], 0);
+    assert_eq!(r.json()["reserved_bytes"], 0, "its share is given back");
     assert_eq!(r.json()["stages"], 1, "compiled stages stay");
     assert_eq!(embed_status(&s, m), 503);
     assert_eq!(
@@ -597,6 +598,7 @@ fn deactivation_releases_parameters_and_keeps_compiled_code() {
     let r = s.request("POST", &format!("/v1/models/{m}/activate"), b"");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["device_bytes"], 8320);
+    assert_eq!(r.json()["reserved_bytes"], 67108864);
     let after = s
         .post_json("/v1/embeddings", &json!({"model": m, "input": "same"}))
         .json();
@@ -891,6 +893,68 @@ fn model_budgets_are_admitted_against_the_device_capacity() {
     let r = s.post_json("/v1/models", &json!({"base": b}));
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(embed_status(&s, "big-b"), 200);
+    s.healthy();
+}
+
+/// The reservation is elastic: a deactivated model keeps only what it still holds (nothing), so another model
+/// can be registered in its share of the device meanwhile; activating it again takes the whole share back,
+/// which is refused (507, naming the holder, the model stays deactivated and keeps its compiled code) while the
+/// other holds it, and succeeds once that one is gone. (Before, a deactivated model kept its whole share.)
+#[test]
+fn a_deactivated_model_gives_its_share_of_the_device_back() {
+    let s = TestServer::start("trim", &[]);
+    let share = mem_total() / 10 * 6;
+    let a = sized_package(&s, "big-a", share);
+    let b = sized_package(&s, "big-b", share);
+    let r = s.post_json("/v1/models", &json!({"base": a}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["reserved_bytes"], share);
+    let before = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": "big-a", "input": "kept"}),
+        )
+        .json();
+    let r = s.request("POST", "/v1/models/big-a/deactivate", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["reserved_bytes"], 0);
+    // Its share is free: the second 60 % budget fits now.
+    let r = s.post_json("/v1/models", &json!({"base": b}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(embed_status(&s, "big-b"), 200);
+    // Taking the share back is refused while big-b holds it.
+    let r = s.request("POST", "/v1/models/big-a/activate", b"");
+    assert_eq!(r.status, 507, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    for want in [
+        "`big-a`",
+        "`big-b`",
+        "memory.device_bytes",
+        &share.to_string(),
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg}");
+    }
+    let info = s.request("GET", "/v1/models/big-a", b"").json();
+    assert_eq!(info["status"], "deactivated", "{info}");
+    assert_eq!(info["reserved_bytes"], 0, "{info}");
+    assert_eq!(info["stages"], 1, "{info}");
+    assert_eq!(embed_status(&s, "big-a"), 503);
+    assert_eq!(embed_status(&s, "big-b"), 200);
+    // Once big-b is gone, the activation succeeds and serves what it served before.
+    assert_eq!(s.request("DELETE", "/v1/models/big-b", b"").status, 200);
+    let r = s.request("POST", "/v1/models/big-a/activate", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["reserved_bytes"], share);
+    let after = s
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": "big-a", "input": "kept"}),
+        )
+        .json();
+    assert_eq!(before["data"], after["data"]);
+    // And its whole share is held again: big-b no longer fits.
+    let r = s.post_json("/v1/models", &json!({"base": b}));
+    assert_eq!(r.status, 507, "{}", r.text());
     s.healthy();
 }
 

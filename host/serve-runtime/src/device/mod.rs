@@ -175,6 +175,36 @@ impl Device {
         })
     }
 
+    /// Sets reservation `id`'s bytes to `bytes`. Shrinking always succeeds; growing is refused like
+    /// [`Device::reserve`] when the other models' reservations leave too little (the message names them).
+    fn resize(&self, id: u64, owner: &str, bytes: u64) -> Result<(), Error> {
+        let mut r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let others: u64 = r.iter().filter(|x| x.0 != id).map(|x| x.2).sum();
+        let mine = r.iter().find(|x| x.0 == id).map_or(0, |x| x.2);
+        if bytes > mine && self.capacity > 0 && others.saturating_add(bytes) > self.capacity {
+            let holders: Vec<String> = r
+                .iter()
+                .filter(|x| x.0 != id)
+                .map(|(_, o, b)| format!("`{o}` {b}"))
+                .collect();
+            return Err(Error::DeviceFull(format!(
+                "model `{owner}`: memory.device_bytes asks {bytes} bytes of device {}, which has {others} of {} \
+                 bytes reserved by the other models placed on it ({})",
+                self.name,
+                self.capacity,
+                if holders.is_empty() {
+                    "none".to_string()
+                } else {
+                    holders.join(", ")
+                }
+            )));
+        }
+        if let Some(x) = r.iter_mut().find(|x| x.0 == id) {
+            x.2 = bytes;
+        }
+        Ok(())
+    }
+
     /// The bytes reserved by placed models.
     pub fn reserved(&self) -> u64 {
         let r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
@@ -532,14 +562,19 @@ impl Drop for Reservation {
     }
 }
 
-/// A model's device-memory budget.
+/// A model's device-memory budget: a limit on the bytes it holds, and (when placed on a device) a reservation
+/// of that much of the device's capacity. The reservation is elastic: [`Budget::trim`] shrinks it to what the
+/// model still holds (a deactivated model gives its share back for other models to be placed in), and
+/// [`Budget::restore`] takes the whole limit again before the model is activated.
 #[derive(Debug)]
 pub struct Budget {
     pub owner: String,
     pub limit: u64,
     used: AtomicU64,
     /// The budget's reservation of device capacity, when it has one.
-    _reservation: Option<Reservation>,
+    reservation: Option<Reservation>,
+    /// Whether the reservation holds the whole limit (false while trimmed).
+    whole: std::sync::atomic::AtomicBool,
 }
 
 impl Budget {
@@ -549,7 +584,8 @@ impl Budget {
             owner: owner.to_string(),
             limit,
             used: AtomicU64::new(0),
-            _reservation: None,
+            reservation: None,
+            whole: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -560,7 +596,8 @@ impl Budget {
             owner: owner.to_string(),
             limit,
             used: AtomicU64::new(0),
-            _reservation: Some(reservation),
+            reservation: Some(reservation),
+            whole: std::sync::atomic::AtomicBool::new(true),
         }))
     }
 
@@ -568,7 +605,52 @@ impl Budget {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Shrinks the reservation to the bytes the model holds now (its parameters and pools released, at
+    /// deactivation): the rest of its share of the device is free for other models until [`Budget::restore`].
+    /// Allocations are refused while trimmed. Returns the bytes the reservation holds afterwards.
+    pub fn trim(&self) -> u64 {
+        let Some(r) = &self.reservation else {
+            return 0;
+        };
+        self.whole.store(false, Ordering::SeqCst);
+        let held = self.used().min(self.limit);
+        // Shrinking cannot fail.
+        let _ = r.device.resize(r.id, &self.owner, held);
+        held
+    }
+
+    /// Takes the budget's whole limit of device capacity again (before an activation); refused with
+    /// [`Error::DeviceFull`] naming the models that hold the device's capacity meanwhile.
+    pub fn restore(&self) -> Result<(), Error> {
+        if let Some(r) = &self.reservation {
+            r.device.resize(r.id, &self.owner, self.limit)?;
+        }
+        self.whole.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The device bytes the budget reserves now (its limit, or what it held when trimmed).
+    pub fn reserved_bytes(&self) -> u64 {
+        match &self.reservation {
+            None => 0,
+            Some(r) => {
+                let list = r
+                    .device
+                    .reservations
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                list.iter().find(|x| x.0 == r.id).map_or(0, |x| x.2)
+            }
+        }
+    }
+
     fn charge(&self, bytes: u64) -> Result<(), Error> {
+        if !self.whole.load(Ordering::SeqCst) {
+            return Err(Error::Overloaded(format!(
+                "model `{}`: allocating {bytes} device bytes while deactivated (its reservation is trimmed)",
+                self.owner
+            )));
+        }
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             let next = cur.checked_add(bytes).filter(|&n| n <= self.limit).ok_or_else(|| {
