@@ -49,11 +49,12 @@ fn unregister_releases_memory_and_reregister_serves_again() {
     let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.json()["status"], "ready");
-    assert_eq!(embed_status(&s, "arith-embed-weighted"), 200);
+    // Before any request (a request leaves its idle command workspace in the model's pool).
     assert_eq!(
         s.metric("loom_device_allocated_bytes{device=\"cpu:0\"}"),
         before
     );
+    assert_eq!(embed_status(&s, "arith-embed-weighted"), 200);
     // Registering under another name with other options (a different geometry) works beside it.
     let r = s.post_json(
         "/v1/models",
@@ -893,6 +894,44 @@ fn model_budgets_are_admitted_against_the_device_capacity() {
     let r = s.post_json("/v1/models", &json!({"base": b}));
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(embed_status(&s, "big-b"), 200);
+    s.healthy();
+}
+
+/// Command workspace (a stage's reflected `alloc` buffers, here arith-decision's `%s`, f32 [B, C]) is drawn from
+/// the model's pool in queue order: a dispatch takes an idle set of the same sizes whose last use has retired
+/// instead of allocating one. So after a request the model holds that idle set (`device_bytes` > 0; before, each
+/// dispatch allocated and freed its own, and the model held 0), asking the same again reuses it (no growth), a
+/// cohort of another shape adds its own, and deactivation releases them all.
+#[test]
+fn command_workspace_is_reused_in_queue_order_and_released_at_deactivation() {
+    let s = TestServer::start("workspace", &[]);
+    let m = "arith-decision";
+    let ask = |choices: &[&str]| {
+        let r = s.post_json(
+            "/v1/decisions",
+            &json!({"model": m, "questions": {"q": {"type": "choice", "choices": choices}}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["answers"]["q"]["probabilities"].clone()
+    };
+    let bytes = || s.metric(&format!("loom_device_bytes{{model=\"{m}\"}}"));
+    assert_eq!(bytes(), 0.0);
+    let first = ask(&["yes", "no"]);
+    let one = bytes();
+    assert!(one > 0.0, "an idle workspace set is kept");
+    for _ in 0..5 {
+        assert_eq!(ask(&["yes", "no"]), first);
+    }
+    assert_eq!(bytes(), one, "the same shape reuses its set");
+    ask(&["a", "b", "c", "d", "e", "f", "g"]);
+    assert!(bytes() > one, "another shape keeps a set of its own");
+    let r = s.request("POST", &format!("/v1/models/{m}/deactivate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["device_bytes"], 0);
+    assert_eq!(r.json()["reserved_bytes"], 0);
+    let r = s.request("POST", &format!("/v1/models/{m}/activate"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(ask(&["yes", "no"]), first);
     s.healthy();
 }
 

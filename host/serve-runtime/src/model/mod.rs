@@ -113,6 +113,9 @@ pub struct Model {
     /// CPU device runs each timeline in a lane of its own), so work that another invocation's work must see
     /// is waited for before that invocation is made (the contracts settle it first).
     pub(crate) timelines: Arc<crate::natives::TimelinePool>,
+    /// Idle command workspace of the model's dispatches, reused in queue order (at most a quarter of the
+    /// budget is kept idle; released at deactivation).
+    pub(crate) workspace: Arc<crate::natives::WorkspacePool>,
     pub(crate) gather: Arc<GatherQueue>,
     /// The current preparation's progress (replaced by each activation).
     pub(crate) progress: Mutex<Arc<Progress>>,
@@ -407,6 +410,7 @@ impl Model {
             stages: set.stages,
             order: crate::natives::Order::new(timeline, value),
             spare: self.timelines.clone(),
+            workspace: self.workspace.clone(),
             joins: Vec::new(),
             signalled: Vec::new(),
             sources: set.sources,
@@ -503,6 +507,7 @@ impl Model {
     /// Releases every resident parameter buffer (the reloadable backing); compiled stages stay. The caller
     /// makes sure no cohort is running (the registry drains the scheduler first).
     pub fn deactivate(&self) {
+        self.workspace.clear();
         for s in self.all_stages() {
             if let Ok(mut p) = s.params.lock() {
                 p.clear();

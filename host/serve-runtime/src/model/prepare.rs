@@ -326,6 +326,7 @@ pub fn prepare(
         }
     }
     let budget = Budget::reserved(&device, name, doc.memory.device_bytes)?;
+    let budget_limit = doc.memory.device_bytes;
     let gather = GatherQueue::start(device.clone(), name, doc.io.direct)?;
     let mut model = Model {
         name: name.to_string(),
@@ -349,6 +350,7 @@ pub fn prepare(
         options,
         tokenizer,
         timelines: Arc::default(),
+        workspace: Arc::new(crate::natives::WorkspacePool::new(budget_limit / 4)),
         gather,
         progress: Mutex::new(progress.clone()),
         forecast,

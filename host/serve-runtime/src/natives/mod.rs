@@ -32,7 +32,7 @@ mod runner;
 
 pub use input::{MAX_INPUT_CAPACITY, input_module};
 pub use options::options_module;
-pub use order::{MAX_CHAINS, Order, TimelinePool};
+pub use order::{MAX_CHAINS, Order, TimelinePool, WorkspacePool};
 pub use parameters::parameters_module;
 pub use prepare::{MAX_DECLS, prepare_module};
 pub use runner::{MAX_EXECUTE_ARITY, runner_module};
@@ -94,6 +94,8 @@ pub struct RunCtx {
     pub order: Order,
     /// The model's work timelines, from which further chains are drawn.
     pub spare: Arc<TimelinePool>,
+    /// The model's idle command workspace, reused in queue order.
+    pub workspace: Arc<WorkspacePool>,
     pub joins: Vec<TimelinePoint>,
     /// Every point this invocation's submissions signal.
     pub signalled: Vec<TimelinePoint>,

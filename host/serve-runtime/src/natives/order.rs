@@ -67,6 +67,69 @@ impl TimelinePool {
     }
 }
 
+/// A model's idle command workspace: sets of reflected workspace buffers that dispatches used, each kept with
+/// the point of its last use, so the next dispatch of a stage with the same workspace sizes takes a set whose
+/// work has retired (queue order) instead of allocating. At most `cap` bytes are kept idle (the oldest sets go
+/// first); [`WorkspacePool::clear`] releases them all (deactivation). The pooled buffers stay charged to the
+/// model's budget.
+#[derive(Debug)]
+pub struct WorkspacePool {
+    idle: Mutex<std::collections::VecDeque<(Vec<crate::device::DeviceBuffer>, TimelinePoint, u64)>>,
+    cap: u64,
+}
+
+impl WorkspacePool {
+    pub fn new(cap: u64) -> WorkspacePool {
+        WorkspacePool {
+            idle: Mutex::new(std::collections::VecDeque::new()),
+            cap,
+        }
+    }
+
+    /// A set of buffers of exactly `sizes` whose last use on `device` has retired (or failed), if one is kept.
+    pub fn take(&self, device: &Device, sizes: &[u64]) -> Option<Vec<crate::device::DeviceBuffer>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let i = idle.iter().position(|(set, point, _)| {
+            set.len() == sizes.len()
+                && set.iter().zip(sizes).all(|(b, s)| b.bytes() == *s)
+                && !matches!(device.wait(*point, 0), Ok(false))
+        })?;
+        idle.remove(i).map(|(set, _, _)| set)
+    }
+
+    /// Keeps `set`, last used by the work that signals `point`.
+    pub fn give(&self, set: Vec<crate::device::DeviceBuffer>, point: TimelinePoint) {
+        let bytes: u64 = set.iter().map(|b| b.bytes()).sum();
+        if bytes == 0 || bytes > self.cap {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push_back((set, point, bytes));
+        let mut total: u64 = idle.iter().map(|x| x.2).sum();
+        while total > self.cap {
+            match idle.pop_front() {
+                Some((_, _, b)) => total -= b,
+                None => break,
+            }
+        }
+    }
+
+    /// Releases every idle set (the buffers of sets still in use are freed when their work retires).
+    pub fn clear(&self) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// The bytes kept idle.
+    pub fn idle_bytes(&self) -> u64 {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|x| x.2)
+            .sum()
+    }
+}
+
 /// Who touched a buffer last within the invocation.
 #[derive(Debug, Default, Clone)]
 struct Access {

@@ -60,16 +60,35 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             }
             bufs.push(b.clone());
         }
-        // Command workspace: one buffer per reflected workspace entry, queue-ordered; dropping our handles
-        // after submission is safe because the submission holds its buffers until it retires.
-        let mut ws = Vec::with_capacity(stage.reflection.workspace.len());
-        for w in &stage.reflection.workspace {
-            ws.push(
-                r.device
-                    .alloc(w.buffer.bytes, &r.budget)
-                    .map_err(|e| NativeError::failed(format!("{what}: workspace: {e}")))?,
-            );
-        }
+        // Command workspace: one buffer per reflected workspace entry, from the model's idle sets when one of
+        // the same sizes has retired (queue order), else allocated; dropping our handles after submission is
+        // safe because the submission holds its buffers until it retires.
+        let sizes: Vec<u64> = stage
+            .reflection
+            .workspace
+            .iter()
+            .map(|w| w.buffer.bytes)
+            .collect();
+        let ws = match r.workspace.take(&r.device, &sizes) {
+            Some(set) => set,
+            None => {
+                let mut ws = Vec::with_capacity(sizes.len());
+                for &bytes in &sizes {
+                    let b = match r.device.alloc(bytes, &r.budget) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            // Idle sets hold budget: give them back and try once more.
+                            r.workspace.clear();
+                            r.device.alloc(bytes, &r.budget).map_err(|e| {
+                                NativeError::failed(format!("{what}: workspace: {e}"))
+                            })?
+                        }
+                    };
+                    ws.push(b);
+                }
+                ws
+            }
+        };
         let params = stage
             .params
             .lock()
@@ -120,6 +139,7 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             )
             .map_err(|e| NativeError::failed(format!("{what}: {e}")))?;
         drop(params);
+        r.workspace.give(ws, point);
         r.order.record(chain, &reads, &writes);
         r.signalled.push(point);
         Ok(vec![Value::native("runner.work", point)])
