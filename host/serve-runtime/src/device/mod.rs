@@ -152,21 +152,7 @@ impl Device {
     /// the device and the models holding it.
     pub fn reserve(self: &Arc<Device>, owner: &str, bytes: u64) -> Result<Reservation, Error> {
         let mut r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
-        let held: u64 = r.iter().map(|x| x.2).sum();
-        if self.capacity > 0 && held.saturating_add(bytes) > self.capacity {
-            let holders: Vec<String> = r.iter().map(|(_, o, b)| format!("`{o}` {b}")).collect();
-            return Err(Error::DeviceFull(format!(
-                "model `{owner}`: memory.device_bytes asks {bytes} bytes of device {}, which has {held} of {} \
-                 bytes reserved by the models placed on it ({})",
-                self.name,
-                self.capacity,
-                if holders.is_empty() {
-                    "none".to_string()
-                } else {
-                    holders.join(", ")
-                }
-            )));
-        }
+        self.check_fits(&r, None, owner, bytes)?;
         let id = self.next_reservation.fetch_add(1, Ordering::Relaxed);
         r.push((id, owner.to_string(), bytes));
         Ok(Reservation {
@@ -175,29 +161,42 @@ impl Device {
         })
     }
 
+    /// Refuses `bytes` for `owner` when the reservations in `r` other than `except` leave too little of the
+    /// device's capacity (the message names the field, the device and the models holding it).
+    fn check_fits(
+        &self,
+        r: &[(u64, String, u64)],
+        except: Option<u64>,
+        owner: &str,
+        bytes: u64,
+    ) -> Result<(), Error> {
+        let others = || r.iter().filter(|x| Some(x.0) != except);
+        let held: u64 = others().map(|x| x.2).sum();
+        if self.capacity == 0 || held.saturating_add(bytes) <= self.capacity {
+            return Ok(());
+        }
+        let holders: Vec<String> = others().map(|(_, o, b)| format!("`{o}` {b}")).collect();
+        Err(Error::DeviceFull(format!(
+            "model `{owner}`: memory.device_bytes asks {bytes} bytes of device {}, which has {held} of {} \
+             bytes reserved by {} models placed on it ({})",
+            self.name,
+            self.capacity,
+            if except.is_some() { "the other" } else { "the" },
+            if holders.is_empty() {
+                "none".to_string()
+            } else {
+                holders.join(", ")
+            }
+        )))
+    }
+
     /// Sets reservation `id`'s bytes to `bytes`. Shrinking always succeeds; growing is refused like
     /// [`Device::reserve`] when the other models' reservations leave too little (the message names them).
     fn resize(&self, id: u64, owner: &str, bytes: u64) -> Result<(), Error> {
         let mut r = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
-        let others: u64 = r.iter().filter(|x| x.0 != id).map(|x| x.2).sum();
         let mine = r.iter().find(|x| x.0 == id).map_or(0, |x| x.2);
-        if bytes > mine && self.capacity > 0 && others.saturating_add(bytes) > self.capacity {
-            let holders: Vec<String> = r
-                .iter()
-                .filter(|x| x.0 != id)
-                .map(|(_, o, b)| format!("`{o}` {b}"))
-                .collect();
-            return Err(Error::DeviceFull(format!(
-                "model `{owner}`: memory.device_bytes asks {bytes} bytes of device {}, which has {others} of {} \
-                 bytes reserved by the other models placed on it ({})",
-                self.name,
-                self.capacity,
-                if holders.is_empty() {
-                    "none".to_string()
-                } else {
-                    holders.join(", ")
-                }
-            )));
+        if bytes > mine {
+            self.check_fits(&r, Some(id), owner, bytes)?;
         }
         if let Some(x) = r.iter_mut().find(|x| x.0 == id) {
             x.2 = bytes;
