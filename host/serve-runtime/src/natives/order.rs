@@ -88,6 +88,10 @@ impl WorkspacePool {
 
     /// A set of buffers of exactly `sizes` whose last use on `device` has retired (or failed), if one is kept.
     pub fn take(&self, device: &Device, sizes: &[u64]) -> Option<Vec<crate::device::DeviceBuffer>> {
+        if sizes.is_empty() {
+            // Most stages have no workspace: nothing to look up on the dispatch path.
+            return Some(Vec::new());
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let i = idle.iter().position(|(set, point, _)| {
             set.len() == sizes.len()
