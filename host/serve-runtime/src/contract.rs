@@ -123,6 +123,10 @@ impl ContractInterface {
     }
 }
 
+/// Finds another registered model's running service by name (a consumer's upstream); the registry gives
+/// each model one ([`crate::model::Model::peer`]).
+pub type Peers = Arc<dyn Fn(&str) -> Result<Arc<dyn Service>> + Send + Sync>;
+
 /// One Prometheus sample a service exports, labelled with its model by the exporter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
@@ -251,6 +255,20 @@ pub type KeptState = Box<dyn Any + Send>;
 /// A contract: its interface, and how a prepared model starts serving under it.
 pub trait Contract: Send + Sync + fmt::Debug + 'static {
     fn interface(&self) -> &ContractInterface;
+
+    /// The interface a package with `doc` is prepared against: [`Contract::interface`], unless the contract
+    /// shapes its entries by the manifest (a finite consumer's `run` takes its upstream buffer). A manifest
+    /// the contract cannot serve is refused with the reason (the caller names the field): by default, one
+    /// that names an `upstream` model.
+    fn interface_for(&self, doc: &ModelDoc) -> std::result::Result<ContractInterface, String> {
+        if doc.upstream.is_some() {
+            return Err(format!(
+                "a {} package cannot consume another model's results (only finite packages name an upstream)",
+                self.interface().name
+            ));
+        }
+        Ok(self.interface().clone())
+    }
     /// Starts serving `model` (prepared with this contract's interface).
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>>;
     /// Starts serving `model` again after a deactivation, with what the previous service kept

@@ -51,6 +51,19 @@ pub struct ModelDoc {
     /// The source-owned options object, given to `prepare` as JSON text and through the `options` module.
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// Another registered model whose results this one consumes on the device (`"upstream": {"model":
+    /// "minilm"}`; finite packages only): a request is run by that model first and its result rows, left on
+    /// the device, are this model's input.
+    #[serde(default)]
+    pub upstream: Option<Upstream>,
+}
+
+/// `model.json`'s `upstream` object.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// The producing model's registered name.
+    pub model: String,
 }
 
 fn default_spec_cache() -> usize {
@@ -578,6 +591,9 @@ pub fn parse_model_doc(file: &str, bytes: &[u8]) -> Result<ModelDoc, Error> {
     })?;
     if let Some(name) = &doc.name {
         check_model_name(name).map_err(|m| Error::package(file, "name", m))?;
+    }
+    if let Some(u) = &doc.upstream {
+        check_model_name(&u.model).map_err(|m| Error::package(file, "upstream.model", m))?;
     }
     if doc.capacities.max_queue == 0 {
         return Err(Error::package(

@@ -91,7 +91,8 @@ pub struct Registry {
     pub contracts: Contracts,
     /// What the operator allows packages.
     pub limits: OperatorLimits,
-    slots: Mutex<BTreeMap<String, Slot>>,
+    /// Shared with the models' [`Peers`] lookups (which hold it weakly).
+    slots: Arc<Mutex<BTreeMap<String, Slot>>>,
 }
 
 impl Registry {
@@ -100,7 +101,7 @@ impl Registry {
             devices,
             contracts,
             limits: OperatorLimits::default(),
-            slots: Mutex::new(BTreeMap::new()),
+            slots: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -112,6 +113,25 @@ impl Registry {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lookup a model uses to find another registered model's service (a finite consumer's upstream):
+    /// [`Registry::service`] without holding the registry alive.
+    fn peers(&self) -> crate::contract::Peers {
+        let slots = Arc::downgrade(&self.slots);
+        Arc::new(move |name: &str| {
+            let slots = slots
+                .upgrade()
+                .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+            let slots = slots.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = slots
+                .get(name)
+                .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+            slot.service.clone().ok_or_else(|| Error::NotReady {
+                name: name.to_string(),
+                status: slot.status.name().to_string(),
+            })
+        })
     }
 
     /// Prepares `files` as model `name` (blocking: call it from a worker thread). A re-registration that
@@ -206,6 +226,7 @@ impl Registry {
         )
         .and_then(|m| {
             let m = Arc::new(m);
+            m.set_peers(self.peers());
             m.contract.clone().start(m)
         });
         let mut slots = self.lock();

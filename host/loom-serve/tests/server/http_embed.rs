@@ -960,3 +960,207 @@ fn a_stage_reading_gathered_rows_waits_for_the_gather_without_a_join() {
     );
     s.healthy();
 }
+
+/// embed-head's documented formula over its upstream's embedding `e` (D = 64): y[j] = 3 e[63 - j] + 1.
+fn head(e: &[f64]) -> Vec<f64> {
+    (0..64).map(|j| 3.0 * e[63 - j] + 1.0).collect()
+}
+
+/// Registers the embed-head fixture (a consumer of arith-embed's results on the device) as `name`.
+fn register_head(s: &TestServer, name: &str, options: serde_json::Value) {
+    let base = s.dir.join("embed-head");
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": name, "base": base.display().to_string(), "options": options}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// A consumer model reads its upstream model's results on the device (issue 15 item 5): embed-head names
+/// arith-embed as its upstream, so each of its requests is embedded by arith-embed, whose rows stay on the
+/// device (counted, never downloaded: arith-embed's download bytes do not move) and are read by embed-head's
+/// stage, which waits on arith-embed's readiness. Results match the oracle in a batch and while direct
+/// arith-embed requests share the producer's cohorts.
+#[test]
+fn a_consumer_reads_its_upstream_models_results_on_the_device() {
+    let s = TestServer::start("upstream", &[]);
+    register_head(&s, "embed-head", json!({}));
+    let texts = [
+        "a",
+        "device rows",
+        "read by another model",
+        "without a host round trip",
+        "e",
+    ];
+    let downloads = "loom_result_download_bytes_total{model=\"arith-embed\"}";
+    let on_device = "loom_device_results_total{model=\"arith-embed\"}";
+    let (d0, r0) = (s.metric(downloads), s.metric(on_device));
+    let v = embed(&s, "embed-head", json!(texts));
+    for (i, t) in texts.iter().enumerate() {
+        let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+        close(
+            v["data"][i]["embedding"].as_array().unwrap(),
+            &head(&arith(&vals, 64)),
+            &format!("input {i}"),
+        );
+    }
+    assert_eq!(
+        s.metric(downloads),
+        d0,
+        "nothing of arith-embed's was downloaded"
+    );
+    assert_eq!(s.metric(on_device), r0 + texts.len() as f64);
+    assert!(s.metric("loom_result_download_bytes_total{model=\"embed-head\"}") > 0.0);
+    // Consumers and direct clients of the producer at once: the producer's cohorts keep them apart.
+    std::thread::scope(|sc| {
+        for c in 0..4 {
+            let s = &s;
+            sc.spawn(move || {
+                for k in 0..6 {
+                    let t = format!("client {c} request {k}: {}", "y".repeat(k * 5));
+                    let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+                    let (model, want) = if (c + k) % 2 == 0 {
+                        ("embed-head", head(&arith(&vals, 64)))
+                    } else {
+                        ("arith-embed", arith(&vals, 64))
+                    };
+                    let v = embed(s, model, json!([t.clone(), "z"]));
+                    close(v["data"][0]["embedding"].as_array().unwrap(), &want, &t);
+                }
+            });
+        }
+    });
+    // A bad client record fails at the producer, naming it; the consumer goes on serving.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "embed-head", "input": "x".repeat(300)}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("max_tokens"), "{}", r.text());
+    assert!(
+        !r.text().contains(&s.dir.display().to_string()),
+        "{}",
+        r.text()
+    );
+    embed(&s, "embed-head", json!("still serving"));
+    // The upstream must be a finite model of the same role: arith-decision serves decisions.
+    let base = s.dir.join("wrong-head");
+    crate::support::copy_dir(&s.dir.join("embed-head"), &base);
+    let doc = std::fs::read_to_string(base.join("model.json"))
+        .unwrap()
+        .replace(
+            "\"model\": \"arith-embed\"",
+            "\"model\": \"arith-decision\"",
+        );
+    std::fs::write(base.join("model.json"), doc).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "wrong-head", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "wrong-head", "input": "x"}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("arith-decision") && r.text().contains("serves decisions"),
+        "{}",
+        r.text()
+    );
+    s.healthy();
+}
+
+/// A consumer's results outlive their producer: with embed-head slowed down so that arith-embed's results
+/// wait in its queue, arith-embed is unregistered while embed-head still holds them (they are charged to
+/// embed-head's budget, and their readiness is the device's). Every request completes with the oracle's
+/// values; then the consumer answers 503 naming its missing upstream, and serves again once it is back.
+#[test]
+fn a_consumer_keeps_its_upstream_results_after_the_producer_is_unregistered() {
+    let s = TestServer::start("upstream-gone", &[]);
+    register_head(
+        &s,
+        "head-slow",
+        json!({"batch_units": 1, "slow": 8_000_000}),
+    );
+    let idle = s.request("GET", "/v1/models/head-slow", b"").json()["device_bytes"]
+        .as_f64()
+        .unwrap();
+    let texts: Vec<String> = (0..6)
+        .map(|i| format!("held result {i} {}", "q".repeat(i)))
+        .collect();
+    let at_upstream = "loom_requests_upstream{model=\"head-slow\"}";
+    // Requests at the consumer: waiting, or in a cohort not yet answered (parked for its stage's
+    // compilation, or on the device).
+    let held = || {
+        s.metric("loom_queue_depth{model=\"head-slow\"}")
+            + s.metric("loom_requests_running{model=\"head-slow\"}")
+    };
+    std::thread::scope(|sc| {
+        let mut clients = Vec::new();
+        for t in &texts {
+            let s = &s;
+            clients.push(sc.spawn(move || embed(s, "head-slow", json!(t))));
+        }
+        // Wait until the producer has handed every result on and some wait in the consumer's queue.
+        let t0 = std::time::Instant::now();
+        while !(s.metric(at_upstream) == 0.0 && held() >= 3.0) {
+            assert!(
+                t0.elapsed().as_secs() < 60,
+                "results never held at the consumer: {} held, {} at the upstream",
+                held(),
+                s.metric(at_upstream)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let bytes = s.request("GET", "/v1/models/head-slow", b"").json()["device_bytes"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            bytes > idle,
+            "the held results are charged to the consumer ({bytes} vs {idle})"
+        );
+        let r = s.request("DELETE", "/v1/models/arith-embed", b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            held() >= 1.0,
+            "the consumer still held results when the producer left"
+        );
+        for (t, c) in texts.iter().zip(clients) {
+            let v = c.join().unwrap();
+            let vals: Vec<i64> = t.bytes().map(i64::from).collect();
+            close(
+                v["data"][0]["embedding"].as_array().unwrap(),
+                &head(&arith(&vals, 64)),
+                t,
+            );
+        }
+    });
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "head-slow", "input": "x"}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("arith-embed") && r.text().contains("not registered"),
+        "{}",
+        r.text()
+    );
+    let base = s.dir.join("arith-embed");
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = embed(&s, "head-slow", json!("back"));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &head(&arith(&b"back".map(i64::from), 64)),
+        "back",
+    );
+    let after = s.request("GET", "/v1/models/head-slow", b"").json()["device_bytes"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        after <= idle + 65536.0,
+        "results were released ({after} vs {idle})"
+    );
+    s.healthy();
+}

@@ -47,6 +47,7 @@ pub(crate) fn package_dir(tag: &str) -> PathBuf {
         "weighted-t",
         "forecast-embed",
         "branches",
+        "embed-head",
     ] {
         copy_dir(&fixtures.join(f), &dir.join(f));
     }

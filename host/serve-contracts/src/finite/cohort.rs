@@ -2,15 +2,17 @@
 //! invocation API, in three steps the scheduler pipelines: [`stage`] (`prepare_batch`), [`submit`] (upload
 //! and `run`, which enqueues device work) and [`collect`] (wait, the compact download, rows per member).
 
+use super::metrics::Metrics;
 use super::plan::ResultPlan;
-use super::service::{Prepared, Rows};
+use super::service::{DeviceRows, Prepared, Rows};
 use super::{BATCH, Limits, REQUEST, RUN};
 use loom_vm::Value;
-use serve_runtime::device::DeviceBuffer;
-use serve_runtime::model::{DEVICE_TIMEOUT, Model, RunOutcome, StageSet};
+use serve_runtime::device::{Budget, DeviceBuffer};
+use serve_runtime::model::{DEVICE_TIMEOUT, Import, Model, RunOutcome, StageSet};
 use serve_runtime::natives::Decls;
 use serve_runtime::{Error, Result};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Runs `prepare_request(state, input)`: the request's prepared bytes, units and compatibility tag. A trap is
@@ -61,6 +63,10 @@ pub(crate) struct InFlight {
     output: DeviceBuffer,
     /// Kept alive until the work that reads it is collected.
     _input: DeviceBuffer,
+    /// The upstream result the work reads (a consumer's cohort), kept alive likewise.
+    _upstream: Option<DeviceBuffer>,
+    /// The results stay on the device for a consumer: nothing is downloaded.
+    on_device: bool,
     plan: ResultPlan,
     started: Instant,
     submitted: Instant,
@@ -119,13 +125,25 @@ pub(crate) fn stage(model: &Model, limits: &Limits, members: &[&Prepared]) -> Re
     })
 }
 
-/// Uploads a staged cohort's payload and runs `run(stage, input, output)` over `set` (the stages its
-/// declarations resolved to): the device work is enqueued, not waited for.
+/// Where a cohort's results go and what it reads besides its upload.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Route<'a> {
+    /// The results stay on the device for a consumer model, whose budget their output buffer is charged to
+    /// (else the model's own, and they are downloaded).
+    pub(crate) to_device: Option<&'a Arc<Budget>>,
+    /// The upstream result every member of a consumer's cohort reads (`run`'s fourth argument).
+    pub(crate) upstream: Option<&'a DeviceRows>,
+}
+
+/// Uploads a staged cohort's payload and runs `run(stage, input, output)` (a consumer's:
+/// `run(stage, input, output, upstream)`, its submissions waiting on the upstream's readiness) over `set`
+/// (the stages its declarations resolved to): the device work is enqueued, not waited for.
 pub(crate) fn submit(
     model: &Model,
     staged: &Staged,
     set: StageSet,
     cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
+    route: Route<'_>,
 ) -> Result<InFlight> {
     let Staged {
         stage_index,
@@ -147,40 +165,95 @@ pub(crate) fn submit(
     }
     let input = model.device.alloc(upload.len() as u64, &model.budget)?;
     model.device.write(&input, 0, upload)?;
-    let output = model.device.alloc(plan.output_bytes, &model.budget)?;
+    let output = model
+        .device
+        .alloc(plan.output_bytes, route.to_device.unwrap_or(&model.budget))?;
+    let mut args = vec![
+        Value::I64(stage_index),
+        Value::native("hal.buffer", input.clone()),
+        Value::native("hal.buffer", output.clone()),
+    ];
+    let imports: Vec<Import> = route
+        .upstream
+        .map(|u| Import {
+            buffer: u.buffer.clone(),
+            ready: u.ready.clone(),
+        })
+        .into_iter()
+        .collect();
+    if let Some(u) = route.upstream {
+        args.push(Value::native("hal.buffer", u.buffer.clone()));
+    }
     let run = model.invoke_run(
         "run",
         &RUN,
-        &[
-            Value::I64(stage_index),
-            Value::native("hal.buffer", input.clone()),
-            Value::native("hal.buffer", output.clone()),
-        ],
+        &args,
         model.doc.fuel.entry("run"),
         set,
         plan.live_bytes,
         cancel,
+        &imports,
     );
     Ok(InFlight {
         run,
         output,
         _input: input,
+        _upstream: route.upstream.map(|u| u.buffer.clone()),
+        on_device: route.to_device.is_some(),
         plan,
         started,
         submitted: Instant::now(),
     })
 }
 
-/// Waits for a submitted cohort's work and downloads its compact result: one result per member, in order.
-pub(crate) fn collect(model: &Model, mut f: InFlight) -> Result<Vec<Rows>> {
+impl InFlight {
+    /// Each member's rows left on the device (a cohort routed to a consumer), or `None` when `run` failed
+    /// before its work could be handed on (the collection reports why) or asked for host feedback.
+    pub(crate) fn device_rows(&self) -> Option<Vec<DeviceRows>> {
+        if !self.on_device || self.run.results.is_err() || self.run.signalled.is_empty() {
+            return None;
+        }
+        if !self.run.feedback.is_empty() {
+            return None;
+        }
+        Some(
+            self.plan
+                .requests
+                .iter()
+                .map(|&(first, count)| DeviceRows {
+                    buffer: self.output.clone(),
+                    ready: self.run.tails.clone(),
+                    rows: self.plan.rows[first..first + count].to_vec(),
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Waits for a submitted cohort's work and downloads its compact result: one result per member, in order
+/// (empty rows for a cohort whose results stay on the device for a consumer).
+pub(crate) fn collect(model: &Model, metrics: &Metrics, mut f: InFlight) -> Result<Vec<Rows>> {
     model.settle(&mut f.run)?;
     if f.run.signalled.is_empty() {
         return Err(Error::Program(
             "run submitted no work (call runner.execute_N)".into(),
         ));
     }
+    if f.on_device {
+        if !f.run.feedback.is_empty() {
+            return Err(Error::Program(format!(
+                "model `{}` delivers its results through runner.feedback; a consumer model reads them on the \
+                 device, from the output buffer",
+                model.name
+            )));
+        }
+        return Ok(vec![Vec::new(); f.plan.requests.len()]);
+    }
     let t_wait = Instant::now();
     let live = download(model, &f.run, &f.output, &f.plan)?;
+    metrics
+        .download_bytes
+        .fetch_add(live.len() as u64, Ordering::Relaxed);
     let rows = f.plan.split(&live);
     if log::log_enabled!(log::Level::Trace) {
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros();
@@ -200,12 +273,18 @@ pub(crate) fn collect(model: &Model, mut f: InFlight) -> Result<Vec<Rows>> {
 pub(crate) fn run_cohort(
     model: &Model,
     limits: &Limits,
+    metrics: &Metrics,
     members: &[&Prepared],
     cancel: Option<Arc<serve_runtime::device::CancelFlag>>,
+    upstream: Option<&DeviceRows>,
 ) -> Result<Vec<Rows>> {
     let mut staged = stage(model, limits, members)?;
     let set = model.stages_for(std::mem::take(&mut staged.decls))?;
-    collect(model, submit(model, &staged, set, cancel)?)
+    let route = Route {
+        to_device: None,
+        upstream,
+    };
+    collect(model, metrics, submit(model, &staged, set, cancel, route)?)
 }
 
 /// The compact snapshot: the feedback slots in order when the program asked for them (their total must be

@@ -32,6 +32,12 @@ pub struct Metrics {
     pub specializing: AtomicUsize,
     /// The most cohorts submitted and not yet collected at once (pipelining).
     pub in_flight_max: AtomicU64,
+    /// A consumer's requests being run by its upstream model (not yet on its own queue).
+    pub upstream: AtomicUsize,
+    /// A producer's request results left on the device for a consumer model (never downloaded).
+    pub device_results: AtomicU64,
+    /// Result bytes downloaded from the device for HTTP replies (the compact live prefixes).
+    pub download_bytes: AtomicU64,
 }
 
 impl Metrics {
@@ -129,6 +135,24 @@ impl Metrics {
                 "the most cohorts of the model on the device at once (submitted, not yet collected)",
                 "gauge",
                 get(&self.in_flight_max),
+            ),
+            s(
+                "loom_requests_upstream",
+                "a consumer's requests being run by its upstream model",
+                "gauge",
+                self.upstream.load(Ordering::Relaxed) as f64,
+            ),
+            s(
+                "loom_device_results_total",
+                "request results left on the device for a consumer model (not downloaded)",
+                "counter",
+                get(&self.device_results),
+            ),
+            s(
+                "loom_result_download_bytes_total",
+                "result bytes downloaded from the device for replies",
+                "counter",
+                get(&self.download_bytes),
             ),
             s(
                 "loom_cohort_seconds_total",

@@ -47,8 +47,8 @@ mod service;
 pub use metrics::Metrics;
 pub use plan::ResultPlan;
 pub use service::{
-    FiniteService, IN_PLACE_COHORT_NS, INLINE_ADMISSION_FUEL, INLINE_ADMISSION_NS, Prepared, Reply,
-    Rows, Ticket,
+    DeviceRows, FiniteService, IN_PLACE_COHORT_NS, INLINE_ADMISSION_FUEL, INLINE_ADMISSION_NS,
+    Prepared, Reply, Rows, Ticket,
 };
 
 use crate::{hal_buffer_type as hal_buffer, opaque_type as opaque};
@@ -185,6 +185,23 @@ impl Finite {
 impl Contract for Finite {
     fn interface(&self) -> &ContractInterface {
         &self.interface
+    }
+
+    /// A consumer (`model.json` names an `upstream` model) gets the upstream's result buffer as `run`'s
+    /// fourth argument: `run(stage, input, output, upstream)`.
+    fn interface_for(
+        &self,
+        doc: &serve_runtime::package::ModelDoc,
+    ) -> std::result::Result<ContractInterface, String> {
+        let mut i = self.interface.clone();
+        if doc.upstream.is_some() {
+            for (name, sig) in &mut i.entries {
+                if *name == "run" {
+                    sig.params.push(hal_buffer());
+                }
+            }
+        }
+        Ok(i)
     }
 
     fn start(&self, model: Arc<Model>) -> Result<Arc<dyn Service>> {

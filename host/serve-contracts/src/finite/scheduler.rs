@@ -15,7 +15,8 @@
 use super::Limits;
 use super::cohort::{self, InFlight, Staged};
 use super::metrics::{Metrics, fold};
-use super::service::{CohortCancel, Prepared, Reply, RequestCancel, Rows};
+use super::service::{CohortCancel, DeviceRows, Prepared, Reply, RequestCancel, Rows};
+use serve_runtime::device::Budget;
 use serve_runtime::model::{Model, StageSet};
 use serve_runtime::natives::Decls;
 use serve_runtime::{Error, Result};
@@ -30,6 +31,43 @@ pub const PIPELINE_DEPTH: usize = 2;
 /// An admitted request waiting for a cohort.
 pub(crate) struct Pending {
     pub(crate) prepared: Prepared,
+    /// Called once with the result: the rows (empty for a request whose rows stay on the device, which
+    /// [`ToDevice::handoff`] received) or the error.
+    pub(crate) reply: Reply,
+    pub(crate) cancelled: Arc<RequestCancel>,
+    /// A producer's request run for a consumer model: its rows stay on the device.
+    pub(crate) to_device: Option<ToDevice>,
+    /// A consumer's request: the upstream result it reads.
+    pub(crate) upstream: Option<DeviceRows>,
+}
+
+/// Where a producer's request hands its rows on the device.
+pub(crate) struct ToDevice {
+    /// The consumer's budget, which the cohort's output buffer is charged to.
+    pub(crate) budget: Arc<Budget>,
+    /// Called once the cohort's work is submitted, with the request's rows and their readiness.
+    pub(crate) handoff: Option<Box<dyn FnOnce(DeviceRows) + Send>>,
+}
+
+impl Pending {
+    /// What members of one cohort share besides their compatibility tag: where their results go (the host,
+    /// or one consumer's budget) and which upstream result they read.
+    fn route_key(&self) -> (usize, u64) {
+        (
+            self.to_device
+                .as_ref()
+                .map_or(0, |d| Arc::as_ptr(&d.budget) as usize),
+            self.upstream.as_ref().map_or(u64::MAX, |u| u.buffer.id().0),
+        )
+    }
+}
+
+/// A consumer's request coming back from its upstream model: the rows it left on the device (or why it
+/// failed), with what the consumer needs to admit it.
+pub(crate) struct Arrival {
+    pub(crate) result: Result<DeviceRows>,
+    /// The client's record (appended to the upstream record `prepare_request` receives).
+    pub(crate) record: Vec<u8>,
     pub(crate) reply: Reply,
     pub(crate) cancelled: Arc<RequestCancel>,
 }
@@ -42,6 +80,8 @@ pub(crate) enum Cmd {
     Drain(mpsc::Sender<()>),
     /// The specialization of a parked cohort's declarations finished.
     Specialized(Decls, Result<StageSet>),
+    /// A consumer's request is back from its upstream model.
+    Upstream(Box<Arrival>),
 }
 
 /// The cohorts of a model that are submitted and not yet collected (the scheduler's and the in-place path's).
@@ -100,11 +140,11 @@ impl Gate {
 /// Forms the next cohort from `waiting` (oldest first): the oldest request, then every waiting request of the
 /// same compatibility tag, oldest first, whose units still fit `limit` (a request that does not fit is
 /// skipped, and a later smaller one may still join). The members leave `waiting`; the others keep their
-/// order. `key` gives a request's (tag, units). Empty when nothing waits.
-pub fn form_cohort<T>(
+/// order. `key` gives a request's (compatibility key, units). Empty when nothing waits.
+pub fn form_cohort<T, K: PartialEq>(
     waiting: &mut VecDeque<T>,
     limit: i64,
-    key: impl Fn(&T) -> (i64, i64),
+    key: impl Fn(&T) -> (K, i64),
 ) -> Vec<T> {
     let Some(first) = waiting.pop_front() else {
         return Vec::new();
@@ -161,7 +201,7 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
         .name(format!("collect-{}", ctx.model.name))
         .spawn(move || {
             for job in job_rx {
-                let r = cohort::collect(&c.model, job.inflight);
+                let r = cohort::collect(&c.model, &c.metrics, job.inflight);
                 // The slot is free once the device work is collected; retries alone run outside it.
                 c.gate.release();
                 finish(&c, job.cohort, &job.cc, r, job.started);
@@ -173,7 +213,20 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
     let mut drain: Option<mpsc::Sender<()>> = None;
     loop {
         if waiting.is_empty() {
-            if parked.is_empty() {
+            // A consumer's requests still at its upstream model come back (as arrivals) before it stops, and
+            // those already sent are in the channel.
+            if parked.is_empty()
+                && drain.is_some()
+                && ctx.metrics.upstream.load(Ordering::Acquire) == 0
+            {
+                while let Ok(c) = rx.try_recv() {
+                    handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain);
+                }
+            }
+            if waiting.is_empty()
+                && parked.is_empty()
+                && ctx.metrics.upstream.load(Ordering::Acquire) == 0
+            {
                 if let Some(d) = drain.take() {
                     drop(jobs);
                     let _ = collector.join();
@@ -181,9 +234,11 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
                     return;
                 }
             }
-            match rx.recv() {
-                Ok(c) => handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain),
-                Err(_) => return,
+            if waiting.is_empty() {
+                match rx.recv() {
+                    Ok(c) => handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain),
+                    Err(_) => return,
+                }
             }
         }
         // Take whatever else has already arrived; never wait for more.
@@ -201,7 +256,7 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             keep
         });
         let cohort = form_cohort(&mut waiting, ctx.limits.batch_units, |p| {
-            (p.prepared.tag, p.prepared.units)
+            ((p.prepared.tag, p.route_key()), p.prepared.units)
         });
         if cohort.is_empty() {
             continue;
@@ -255,6 +310,7 @@ fn handle(
     match c {
         Cmd::Requests(ps) => waiting.extend(ps),
         Cmd::Drain(d) => *drain = Some(d),
+        Cmd::Upstream(a) => arrive(ctx, *a, waiting),
         Cmd::Specialized(decls, r) => {
             let Some(i) = parked.iter().position(|(d, _)| *d == decls) else {
                 return;
@@ -316,14 +372,32 @@ fn dispatch(
         finish(ctx, cohort, &cc, Err(e), started);
         return;
     }
-    let mut r = cohort::submit(&ctx.model, &staged, set.clone(), cc.flag.clone());
+    // Members share their route (the cohort key): the first one's is the cohort's.
+    let route = cohort::Route {
+        to_device: cohort[0].to_device.as_ref().map(|d| &d.budget),
+        upstream: cohort[0].upstream.as_ref(),
+    };
+    let mut r = cohort::submit(&ctx.model, &staged, set.clone(), cc.flag.clone(), route);
     if matches!(r, Err(Error::Overloaded(_))) {
         // The memory budget is held by the cohort before this one: wait for it and try once more.
         ctx.gate.wait_until(1);
-        r = cohort::submit(&ctx.model, &staged, set, cc.flag.clone());
+        r = cohort::submit(&ctx.model, &staged, set, cc.flag.clone(), route);
     }
+    let mut cohort = cohort;
     match r {
         Ok(inflight) => {
+            // Rows that stay on the device go to their consumers now: they wait on this work's readiness on
+            // the device, not on its collection.
+            if let Some(rows) = inflight.device_rows() {
+                ctx.metrics
+                    .device_results
+                    .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                for (p, rows) in cohort.iter_mut().zip(rows) {
+                    if let Some(h) = p.to_device.as_mut().and_then(|d| d.handoff.take()) {
+                        h(rows);
+                    }
+                }
+            }
             let job = Job {
                 cohort,
                 inflight,
@@ -371,7 +445,9 @@ pub(crate) fn finish(
             );
             cohort.iter().map(|_| Err(e.clone())).collect()
         }
-        Err(e) if cohort.len() > 1 => {
+        // Rows left on the device were handed on with this work's readiness, which carries the failure to the
+        // consumer: they cannot be produced again elsewhere.
+        Err(e) if cohort.len() > 1 && cohort[0].to_device.is_none() => {
             log::debug!(
                 "model {}: cohort of {n} failed ({e}); retrying each alone",
                 model.name
@@ -380,11 +456,19 @@ pub(crate) fn finish(
             cohort
                 .iter()
                 .map(|p| {
-                    cohort::run_cohort(model, &ctx.limits, &[&p.prepared], cc.flag.clone())
-                        .map(|mut r| r.remove(0))
+                    cohort::run_cohort(
+                        model,
+                        &ctx.limits,
+                        metrics,
+                        &[&p.prepared],
+                        cc.flag.clone(),
+                        p.upstream.as_ref(),
+                    )
+                    .map(|mut r| r.remove(0))
                 })
                 .collect()
         }
+        Err(e) if cohort.len() > 1 => cohort.iter().map(|_| Err(e.clone())).collect(),
         Err(e) => vec![Err(e)],
     };
     let took = started.elapsed();
@@ -399,6 +483,45 @@ pub(crate) fn finish(
         // The gauges first: a client that reads the metrics after its answer must not see itself running.
         metrics.running.fetch_sub(1, Ordering::Relaxed);
         (p.reply)(r);
+    }
+}
+
+/// Admits a consumer's request that came back from its upstream model: `prepare_request` over the upstream
+/// record (the rows' buffer size, their (offset, width) pairs, then the client's record) queues it, to share
+/// a cohort only with requests that read the same upstream buffer; a failure replies at once.
+fn arrive(ctx: &Ctx, a: Arrival, waiting: &mut VecDeque<Pending>) {
+    // It is on the queue count already (since it was sent).
+    let fail = |reply: Reply, e: Error| {
+        ctx.metrics.queue.fetch_sub(1, Ordering::Relaxed);
+        ctx.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        reply(Err(e));
+    };
+    let rows = match a.result {
+        Ok(rows) => rows,
+        Err(e) => return fail(a.reply, e),
+    };
+    let mut record = Vec::with_capacity(16 + rows.rows.len() * 16 + a.record.len());
+    record.extend_from_slice(&(rows.buffer.bytes() as i64).to_le_bytes());
+    record.extend_from_slice(&(rows.rows.len() as i64).to_le_bytes());
+    for &(off, width) in &rows.rows {
+        record.extend_from_slice(&(off as i64).to_le_bytes());
+        record.extend_from_slice(&(width as i64).to_le_bytes());
+    }
+    record.extend_from_slice(&a.record);
+    let t0 = Instant::now();
+    let prepared = cohort::prepare_request(&ctx.model, &ctx.limits, record);
+    fold(&ctx.metrics.admit_ns, t0.elapsed());
+    match prepared {
+        Ok(prepared) => {
+            waiting.push_back(Pending {
+                prepared,
+                reply: a.reply,
+                cancelled: a.cancelled,
+                to_device: None,
+                upstream: Some(rows),
+            });
+        }
+        Err(e) => fail(a.reply, e),
     }
 }
 

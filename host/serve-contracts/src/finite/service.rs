@@ -2,9 +2,12 @@
 //! scheduler thread (see the module docs of [`super`]).
 
 use super::metrics::{Metrics, fold};
-use super::scheduler::{Cmd, Ctx, Gate, Pending, count_cohort, finish, scheduler};
+use super::scheduler::{
+    Arrival, Cmd, Ctx, Gate, Pending, ToDevice, count_cohort, finish, scheduler,
+};
 use super::{Limits, cohort};
 use serve_runtime::contract::{Series, Service};
+use serve_runtime::device::{Budget, DeviceBuffer, TimelinePoint};
 use serve_runtime::model::Model;
 use serve_runtime::{Error, Result};
 use std::any::Any;
@@ -22,6 +25,18 @@ pub struct Prepared {
 
 /// One request's result: its rows of f32 values (an embedding, or a decision's probabilities).
 pub type Rows = Vec<Vec<f32>>;
+
+/// One request's result rows left on the device by a producer model for a consumer model: the producer
+/// cohort's output buffer (charged to the consumer's budget, so it lives on whatever becomes of the
+/// producer), the readiness of the work that writes it, and the request's rows in it.
+#[derive(Debug, Clone)]
+pub struct DeviceRows {
+    pub buffer: DeviceBuffer,
+    /// Reached when the producer's work is done; failed when it failed (with its error).
+    pub ready: Vec<TimelinePoint>,
+    /// The request's rows: (byte offset, byte width) in `buffer`.
+    pub rows: Vec<(u64, u64)>,
+}
 
 /// The reply callback of one request.
 pub type Reply = Box<dyn FnOnce(Result<Rows>) + Send>;
@@ -72,6 +87,68 @@ pub struct FiniteService {
     gate: Arc<Gate>,
     /// Cohorts run in place while they average below this ([`in_place_threshold_ns`]).
     in_place_ns: u64,
+}
+
+/// A consumer's request while its upstream model runs it: exactly one [`Arrival`] reaches the consumer's
+/// scheduler, with the rows ([`Handoff::arrive`]) or the error; if the upstream drops the request unanswered
+/// (say, it was cancelled while waiting), the last handle sends a cancellation.
+struct Handoff {
+    inner: Mutex<Option<HandoffInner>>,
+}
+
+struct HandoffInner {
+    tx: mpsc::Sender<Cmd>,
+    metrics: Arc<Metrics>,
+    record: Vec<u8>,
+    reply: Reply,
+    cancelled: Arc<RequestCancel>,
+}
+
+impl Handoff {
+    fn arrive(&self, result: Result<DeviceRows>) {
+        let Some(h) = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let a = Box::new(Arrival {
+            result,
+            record: h.record,
+            reply: h.reply,
+            cancelled: h.cancelled,
+        });
+        // Waiting at the consumer from now on (its scheduler takes it off the queue count when it forms a
+        // cohort or fails it). Counted before it is sent, and taken off the upstream count after: the
+        // scheduler stops only when nothing is at the upstream, once it has taken what its channel holds.
+        h.metrics.queue.fetch_add(1, Ordering::AcqRel);
+        match h.tx.send(Cmd::Upstream(a)) {
+            Ok(()) => {
+                h.metrics.upstream.fetch_sub(1, Ordering::AcqRel);
+            }
+            Err(mpsc::SendError(c)) => {
+                // The consumer's scheduler is gone: answer here.
+                h.metrics.queue.fetch_sub(1, Ordering::AcqRel);
+                h.metrics.upstream.fetch_sub(1, Ordering::AcqRel);
+                h.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                if let Cmd::Upstream(a) = c {
+                    (a.reply)(Err(Error::Cancelled));
+                }
+            }
+        }
+    }
+
+    /// Forgets the request without answering it (its upstream refused it; the caller reports the error).
+    fn disarm(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        self.arrive(Err(Error::Cancelled));
+    }
 }
 
 impl std::fmt::Debug for FiniteService {
@@ -207,13 +284,20 @@ impl FiniteService {
     /// which is most of a small request's latency; a slow or hostile `prepare_request` still stalls an async
     /// worker at most for its fuel budget, once, before the average sends its requests to the blocking pool.
     pub fn admits_inline(&self) -> bool {
-        self.model.doc.fuel.entry("prepare_request") <= INLINE_ADMISSION_FUEL
+        self.model.doc.upstream.is_none()
+            && self.model.doc.fuel.entry("prepare_request") <= INLINE_ADMISSION_FUEL
             && self.metrics.admit_ns.load(Ordering::Relaxed) < INLINE_ADMISSION_NS
     }
 
     /// Runs `prepare_request` here, then queues the request. `reply` is called exactly once, from the scheduler
     /// thread, unless this returns an error (then it is not called).
     pub fn submit(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        if self.model.doc.upstream.is_some() {
+            return self
+                .submit_via_upstream(vec![(input, reply)])
+                .map(|mut t| t.remove(0))
+                .map_err(|(_, e)| e);
+        }
         self.forecast(&[&input])?;
         let prepared = self.admit(input)?;
         let mut t = self.enqueue(vec![(prepared, reply)])?;
@@ -230,6 +314,9 @@ impl FiniteService {
         &self,
         inputs: Vec<(Vec<u8>, Reply)>,
     ) -> std::result::Result<Vec<Ticket>, (usize, Error)> {
+        if self.model.doc.upstream.is_some() {
+            return self.submit_via_upstream(inputs);
+        }
         let records: Vec<&[u8]> = inputs.iter().map(|(b, _)| b.as_slice()).collect();
         self.forecast(&records).map_err(|e| (usize::MAX, e))?;
         let mut admitted = Vec::with_capacity(inputs.len());
@@ -239,8 +326,147 @@ impl FiniteService {
         self.enqueue(admitted).map_err(|e| (0, e))
     }
 
+    /// Runs a consumer's request records through the model it names as `upstream` (all or none, like
+    /// [`submit_all`](Self::submit_all)): the upstream admits and runs them, leaving each one's rows on the
+    /// device, charged to this model's budget; each comes back as an [`Arrival`] that this model's scheduler
+    /// admits (`prepare_request` over the upstream record) and runs in a cohort of requests reading the same
+    /// upstream buffer, its work waiting on the upstream's readiness on the device. The upstream must be a
+    /// finite model of the same role on the same device. Requests at the upstream count against this model's
+    /// `max_queue` too (their rows hold its budget).
+    fn submit_via_upstream(
+        &self,
+        inputs: Vec<(Vec<u8>, Reply)>,
+    ) -> std::result::Result<Vec<Ticket>, (usize, Error)> {
+        let whole = |e| (usize::MAX, e);
+        let name = &self.model.doc.upstream.as_ref().expect("a consumer").model;
+        let not_ready = |why: String| Error::NotReady {
+            name: self.model.name.clone(),
+            status: format!("waiting for its upstream model `{name}`, which {why}"),
+        };
+        let up = match self.model.peer(name) {
+            Ok(s) => s,
+            Err(Error::UnknownModel(_)) => {
+                return Err(whole(not_ready("is not registered".into())));
+            }
+            Err(Error::NotReady { status, .. }) => {
+                return Err(whole(not_ready(format!("is {status}"))));
+            }
+            Err(e) => return Err(whole(e)),
+        };
+        let up_model = up.model().clone();
+        let up = up.as_any().downcast::<FiniteService>().map_err(|_| {
+            whole(not_ready(format!(
+                "serves the {} contract, not finite",
+                up_model.doc.contract
+            )))
+        })?;
+        if up.model.doc.role != self.model.doc.role {
+            return Err(whole(not_ready(format!(
+                "serves {}, not {}",
+                up.model.doc.role, self.model.doc.role
+            ))));
+        }
+        if !Arc::ptr_eq(&up.model.device, &self.model.device) {
+            return Err(whole(not_ready(format!(
+                "is on device {}, not {} (a consumer reads its upstream's results on the device)",
+                up.model.device.name, self.model.device.name
+            ))));
+        }
+        let n = inputs.len();
+        self.metrics.requests.fetch_add(n as u64, Ordering::Relaxed);
+        let q = self.metrics.queue.load(Ordering::Relaxed)
+            + self.metrics.upstream.load(Ordering::Relaxed);
+        if q + n > self.model.doc.capacities.max_queue {
+            self.metrics.refused.fetch_add(n as u64, Ordering::Relaxed);
+            self.metrics.failed.fetch_add(n as u64, Ordering::Relaxed);
+            return Err(whole(Error::Overloaded(format!(
+                "model `{}` has {q} requests waiting or at its upstream (capacities.max_queue is {})",
+                self.model.name, self.model.doc.capacities.max_queue
+            ))));
+        }
+        let Some(tx) = self.tx.lock().ok().and_then(|g| g.clone()) else {
+            return Err(whole(Error::NotReady {
+                name: self.model.name.clone(),
+                status: "draining".into(),
+            }));
+        };
+        let mut handoffs = Vec::with_capacity(n);
+        let mut items = Vec::with_capacity(n);
+        for (record, reply) in inputs {
+            let cancelled = Arc::new(RequestCancel::default());
+            let h = Arc::new(Handoff {
+                inner: Mutex::new(Some(HandoffInner {
+                    tx: tx.clone(),
+                    metrics: self.metrics.clone(),
+                    record: record.clone(),
+                    reply,
+                    cancelled: cancelled.clone(),
+                })),
+            });
+            handoffs.push(h.clone());
+            items.push((record, cancelled, h));
+        }
+        // Counted before the upstream can answer (it may do so before this returns).
+        self.metrics.upstream.fetch_add(n, Ordering::AcqRel);
+        let r = up.submit_for_consumer(items, &self.model.budget);
+        if r.is_err() {
+            for h in &handoffs {
+                if h.disarm() {
+                    self.metrics.upstream.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            self.metrics.failed.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Admits request records for a consumer model (see [`submit_via_upstream`](Self::submit_via_upstream)):
+    /// the memory forecast and `prepare_request` as for any request, then one command to the scheduler. Each
+    /// request's rows are handed to its [`Handoff`] once its cohort's work is submitted; its errors go there
+    /// too.
+    fn submit_for_consumer(
+        &self,
+        items: Vec<(Vec<u8>, Arc<RequestCancel>, Arc<Handoff>)>,
+        budget: &Arc<Budget>,
+    ) -> std::result::Result<Vec<Ticket>, (usize, Error)> {
+        let records: Vec<&[u8]> = items.iter().map(|(b, _, _)| b.as_slice()).collect();
+        self.forecast(&records).map_err(|e| (usize::MAX, e))?;
+        let mut admitted = Vec::with_capacity(items.len());
+        for (i, (input, cancelled, h)) in items.into_iter().enumerate() {
+            let prepared = self.admit(input).map_err(|e| (i, e))?;
+            let h2 = h.clone();
+            let reply: Reply = Box::new(move |r| {
+                // Rows went on at submission; only an error before that is answered here.
+                if let Err(e) = r {
+                    h2.arrive(Err(e));
+                }
+            });
+            let to_device = ToDevice {
+                budget: budget.clone(),
+                handoff: Some(Box::new(move |rows| h.arrive(Ok(rows)))),
+            };
+            admitted.push((prepared, reply, cancelled, Some(to_device)));
+        }
+        self.enqueue_with(admitted).map_err(|e| (0, e))
+    }
+
     /// Queues admitted requests for the scheduler, in one command (all or none against `max_queue`).
     fn enqueue(&self, requests: Vec<(Prepared, Reply)>) -> Result<Vec<Ticket>> {
+        self.enqueue_with(
+            requests
+                .into_iter()
+                .map(|(p, r)| (p, r, Arc::new(RequestCancel::default()), None))
+                .collect(),
+        )
+    }
+
+    /// [`enqueue`](Self::enqueue) of requests with their cancellation handles and, for a consumer, where
+    /// their rows go.
+    #[allow(clippy::type_complexity)]
+    fn enqueue_with(
+        &self,
+        requests: Vec<(Prepared, Reply, Arc<RequestCancel>, Option<ToDevice>)>,
+    ) -> Result<Vec<Ticket>> {
         let n = requests.len();
         let q = self.metrics.queue.fetch_add(n, Ordering::Relaxed);
         if q + n > self.model.doc.capacities.max_queue {
@@ -259,8 +485,7 @@ impl FiniteService {
         }
         let mut tickets = Vec::with_capacity(n);
         let mut pending = Vec::with_capacity(n);
-        for (prepared, reply) in requests {
-            let cancelled = Arc::new(RequestCancel::default());
+        for (prepared, reply, cancelled, to_device) in requests {
             tickets.push(Ticket {
                 cancelled: cancelled.clone(),
                 units: prepared.units,
@@ -269,6 +494,8 @@ impl FiniteService {
                 prepared,
                 reply,
                 cancelled,
+                to_device,
+                upstream: None,
             });
         }
         let sent = self
@@ -332,6 +559,9 @@ impl FiniteService {
     /// not compiled is handed to the scheduler instead (it never compiles here), as is any request when the
     /// conditions do not hold. Order is kept: it runs in place only when it is the oldest request of the model.
     pub fn submit_one(&self, input: Vec<u8>, reply: Reply) -> Result<Ticket> {
+        if self.model.doc.upstream.is_some() {
+            return self.submit(input, reply);
+        }
         let quick = self.metrics.cohort_ns.load(Ordering::Relaxed) < self.in_place_ns;
         if !quick || self.busy() {
             return self.submit(input, reply);
@@ -379,8 +609,8 @@ impl FiniteService {
             .fetch_add(1, Ordering::Relaxed);
         // Running while it runs here; in_place_done counts it as a cohort (running until replied to).
         self.metrics.running.fetch_add(1, Ordering::Relaxed);
-        let r = cohort::submit(&self.model, &staged, set, None)
-            .and_then(|f| cohort::collect(&self.model, f));
+        let r = cohort::submit(&self.model, &staged, set, None, Default::default())
+            .and_then(|f| cohort::collect(&self.model, &self.metrics, f));
         self.metrics.running.fetch_sub(1, Ordering::Relaxed);
         self.gate.release();
         self.in_place_done(vec![(prepared, reply)], r, t1);
@@ -408,6 +638,8 @@ impl FiniteService {
                 prepared,
                 reply,
                 cancelled: Arc::new(RequestCancel::default()),
+                to_device: None,
+                upstream: None,
             })
             .collect();
         let ctx = Ctx {

@@ -1626,6 +1626,7 @@ impl Engine {
             set,
             0,
             None,
+            &[],
         );
         model.settle(&mut run)?;
         if run.signalled.is_empty() {

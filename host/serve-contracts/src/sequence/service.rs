@@ -1176,6 +1176,7 @@ impl Engine {
             set,
             0,
             None,
+            &[],
         );
         model.settle(&mut run)?;
         if run.signalled.is_empty() {

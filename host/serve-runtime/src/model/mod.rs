@@ -20,7 +20,7 @@ mod stages;
 pub use prepare::{parse_config_text, prepare};
 
 use crate::checkpoint::Source;
-use crate::contract::{Contract, Phase};
+use crate::contract::{Contract, Peers, Phase};
 use crate::device::gather::GatherQueue;
 use crate::device::{
     Budget, CancelFlag, Device, DeviceBuffer, Executable, TimelineId, TimelinePoint,
@@ -121,6 +121,26 @@ pub struct Model {
     pub(crate) progress: Mutex<Arc<Progress>>,
     /// The control entry cold preparation selected with `prepare.memory_forecast` (linked and checked).
     pub(crate) forecast: Option<String>,
+    /// How it finds other registered models (set by the registry before its service starts).
+    pub(crate) peers: PeerSlot,
+}
+
+/// A model's [`Peers`] lookup, set once.
+#[derive(Default)]
+pub(crate) struct PeerSlot(std::sync::OnceLock<Peers>);
+
+impl std::fmt::Debug for PeerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PeerSlot({})",
+            if self.0.get().is_some() {
+                "set"
+            } else {
+                "unset"
+            }
+        )
+    }
 }
 
 /// What a memory forecast estimated for one complete request, in device bytes (the spec's three results).
@@ -193,6 +213,14 @@ pub struct RunOutcome {
     leases: Vec<(TimelineId, u64)>,
 }
 
+/// A buffer an invocation imports from another model's work (a finite consumer's upstream result): its
+/// submissions wait on `ready` (the producer's readiness, joined from the start) and may only read it.
+#[derive(Debug, Clone)]
+pub struct Import {
+    pub buffer: DeviceBuffer,
+    pub ready: Vec<TimelinePoint>,
+}
+
 /// How long [`Model::settle`] waits for an invocation's device work before failing it.
 pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -255,6 +283,21 @@ pub(crate) fn invoke(
 }
 
 impl Model {
+    /// Gives the model its way to find other registered models (the registry does, once, before starting its
+    /// service); later calls are ignored.
+    pub fn set_peers(&self, peers: Peers) {
+        let _ = self.peers.0.set(peers);
+    }
+
+    /// Another registered model's running service (a consumer's upstream): unknown or not ready is the
+    /// registry's error; a model outside a registry finds none.
+    pub fn peer(&self, name: &str) -> Result<Arc<dyn crate::contract::Service>> {
+        match self.peers.0.get() {
+            Some(p) => p(name),
+            None => Err(Error::UnknownModel(name.to_string())),
+        }
+    }
+
     /// The options it was prepared with (the registration's, else `model.json`'s).
     pub fn options(&self) -> &serde_json::Map<String, serde_json::Value> {
         &self.options
@@ -389,6 +432,7 @@ impl Model {
         set: StageSet,
         feedback_limit: u64,
         cancel: Option<Arc<CancelFlag>>,
+        imports: &[Import],
     ) -> RunOutcome {
         let (timeline, value) = match self.timelines.take(&self.device) {
             Ok(t) => t,
@@ -411,7 +455,10 @@ impl Model {
             order: crate::natives::Order::new(timeline, value),
             spare: self.timelines.clone(),
             workspace: self.workspace.clone(),
-            joins: Vec::new(),
+            joins: imports
+                .iter()
+                .flat_map(|i| i.ready.iter().copied())
+                .collect(),
             signalled: Vec::new(),
             sources: set.sources,
             gather: self.gather.clone(),
@@ -420,6 +467,7 @@ impl Model {
             feedback_limit,
             kernel_steps: self.doc.kernel_steps(&self.limits),
             cancel,
+            readonly: imports.iter().map(|i| i.buffer.id()).collect(),
         });
         let lim = limits(fuel, self.doc.memory.invocation_bytes);
         let (results, ctx) = invoke(&self.control, entry, args, &lim, ctx);

@@ -183,7 +183,9 @@ pub fn prepare(
     let doc = package::parse_model_doc(doc_file, &doc_bytes)?;
     let contract = contracts.for_doc(doc_file, &doc)?.clone();
     limits.check_doc(doc_file, &doc)?;
-    let interface = contract.interface().clone();
+    let interface = contract
+        .interface_for(&doc)
+        .map_err(|m| Error::package(doc_file, "upstream", m))?;
     let prefs = overrides
         .device
         .clone()
@@ -354,6 +356,7 @@ pub fn prepare(
         gather,
         progress: Mutex::new(progress.clone()),
         forecast,
+        peers: Default::default(),
     };
     progress.phase(ProgressPhase::Compiling);
     let compile_start = Instant::now();

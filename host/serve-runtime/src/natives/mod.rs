@@ -44,6 +44,7 @@ use crate::device::{Budget, CancelFlag, Device, DeviceBuffer, TimelinePoint};
 use crate::model::PreparedStage;
 use crate::tokenizer::Tokenizer;
 use loom_ir::{Signature, Type};
+use loom_plugin_api::BufferId;
 use loom_vm::{NativeCtx, NativeError, NativeModule, Value};
 use std::sync::Arc;
 
@@ -112,6 +113,9 @@ pub struct RunCtx {
     pub kernel_steps: u64,
     /// The flag that stops this invocation's dispatches (its cohort's clients all gone, the drain deadline).
     pub cancel: Option<Arc<CancelFlag>>,
+    /// Buffers the invocation imported from another model (a finite consumer's upstream result): read, never
+    /// written (no stage output, no gather target).
+    pub readonly: Vec<BufferId>,
 }
 
 /// The context of one invocation: the VM's host state while it runs.

@@ -71,6 +71,12 @@ pub fn parameters_module() -> NativeModule {
                         descriptors.bytes()
                     )));
                 }
+                if r.readonly.contains(&target.id()) || r.readonly.contains(&descriptors.id()) {
+                    return Err(NativeError::failed(format!(
+                        "{what}: the upstream model's result is read by stages only (not a gather's descriptors or \
+                         target)"
+                    )));
+                }
                 if !Arc::ptr_eq(descriptors.device(), r.gather.device())
                     || !Arc::ptr_eq(target.device(), r.gather.device())
                 {

@@ -102,6 +102,13 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
         let ids =
             |b: &[crate::device::DeviceBuffer]| -> Vec<_> { b.iter().map(|b| b.id()).collect() };
         let (reads, writes) = (ids(&bufs[..ni]), ids(&bufs[ni..]));
+        if let Some(i) = writes.iter().position(|w| r.readonly.contains(w)) {
+            return Err(NativeError::failed(format!(
+                "{what}: stage `{}` writes its output `{}` into the upstream model's result, which this \
+                 invocation may only read",
+                stage.decl.root, stage.reflection.outputs[i].name
+            )));
+        }
         let placement = r.order.place(&reads, &writes, &r.joins).map_err(|i| {
             NativeError::failed(format!(
                 "{what}: stage `{}` writes its output `{}` into a buffer given to runner.feedback, which \
