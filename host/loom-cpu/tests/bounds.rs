@@ -148,7 +148,8 @@ fn compiled_code_is_freed_when_its_stage_drops() {
     let kept: Vec<_> = (0..20)
         .map(|_| loom_cpu::compile_stage(&s).unwrap())
         .collect();
-    assert!(loom_cpu::live_code_modules() >= modules + 20);
+    // At least the 20 held here (not `modules + 20`: other tests of this binary free theirs meanwhile).
+    assert!(loom_cpu::live_code_modules() >= 20);
     drop(kept);
     for _ in 0..50 {
         drop(loom_cpu::compile_stage(&s).unwrap());
