@@ -1146,3 +1146,97 @@ fn a_changed_checkpoint_is_a_new_source_generation() {
     weighted_times(&s, "wc", 5.0);
     s.healthy();
 }
+
+/// Registers a copy of arith-embed named `name` whose memory budget is `device_bytes`, with `options`.
+fn register_budgeted(s: &TestServer, name: &str, device_bytes: u64, options: serde_json::Value) {
+    let base = s.dir.join(name);
+    crate::support::copy_dir(&s.dir.join("arith-embed"), &base);
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(base.join("model.json")).unwrap()).unwrap();
+    doc["name"] = json!(name);
+    doc["memory"]["device_bytes"] = json!(device_bytes);
+    doc["options"] = options;
+    std::fs::write(base.join("model.json"), doc.to_string()).unwrap();
+    let r = s.post_json("/v1/models", &json!({"base": base.display().to_string()}));
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Admission by the prepared working set (issue 15 item 6): a cohort whose peak (upload, output, command
+/// workspace) cannot fit the model's budget is formed again with half its members until it fits, instead of
+/// failing at allocation and retrying each member alone; a lone input whose own peak can never fit is refused
+/// with 413 naming its peak (before: 429, "try again", which could never succeed).
+#[test]
+fn cohorts_are_admitted_by_their_prepared_working_set() {
+    let s = TestServer::start("peaks", &[]);
+    // 64 KiB: a cohort of 64 inputs of 250 bytes (the batch-unit limit admits them all) needs
+    // 64 x 257 x 4 = 65,792 upload bytes alone.
+    register_budgeted(
+        &s,
+        "small-budget",
+        65536,
+        json!({"max_tokens": 256, "dims": 64, "batch_units": 16384}),
+    );
+    let inputs: Vec<String> = (0..64)
+        .map(|i| {
+            (0..250)
+                .map(|t| (b'a' + ((i * 7 + t * 3) % 26) as u8) as char)
+                .collect()
+        })
+        .collect();
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "small-budget", "input": inputs}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    for (i, t) in inputs.iter().enumerate() {
+        let want = arith(&t.bytes().map(i64::from).collect::<Vec<_>>(), 64);
+        let got = v["data"][i]["embedding"].as_array().unwrap();
+        for (j, w) in want.iter().enumerate() {
+            let g = got[j].as_f64().unwrap();
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "input {i}[{j}]: {g} vs {w}"
+            );
+        }
+    }
+    let m = |k: &str| s.metric(&format!("{k}{{model=\"small-budget\"}}"));
+    assert!(m("loom_cohorts_split_total") >= 1.0);
+    assert_eq!(
+        m("loom_retried_alone_total"),
+        0.0,
+        "no cohort failed at allocation"
+    );
+    assert_eq!(m("loom_requests_failed_total"), 0.0);
+    assert!(
+        m("loom_cohort_max_members") <= 32.0,
+        "{}",
+        m("loom_cohort_max_members")
+    );
+    // 4 KiB with max_tokens 1024: one input of 1000 bytes needs 1,009 x 4 upload + 256 output bytes.
+    register_budgeted(
+        &s,
+        "tiny-budget",
+        4096,
+        json!({"max_tokens": 1024, "dims": 64, "batch_units": 2048}),
+    );
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "tiny-budget", "input": "z".repeat(1000)}),
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("4292 device bytes at its peak")
+            && text.contains("memory.device_bytes is 4096"),
+        "{text}"
+    );
+    assert!(!text.contains(&s.dir.display().to_string()), "{text}");
+    // A smaller input fits and is served.
+    let r = s.post_json(
+        "/v1/embeddings",
+        &json!({"model": "tiny-budget", "input": "z".repeat(100)}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    s.healthy();
+}

@@ -206,6 +206,47 @@ pub(crate) fn submit(
     })
 }
 
+/// A staged cohort's prepared working set on its model's budget: the bytes it holds at its peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peak {
+    pub(crate) upload: u64,
+    /// The output buffer, when it is charged to the model's own budget (not a consumer's).
+    pub(crate) output: u64,
+    /// The selected stage's reflected command workspace (one buffer per entry, as a dispatch takes it).
+    pub(crate) workspace: u64,
+}
+
+impl Peak {
+    pub(crate) fn total(&self) -> u64 {
+        self.upload
+            .saturating_add(self.output)
+            .saturating_add(self.workspace)
+    }
+}
+
+impl Staged {
+    /// The cohort's prepared working set once `set` resolved its declarations (see [`Peak`]). A `run` that
+    /// dispatches other stages beside the selected one, or allocates more, is still bounded by the budget at
+    /// each allocation.
+    pub(crate) fn peak(&self, set: &StageSet, output_here: bool) -> Peak {
+        let workspace = usize::try_from(self.stage_index)
+            .ok()
+            .and_then(|i| set.stages.get(i))
+            .map_or(0, |s| {
+                s.reflection.workspace.iter().map(|w| w.buffer.bytes).sum()
+            });
+        Peak {
+            upload: self.upload.len() as u64,
+            output: if output_here {
+                self.plan.output_bytes
+            } else {
+                0
+            },
+            workspace,
+        }
+    }
+}
+
 impl InFlight {
     /// Each member's rows left on the device (a cohort routed to a consumer), or `None` when `run` failed
     /// before its work could be handed on (the collection reports why) or asked for host feedback.

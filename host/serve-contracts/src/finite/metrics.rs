@@ -38,6 +38,10 @@ pub struct Metrics {
     pub device_results: AtomicU64,
     /// Result bytes downloaded from the device for HTTP replies (the compact live prefixes).
     pub download_bytes: AtomicU64,
+    /// Cohorts whose prepared working set did not fit the budget, formed again with half their members.
+    pub cohorts_split: AtomicU64,
+    /// Cohorts that waited for the model's other cohorts to free budget before being submitted.
+    pub waited_for_memory: AtomicU64,
 }
 
 impl Metrics {
@@ -153,6 +157,18 @@ impl Metrics {
                 "result bytes downloaded from the device for replies",
                 "counter",
                 get(&self.download_bytes),
+            ),
+            s(
+                "loom_cohorts_split_total",
+                "cohorts whose prepared working set did not fit the memory budget, formed again with half the members",
+                "counter",
+                get(&self.cohorts_split),
+            ),
+            s(
+                "loom_cohorts_waited_for_memory_total",
+                "cohorts that waited for the model's cohorts in flight to free memory budget before submission",
+                "counter",
+                get(&self.waited_for_memory),
             ),
             s(
                 "loom_cohort_seconds_total",

@@ -140,10 +140,12 @@ impl Gate {
 /// Forms the next cohort from `waiting` (oldest first): the oldest request, then every waiting request of the
 /// same compatibility tag, oldest first, whose units still fit `limit` (a request that does not fit is
 /// skipped, and a later smaller one may still join). The members leave `waiting`; the others keep their
-/// order. `key` gives a request's (compatibility key, units). Empty when nothing waits.
+/// order. `key` gives a request's (compatibility key, units). At most `max_members` join (at least the
+/// oldest). Empty when nothing waits.
 pub fn form_cohort<T, K: PartialEq>(
     waiting: &mut VecDeque<T>,
     limit: i64,
+    max_members: usize,
     key: impl Fn(&T) -> (K, i64),
 ) -> Vec<T> {
     let Some(first) = waiting.pop_front() else {
@@ -152,7 +154,7 @@ pub fn form_cohort<T, K: PartialEq>(
     let (tag, mut units) = key(&first);
     let mut cohort = vec![first];
     let mut i = 0;
-    while i < waiting.len() {
+    while i < waiting.len() && cohort.len() < max_members {
         let (t, u) = key(&waiting[i]);
         if t == tag && units + u <= limit {
             units += u;
@@ -211,6 +213,9 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
     let mut waiting: VecDeque<Pending> = VecDeque::new();
     let mut parked: Vec<(Decls, Vec<Parked>)> = Vec::new();
     let mut drain: Option<mpsc::Sender<()>> = None;
+    // The most members the next cohort may have: lowered when a cohort's prepared working set did not fit
+    // the budget (it goes back to the queue and half of it is tried), then unbounded again.
+    let mut cap = usize::MAX;
     loop {
         if waiting.is_empty() {
             // A consumer's requests still at its upstream model come back (as arrivals) before it stops, and
@@ -220,7 +225,15 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
                 && ctx.metrics.upstream.load(Ordering::Acquire) == 0
             {
                 while let Ok(c) = rx.try_recv() {
-                    handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain);
+                    handle(
+                        &ctx,
+                        &jobs,
+                        c,
+                        &mut waiting,
+                        &mut parked,
+                        &mut drain,
+                        &mut cap,
+                    );
                 }
             }
             if waiting.is_empty()
@@ -236,14 +249,30 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
             if waiting.is_empty() {
                 match rx.recv() {
-                    Ok(c) => handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain),
+                    Ok(c) => handle(
+                        &ctx,
+                        &jobs,
+                        c,
+                        &mut waiting,
+                        &mut parked,
+                        &mut drain,
+                        &mut cap,
+                    ),
                     Err(_) => return,
                 }
             }
         }
         // Take whatever else has already arrived; never wait for more.
         while let Ok(c) = rx.try_recv() {
-            handle(&ctx, &jobs, c, &mut waiting, &mut parked, &mut drain);
+            handle(
+                &ctx,
+                &jobs,
+                c,
+                &mut waiting,
+                &mut parked,
+                &mut drain,
+                &mut cap,
+            );
         }
         waiting.retain(|p| {
             let keep = !p.cancelled.is_cancelled();
@@ -255,13 +284,14 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
             keep
         });
-        let cohort = form_cohort(&mut waiting, ctx.limits.batch_units, |p| {
+        let cohort = form_cohort(&mut waiting, ctx.limits.batch_units, cap, |p| {
             ((p.prepared.tag, p.route_key()), p.prepared.units)
         });
+        cap = usize::MAX;
         if cohort.is_empty() {
             continue;
         }
-        count_cohort(&ctx.metrics, cohort.len() as u64);
+        take_cohort(&ctx.metrics, cohort.len() as u64);
         let started = Instant::now();
         let members: Vec<&Prepared> = cohort.iter().map(|p| &p.prepared).collect();
         let staged = cohort::stage(&ctx.model, &ctx.limits, &members);
@@ -274,7 +304,11 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
         };
         if let Some(set) = ctx.model.cached_stages(&staged.decls) {
-            dispatch(&ctx, &jobs, cohort, staged, set, started);
+            let back = Back {
+                waiting: &mut waiting,
+                cap: &mut cap,
+            };
+            dispatch(&ctx, &jobs, cohort, staged, set, started, back);
             continue;
         }
         // A miss: park the cohort; the first one with these declarations starts their specialization.
@@ -306,6 +340,7 @@ fn handle(
     waiting: &mut VecDeque<Pending>,
     parked: &mut Vec<(Decls, Vec<Parked>)>,
     drain: &mut Option<mpsc::Sender<()>>,
+    cap: &mut usize,
 ) {
     match c {
         Cmd::Requests(ps) => waiting.extend(ps),
@@ -319,7 +354,13 @@ fn handle(
             for p in cohorts {
                 ctx.metrics.specializing.fetch_sub(1, Ordering::Relaxed);
                 match &r {
-                    Ok(set) => dispatch(ctx, jobs, p.cohort, p.staged, set.clone(), p.started),
+                    Ok(set) => {
+                        let back = Back {
+                            waiting: &mut *waiting,
+                            cap: &mut *cap,
+                        };
+                        dispatch(ctx, jobs, p.cohort, p.staged, set.clone(), p.started, back)
+                    }
                     Err(e) => fail(ctx, p.cohort, e.clone(), p.started),
                 }
             }
@@ -327,10 +368,20 @@ fn handle(
     }
 }
 
-/// Counts a formed cohort.
+/// Counts a formed cohort that runs (or fails): [`take_cohort`] and [`count_run`].
 pub(crate) fn count_cohort(metrics: &Metrics, n: u64) {
+    take_cohort(metrics, n);
+    count_run(metrics, n);
+}
+
+/// Moves a formed cohort's members from the queue gauge to the running one.
+fn take_cohort(metrics: &Metrics, n: u64) {
     metrics.queue.fetch_sub(n as usize, Ordering::Relaxed);
     metrics.running.fetch_add(n as usize, Ordering::Relaxed);
+}
+
+/// Counts a cohort that runs or fails (not one that goes back to the queue).
+fn count_run(metrics: &Metrics, n: u64) {
     metrics.cohorts.fetch_add(1, Ordering::Relaxed);
     metrics.cohort_members.fetch_add(n, Ordering::Relaxed);
     metrics.cohort_max.fetch_max(n, Ordering::Relaxed);
@@ -352,7 +403,19 @@ pub(crate) fn cohort_cancel(model: &Model, cohort: &[Pending]) -> Arc<CohortCanc
     cc
 }
 
-/// Submits a staged cohort in a free pipeline slot and hands it to the collector.
+/// Where a cohort whose prepared working set does not fit goes back to: the head of the queue, with the next
+/// cohort limited to half its members.
+struct Back<'a> {
+    waiting: &'a mut VecDeque<Pending>,
+    cap: &'a mut usize,
+}
+
+/// Admission by the prepared working set, then submission in a free pipeline slot; the collector takes it from
+/// there. The cohort's peak ([`Staged::peak`]) must fit the room its model's budget has beside the resident
+/// parameters: a cohort of several that does not goes back to the queue to be formed again with half as many
+/// members ([`Back`]; `loom_cohorts_split_total`), a lone request fails with 413 naming its peak. A peak that
+/// fits that room but not what the budget has free now first releases the model's idle workspace, then waits
+/// for the model's other cohorts in flight to be collected.
 fn dispatch(
     ctx: &Ctx,
     jobs: &mpsc::Sender<Job>,
@@ -360,8 +423,54 @@ fn dispatch(
     staged: Staged,
     set: StageSet,
     started: Instant,
+    back: Back<'_>,
 ) {
+    let model = &ctx.model;
+    let peak = staged.peak(&set, cohort[0].to_device.is_none());
+    let room = model.budget.limit.saturating_sub(model.resident_bytes());
+    if peak.total() > room {
+        let n = cohort.len();
+        if n > 1 {
+            log::debug!(
+                "model {}: a cohort of {n} needs {} device bytes at its peak, {room} fit: forming it again with {}",
+                model.name,
+                peak.total(),
+                n / 2
+            );
+            ctx.metrics.cohorts_split.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics.queue.fetch_add(n, Ordering::Relaxed);
+            ctx.metrics.running.fetch_sub(n, Ordering::Relaxed);
+            for p in cohort.into_iter().rev() {
+                back.waiting.push_front(p);
+            }
+            *back.cap = n / 2;
+            return;
+        }
+        let e = Error::TooLarge(format!(
+            "model `{}`: this input needs {} device bytes at its peak (upload {}, output {}, command \
+             workspace {}); its memory budget leaves {room} bytes beside its parameters (memory.device_bytes \
+             is {})",
+            model.name,
+            peak.total(),
+            peak.upload,
+            peak.output,
+            peak.workspace,
+            model.budget.limit
+        ));
+        fail(ctx, cohort, e, started);
+        return;
+    }
+    count_run(&ctx.metrics, cohort.len() as u64);
     let busy = ctx.gate.acquire(PIPELINE_DEPTH);
+    if model.device_bytes().saturating_add(peak.total()) > model.budget.limit {
+        model.release_idle_workspace();
+        if model.device_bytes().saturating_add(peak.total()) > model.budget.limit {
+            ctx.metrics
+                .waited_for_memory
+                .fetch_add(1, Ordering::Relaxed);
+            ctx.gate.wait_until(1);
+        }
+    }
     ctx.metrics
         .in_flight_max
         .fetch_max(busy as u64, Ordering::Relaxed);
@@ -417,8 +526,10 @@ fn dispatch(
     }
 }
 
-/// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed).
+/// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed, or its
+/// prepared working set can never fit).
 fn fail(ctx: &Ctx, cohort: Vec<Pending>, e: Error, started: Instant) {
+    count_run(&ctx.metrics, cohort.len() as u64);
     let cc = Arc::new(CohortCancel::new(cohort.len(), None));
     finish(ctx, cohort, &cc, Err(e), started);
 }
@@ -540,7 +651,7 @@ mod tests {
     }
 
     fn form(q: &mut VecDeque<(u32, i64, i64)>, limit: i64) -> Vec<u32> {
-        ids(&form_cohort(q, limit, |x| (x.1, x.2)))
+        ids(&form_cohort(q, limit, usize::MAX, |x| (x.1, x.2)))
     }
 
     #[test]
@@ -572,6 +683,17 @@ mod tests {
         let mut q = queue(&[(1, 0, 20), (2, 0, 1)]);
         assert_eq!(form(&mut q, 8), vec![1]);
         assert_eq!(form(&mut q, 8), vec![2]);
+    }
+
+    #[test]
+    fn a_member_cap_bounds_a_cohort_and_keeps_the_rest_in_order() {
+        let mut q = queue(&[(1, 0, 1), (2, 0, 1), (3, 1, 1), (4, 0, 1), (5, 0, 1)]);
+        assert_eq!(
+            ids(&form_cohort(&mut q, 100, 2, |x| (x.1, x.2))),
+            vec![1, 2]
+        );
+        assert_eq!(form(&mut q, 100), vec![3]);
+        assert_eq!(form(&mut q, 100), vec![4, 5]);
     }
 
     #[test]

@@ -622,6 +622,22 @@ impl Model {
         self.budget.used()
     }
 
+    /// The device bytes of its budget that no cohort can use: the parameters placed by cold preparation.
+    pub fn resident_bytes(&self) -> u64 {
+        self.report.parameter_bytes
+    }
+
+    /// Bytes of idle command workspace the model keeps for reuse (freed by
+    /// [`Model::release_idle_workspace`]).
+    pub fn idle_workspace_bytes(&self) -> u64 {
+        self.workspace.idle_bytes()
+    }
+
+    /// Frees the idle command workspace (before admitting work that needs its room).
+    pub fn release_idle_workspace(&self) {
+        self.workspace.clear()
+    }
+
     /// The specialization cache's counters.
     pub fn spec_cache_stats(&self) -> SpecCacheStats {
         self.spec_cache
