@@ -3,6 +3,7 @@
 
 use crate::support::TestServer;
 use serde_json::json;
+use std::io::Write;
 
 /// xorshift64*: a fixed-seed generator for test inputs.
 pub(crate) struct Rng(u64);
@@ -1162,5 +1163,88 @@ fn a_consumer_keeps_its_upstream_results_after_the_producer_is_unregistered() {
         after <= idle + 65536.0,
         "results were released ({after} vs {idle})"
     );
+    s.healthy();
+}
+
+/// A consumer's client that disconnects while its request is still at the upstream model loses nothing else:
+/// the request is dropped there (or its rows are handed on and its consumer cohort stopped), the consumer's
+/// count of requests at its upstream returns to 0, and the consumer unregisters (its drain waits for what it
+/// accepted) and serves as before. The upstream is slow-embed, busy with a request of its own.
+#[test]
+fn a_consumer_request_cancelled_at_its_upstream_is_dropped_cleanly() {
+    let s = TestServer::start("upstream-cancel", &[]);
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"base": s.dir.join("slow-embed").display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let base = s.dir.join("head-on-slow");
+    crate::support::copy_dir(&s.dir.join("embed-head"), &base);
+    let doc = std::fs::read_to_string(base.join("model.json"))
+        .unwrap()
+        .replace("\"model\": \"arith-embed\"", "\"model\": \"slow-embed\"");
+    std::fs::write(base.join("model.json"), doc).unwrap();
+    let r = s.post_json(
+        "/v1/models",
+        &json!({"name": "head-on-slow", "base": base.display().to_string()}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let want = |t: &str| head(&arith(&t.bytes().map(i64::from).collect::<Vec<_>>(), 64));
+    let v = embed(&s, "head-on-slow", json!("warm"));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &want("warm"),
+        "warm",
+    );
+    let m = |k: &str| s.metric(&format!("{k}{{model=\"head-on-slow\"}}"));
+    std::thread::scope(|sc| {
+        let busy = sc.spawn(|| embed(&s, "slow-embed", json!("busy")));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let body = json!({"model": "head-on-slow", "input": ["a", "bb", "ccc"]}).to_string();
+        let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+        write!(
+            c,
+            "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        while m("loom_requests_upstream") < 3.0 {
+            assert!(
+                t0.elapsed().as_secs() < 30,
+                "the request never reached the upstream"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        drop(c);
+        busy.join().unwrap();
+    });
+    let t0 = std::time::Instant::now();
+    while m("loom_requests_upstream") + m("loom_queue_depth") + m("loom_requests_running") > 0.0 {
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "the cancelled requests were never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let up = |k: &str| s.metric(&format!("{k}{{model=\"slow-embed\"}}"));
+    assert_eq!(
+        up("loom_cancelled_waiting_total") + up("loom_cancelled_running_total"),
+        3.0,
+        "the upstream dropped the three cancelled requests"
+    );
+    assert_eq!(
+        m("loom_requests_failed_total"),
+        3.0,
+        "the consumer answered them (to nobody)"
+    );
+    let v = embed(&s, "head-on-slow", json!("after"));
+    close(
+        v["data"][0]["embedding"].as_array().unwrap(),
+        &want("after"),
+        "after",
+    );
+    let r = s.request("DELETE", "/v1/models/head-on-slow", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
     s.healthy();
 }
