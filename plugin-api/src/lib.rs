@@ -675,7 +675,8 @@ pub enum Command {
 /// the first error). Submissions that signal points of one timeline run in submission order; submissions of
 /// different timelines are ordered only by their `wait` points, so a device may run them side by side (the CPU
 /// device does: the server gives each invocation a timeline of its own, so one model's long dispatch does not hold up
-/// another's). A device with one in-order queue, which runs everything in submission order, meets this too.
+/// another's; the GPU plugins run timelines on lanes of their queue). A device with one in-order queue, which runs
+/// everything in submission order, meets this too, but holds every timeline up behind a blocked one.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
 pub struct Submission {

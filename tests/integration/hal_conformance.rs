@@ -1411,57 +1411,59 @@ fn fill(dst: BufferId, byte: u8) -> Command {
     }
 }
 
+/// Every device (the GPU plugins run timelines on lanes too): work of a timeline blocked on its wait point does
+/// not hold up another timeline's.
 #[test]
 fn a_blocked_timeline_does_not_hold_up_another() {
-    let dev = cpu_device();
-    let host = ok("timeline", dev.timeline_create());
-    let (t1, t2) = (
-        ok("timeline", dev.timeline_create()),
-        ok("timeline", dev.timeline_create()),
-    );
-    let (a, b) = (ok("alloc", dev.alloc(64)), ok("alloc", dev.alloc(64)));
-    // t1's work waits for the host; t2's, submitted after it, waits for nothing.
-    submit(&dev, vec![fill(a, 1)], &[point(host, 1)], point(t1, 1));
-    submit(&dev, vec![fill(b, 2)], &[], point(t2, 1));
-    assert_eq!(
-        ok("wait", dev.timeline_wait(point(t2, 1), WAIT_NS)),
-        WaitStatus::Reached,
-        "t2's work waited behind t1's"
-    );
-    assert_eq!(read_all(&dev, b, 64), vec![2; 64]);
-    assert_eq!(
-        ok("value", dev.timeline_value(t1)),
-        0,
-        "t1's work ran before its wait point"
-    );
-    assert_eq!(read_all(&dev, a, 64), vec![0; 64]);
-    ok("signal", dev.timeline_signal(point(host, 1)));
-    reached(&dev, point(t1, 1));
-    assert_eq!(read_all(&dev, a, 64), vec![1; 64]);
+    each_device(|id, dev| {
+        let host = ok(id, dev.timeline_create());
+        let (t1, t2) = (ok(id, dev.timeline_create()), ok(id, dev.timeline_create()));
+        let (a, b) = (ok(id, dev.alloc(64)), ok(id, dev.alloc(64)));
+        // t1's work waits for the host; t2's, submitted after it, waits for nothing.
+        submit(dev, vec![fill(a, 1)], &[point(host, 1)], point(t1, 1));
+        submit(dev, vec![fill(b, 2)], &[], point(t2, 1));
+        assert_eq!(
+            ok(id, dev.timeline_wait(point(t2, 1), WAIT_NS)),
+            WaitStatus::Reached,
+            "{id}: t2's work waited behind t1's"
+        );
+        assert_eq!(read_all(dev, b, 64), vec![2; 64]);
+        assert_eq!(
+            ok(id, dev.timeline_value(t1)),
+            0,
+            "{id}: t1's work ran before its wait point"
+        );
+        assert_eq!(read_all(dev, a, 64), vec![0; 64]);
+        ok(id, dev.timeline_signal(point(host, 1)));
+        reached(dev, point(t1, 1));
+        assert_eq!(read_all(dev, a, 64), vec![1; 64]);
+    });
 }
 
 #[test]
 fn one_timeline_runs_in_submission_order() {
-    let dev = cpu_device();
-    let host = ok("timeline", dev.timeline_create());
-    let t = ok("timeline", dev.timeline_create());
-    let a = ok("alloc", dev.alloc(64));
-    // The first waits for the host; the second, on the same timeline, waits for nothing but must run after it.
-    submit(&dev, vec![fill(a, 1)], &[point(host, 1)], point(t, 1));
-    submit(&dev, vec![fill(a, 2)], &[], point(t, 2));
-    assert_eq!(
-        ok("wait", dev.timeline_wait(point(t, 2), 100_000_000)),
-        WaitStatus::TimedOut,
-        "the second job of a timeline ran before the first"
-    );
-    assert_eq!(read_all(&dev, a, 64), vec![0; 64]);
-    ok("signal", dev.timeline_signal(point(host, 1)));
-    reached(&dev, point(t, 2));
-    assert_eq!(
-        read_all(&dev, a, 64),
-        vec![2; 64],
-        "the later fill landed last"
-    );
+    each_device(|id, dev| {
+        let host = ok(id, dev.timeline_create());
+        let t = ok(id, dev.timeline_create());
+        let a = ok(id, dev.alloc(64));
+        // The first waits for the host; the second, on the same timeline, waits for nothing but must run after
+        // it.
+        submit(dev, vec![fill(a, 1)], &[point(host, 1)], point(t, 1));
+        submit(dev, vec![fill(a, 2)], &[], point(t, 2));
+        assert_eq!(
+            ok(id, dev.timeline_wait(point(t, 2), 100_000_000)),
+            WaitStatus::TimedOut,
+            "{id}: the second job of a timeline ran before the first"
+        );
+        assert_eq!(read_all(dev, a, 64), vec![0; 64]);
+        ok(id, dev.timeline_signal(point(host, 1)));
+        reached(dev, point(t, 2));
+        assert_eq!(
+            read_all(dev, a, 64),
+            vec![2; 64],
+            "{id}: the later fill landed last"
+        );
+    });
 }
 
 #[test]

@@ -114,8 +114,16 @@ fn dispatch(
     let in_slots: Vec<usize> = inputs.iter().map(|b| slot(b, &mut distinct)).collect();
     let p_slots: Vec<usize> = params.iter().map(|b| slot(b, &mut distinct)).collect();
     let o_slots: Vec<usize> = outputs.iter().map(|b| slot(b, &mut distinct)).collect();
-    let guards: Vec<MutexGuard<'_, CudaSlice<u8>>> =
-        distinct.iter().map(|b| lock(&b.mem)).collect();
+    // Locked in one global order (by address), so that jobs on two lanes sharing buffers (parameters) never
+    // hold them crosswise.
+    let mut order: Vec<usize> = (0..distinct.len()).collect();
+    order.sort_by_key(|&i| Arc::as_ptr(distinct[i]) as usize);
+    let mut locked: Vec<Option<MutexGuard<'_, CudaSlice<u8>>>> =
+        (0..distinct.len()).map(|_| None).collect();
+    for i in order {
+        locked[i] = Some(lock(&distinct[i].mem));
+    }
+    let guards: Vec<MutexGuard<'_, CudaSlice<u8>>> = locked.into_iter().flatten().collect();
     let ws: Vec<MutexGuard<'_, CudaSlice<u8>>> = exe.workspace.iter().map(|w| lock(w)).collect();
     if bounds
         .cancel

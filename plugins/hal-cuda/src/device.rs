@@ -58,6 +58,9 @@ impl std::ops::Deref for CudaDev {
     }
 }
 
+/// Lanes of a device's queue (jobs of different timelines run side by side on them).
+const QUEUE_LANES: usize = 4;
+
 impl CudaDev {
     pub(crate) fn open(ordinal: usize) -> Result<CudaDev, String> {
         let ctx = CudaContext::new(ordinal).map_err(cu("open"))?;
@@ -74,8 +77,11 @@ impl CudaDev {
             arch: arch_name(major, minor),
         });
         let g = Arc::clone(&gpu);
-        let queue = Queue::new(
+        // Lanes: another timeline's job is launched while one waits on its stream (a job locks its buffers, its
+        // executable's workspace and status words, so concurrent jobs never share them).
+        let queue = Queue::with_lanes(
             "hal-cuda-queue",
+            QUEUE_LANES,
             move |(cmds, bounds): (Vec<Cmd>, Bounds)| run_commands(&g, cmds, &bounds),
         );
         Ok(CudaDev(Arc::new(CudaCore {

@@ -3,9 +3,12 @@
 //!
 //! * a timeline is a `u64` that only increases, or a failure (the first error wins; every later wait or value
 //!   query reports it);
-//! * one queue thread per device runs jobs in submission order: it waits for every wait point (a failed wait
-//!   point fails the job with the same error, so failures propagate along fence chains), runs the job, then
-//!   advances the signal point's timeline or fails it with the job's error text;
+//! * a queue runs jobs on lanes, one thread each: a job goes to the lane of its signal point's timeline
+//!   ([`Queue::with_lanes`]; [`Queue::new`] has one lane), so the jobs of one timeline run in submission order
+//!   and jobs of different timelines are ordered only by their wait points (one waiting on its points, or a
+//!   long one running, does not hold up another timeline's on another lane). A lane waits for every wait point
+//!   of its next job (a failed wait point fails the job with the same error, so failures propagate along fence
+//!   chains), runs the job, then advances the signal point's timeline or fails it with the job's error text;
 //! * the job owns whatever it resolved when it was accepted (buffers, executables) and is dropped *before* its
 //!   point is signalled, so a buffer freed while queued lives exactly until its last accepted use retires;
 //! * a panic of the job runner is caught and fails the signal point;
@@ -76,11 +79,40 @@ struct Job<J> {
     signal: TimelinePoint,
 }
 
-/// A device's timelines and its in-order queue thread running jobs of type `J`.
+/// Starts one lane: a thread running the jobs sent to it in order, each after its wait points (`None`: the
+/// thread could not start).
+fn lane_thread<J: Send + 'static>(
+    shared: &Arc<Shared>,
+    name: &str,
+    mut run: impl FnMut(J) -> Result<(), String> + Send + 'static,
+) -> (mpsc::Sender<Job<J>>, Option<JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel::<Job<J>>();
+    let q = Arc::clone(shared);
+    let worker = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                let signal = job.signal;
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    for &w in &job.wait {
+                        q.wait(w, None)?;
+                    }
+                    run(job.job)
+                }))
+                .unwrap_or_else(|p| Err(format!("queue panicked: {}", panic_message(&*p))));
+                q.retire(signal, result);
+            }
+        })
+        .ok();
+    (tx, worker)
+}
+
+/// A device's timelines and its lanes (threads) running jobs of type `J`, each lane in submission order.
 pub struct Queue<J: Send + 'static> {
     shared: Arc<Shared>,
-    tx: Mutex<Option<mpsc::Sender<Job<J>>>>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// One sender per lane (empty when no lane thread could start).
+    tx: Mutex<Vec<mpsc::Sender<Job<J>>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl<J: Send + 'static> fmt::Debug for Queue<J> {
@@ -92,9 +124,38 @@ impl<J: Send + 'static> fmt::Debug for Queue<J> {
 }
 
 impl<J: Send + 'static> Queue<J> {
-    /// Starts the queue thread `name`; `run` executes one job (and drops it) on that thread.
+    /// Starts the queue thread `name` (one lane: every job in submission order); `run` executes one job (and
+    /// drops it) on that thread.
     pub fn new(name: &str, run: impl FnMut(J) -> Result<(), String> + Send + 'static) -> Queue<J> {
         Queue::with_shared(Arc::new(Shared::default()), name, run)
+    }
+
+    /// Starts `lanes` lane threads (`name-0`, ...): a job runs on the lane of its signal timeline (the
+    /// timeline's id modulo `lanes`), so jobs of different timelines may run side by side. `run` executes one
+    /// job on whichever lane it is on (the device makes concurrent jobs safe: e.g. one executable's
+    /// workspace used by one job at a time).
+    pub fn with_lanes(
+        name: &str,
+        lanes: usize,
+        run: impl Fn(J) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Queue<J> {
+        let shared = Arc::new(Shared::default());
+        let run = Arc::new(run);
+        let mut txs = Vec::new();
+        let mut workers = Vec::new();
+        for lane in 0..lanes.max(1) {
+            let run = Arc::clone(&run);
+            let (tx, w) = lane_thread(&shared, &format!("{name}-{lane}"), move |j| run(j));
+            if let Some(w) = w {
+                txs.push(tx);
+                workers.push(w);
+            }
+        }
+        Queue {
+            shared,
+            tx: Mutex::new(txs),
+            workers: Mutex::new(workers),
+        }
     }
 
     /// A second queue of the same device (e.g. a transfer queue): its own thread running jobs of type `K` in
@@ -113,29 +174,11 @@ impl<J: Send + 'static> Queue<J> {
         name: &str,
         run: impl FnMut(J) -> Result<(), String> + Send + 'static,
     ) -> Queue<J> {
-        let (tx, rx) = mpsc::channel::<Job<J>>();
-        let q = Arc::clone(&shared);
-        let mut run = run;
-        let worker = std::thread::Builder::new()
-            .name(name.to_string())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let signal = job.signal;
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        for &w in &job.wait {
-                            q.wait(w, None)?;
-                        }
-                        run(job.job)
-                    }))
-                    .unwrap_or_else(|p| Err(format!("queue panicked: {}", panic_message(&*p))));
-                    q.retire(signal, result);
-                }
-            })
-            .ok();
+        let (tx, worker) = lane_thread(&shared, name, run);
         Queue {
             shared,
-            tx: Mutex::new(worker.as_ref().map(|_| tx)),
-            worker: Mutex::new(worker),
+            tx: Mutex::new(worker.as_ref().map(|_| tx).into_iter().collect()),
+            workers: Mutex::new(worker.into_iter().collect()),
         }
     }
 
@@ -158,9 +201,11 @@ impl<J: Send + 'static> Queue<J> {
         if lock(&self.shared.state).closed {
             return Err("submit: the device is closed".into());
         }
-        lock(&self.tx)
-            .as_ref()
-            .ok_or("submit: the device has no queue thread")?
+        let tx = lock(&self.tx);
+        if tx.is_empty() {
+            return Err("submit: the device has no queue thread".into());
+        }
+        tx[(signal.timeline.0 % tx.len() as u64) as usize]
             .send(Job { job, wait, signal })
             .map_err(|_| "submit: the queue thread has stopped".to_string())
     }
@@ -220,8 +265,8 @@ impl<J: Send + 'static> Drop for Queue<J> {
     fn drop(&mut self) {
         lock(&self.shared.state).closed = true;
         self.shared.changed.notify_all();
-        drop(lock(&self.tx).take());
-        if let Some(w) = lock(&self.worker).take() {
+        lock(&self.tx).clear();
+        for w in std::mem::take(&mut *lock(&self.workers)) {
             let _ = w.join();
         }
     }
@@ -269,6 +314,46 @@ mod tests {
         assert_eq!(*lock(&log), vec![1, 2], "job 3 must not run");
         assert!(q.submit(4, vec![], p(TimelineId(99), 1)).is_err());
         assert!(q.timeline_signal(p(host, 1)).is_err());
+    }
+
+    #[test]
+    fn lanes_run_another_timelines_jobs_while_one_waits_and_keep_each_timelines_order() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&log);
+        let q: Queue<u32> = Queue::with_lanes("test-lanes", 4, move |j| {
+            lock(&l).push(j);
+            Ok(())
+        });
+        let host = q.timeline_create();
+        // Two work timelines on different lanes (ids modulo 4 differ).
+        let a = q.timeline_create();
+        let mut b = q.timeline_create();
+        while b.0 % 4 == a.0 % 4 {
+            b = q.timeline_create();
+        }
+        // `a`'s first job waits for the host; `b`'s jobs, submitted after it, run meanwhile, in order.
+        q.submit(1, vec![p(host, 1)], p(a, 1)).unwrap();
+        q.submit(2, vec![], p(a, 2)).unwrap();
+        q.submit(10, vec![], p(b, 1)).unwrap();
+        q.submit(11, vec![p(b, 1)], p(b, 2)).unwrap();
+        // (One lane would hold them behind job 1: this wait would time out.)
+        assert_eq!(
+            q.timeline_wait(p(b, 2), 5_000_000_000).unwrap(),
+            WaitStatus::Reached
+        );
+        assert_eq!(
+            q.timeline_wait(p(a, 1), 1_000_000).unwrap(),
+            WaitStatus::TimedOut
+        );
+        assert_eq!(*lock(&log), vec![10, 11]);
+        // A job of `b` waiting on `a` is ordered after it across lanes.
+        q.submit(12, vec![p(a, 2)], p(b, 3)).unwrap();
+        q.timeline_signal(p(host, 1)).unwrap();
+        assert_eq!(
+            q.timeline_wait(p(b, 3), u64::MAX).unwrap(),
+            WaitStatus::Reached
+        );
+        assert_eq!(*lock(&log), vec![10, 11, 1, 2, 12]);
     }
 
     #[test]

@@ -124,6 +124,7 @@ pub(crate) fn run_commands(gpu: &Gpu, cmds: Vec<Cmd>, bounds: &Bounds) -> Result
                 // Earlier copies and fills first: the status words are written through the queue.
                 flush(gpu, &mut enc)?;
                 temps.clear();
+                let _busy = hal_queue::lock(&exe.busy);
                 write_status(gpu, exe, bounds.steps)?;
                 let e = enc.get_or_insert_with(|| gpu.encoder());
                 record_dispatch(gpu, e, exe, inputs, params, outputs)?;

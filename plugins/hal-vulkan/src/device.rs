@@ -73,6 +73,9 @@ pub(crate) struct State {
     pub(crate) cancels: std::collections::HashMap<u64, Arc<AtomicU32>>,
 }
 
+/// Lanes of a device's compute queue (jobs of different timelines run side by side on them).
+const QUEUE_LANES: usize = 4;
+
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) gpu: Arc<Gpu>,
@@ -118,8 +121,11 @@ impl VkDevice {
             limits,
         });
         let g = Arc::clone(&gpu);
-        let queue = Queue::new(
+        // Lanes: another timeline's job is encoded and submitted while one waits for the device (an
+        // executable's arena and status words are held by one job at a time).
+        let queue = Queue::with_lanes(
             "hal-vulkan-queue",
+            QUEUE_LANES,
             move |(cmds, bounds): (Vec<Cmd>, Bounds)| run_commands(&g, cmds, &bounds),
         );
         let g = Arc::clone(&gpu);

@@ -23,6 +23,9 @@ pub(crate) struct Exe {
     pub(crate) arena: wgpu::Buffer,
     /// One 40-byte status block per dispatch, [`STATUS_STRIDE`] apart.
     pub(crate) status: wgpu::Buffer,
+    /// Held by the job dispatching it, from writing its status words to reading them back: the arena and the
+    /// status words are the executable's, and the queue runs jobs of different timelines side by side.
+    pub(crate) busy: std::sync::Mutex<()>,
 }
 
 impl Executable for Exe {
@@ -113,5 +116,6 @@ pub(crate) fn compile_stage(gpu: &Gpu, stage: Stage) -> Result<Exe, String> {
         pipelines,
         arena,
         status,
+        busy: std::sync::Mutex::new(()),
     })
 }
