@@ -1238,5 +1238,41 @@ fn cohorts_are_admitted_by_their_prepared_working_set() {
         &json!({"model": "tiny-budget", "input": "z".repeat(100)}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    // The same budget with lone requests run in place on the submitting thread (from the first one): the same
+    // admission there.
+    register_budgeted(
+        &s,
+        "tiny-in-place",
+        4096,
+        json!({"max_tokens": 1024, "dims": 64, "batch_units": 2048, "in_place_cohort_us": 60000000}),
+    );
+    // (The first compiles its stage on the scheduler's path; the next ones run in place.)
+    for _ in 0..3 {
+        let r = s.post_json(
+            "/v1/embeddings",
+            &json!({"model": "tiny-in-place", "input": "z".repeat(100)}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(s.metric("loom_cohorts_in_place_total{model=\"tiny-in-place\"}") > 0.0);
+    // The first compiles its stage on the scheduler's path; the second, compiled, is the in-place one.
+    let before = s.metric("loom_cohorts_in_place_total{model=\"tiny-in-place\"}");
+    for _ in 0..2 {
+        let r = s.post_json(
+            "/v1/embeddings",
+            &json!({"model": "tiny-in-place", "input": "z".repeat(1000)}),
+        );
+        assert_eq!(r.status, 413, "{}", r.text());
+        assert!(
+            r.text().contains("4292 device bytes at its peak"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(
+        s.metric("loom_cohorts_in_place_total{model=\"tiny-in-place\"}"),
+        before,
+        "an input that cannot fit is refused before it runs in place"
+    );
     s.healthy();
 }

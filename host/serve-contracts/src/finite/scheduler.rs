@@ -427,7 +427,7 @@ fn dispatch(
 ) {
     let model = &ctx.model;
     let peak = staged.peak(&set, cohort[0].to_device.is_none());
-    let room = model.budget.limit.saturating_sub(model.resident_bytes());
+    let room = room(model);
     if peak.total() > room {
         let n = cohort.len();
         if n > 1 {
@@ -446,18 +446,7 @@ fn dispatch(
             *back.cap = n / 2;
             return;
         }
-        let e = Error::TooLarge(format!(
-            "model `{}`: this input needs {} device bytes at its peak (upload {}, output {}, command \
-             workspace {}); its memory budget leaves {room} bytes beside its parameters (memory.device_bytes \
-             is {})",
-            model.name,
-            peak.total(),
-            peak.upload,
-            peak.output,
-            peak.workspace,
-            model.budget.limit
-        ));
-        fail(ctx, cohort, e, started);
+        fail(ctx, cohort, too_large(model, &peak), started);
         return;
     }
     count_run(&ctx.metrics, cohort.len() as u64);
@@ -524,6 +513,27 @@ fn dispatch(
             finish(ctx, cohort, &cc, Err(e), started);
         }
     }
+}
+
+/// What a cohort's prepared working set may use of its model's budget: all of it but the parameters placed by
+/// cold preparation.
+pub(crate) fn room(model: &Model) -> u64 {
+    model.budget.limit.saturating_sub(model.resident_bytes())
+}
+
+/// The error of a lone request whose prepared working set can never fit its model's budget.
+pub(crate) fn too_large(model: &Model, peak: &cohort::Peak) -> Error {
+    Error::TooLarge(format!(
+        "model `{}`: this input needs {} device bytes at its peak (upload {}, output {}, command workspace {}); \
+         its memory budget leaves {} bytes beside its parameters (memory.device_bytes is {})",
+        model.name,
+        peak.total(),
+        peak.upload,
+        peak.output,
+        peak.workspace,
+        room(model),
+        model.budget.limit
+    ))
 }
 
 /// Fails a cohort that never reached the device (its `prepare_batch` or specialization failed, or its

@@ -604,6 +604,17 @@ impl FiniteService {
                 });
             }
         };
+        // Admission by the prepared working set, as the scheduler's (nothing else of the model is in flight).
+        let peak = staged.peak(&set, true);
+        if peak.total() > super::scheduler::room(&self.model) {
+            self.gate.release();
+            let e = super::scheduler::too_large(&self.model, &peak);
+            self.in_place_done(vec![(prepared, reply)], Err(e), t1);
+            return Ok(Ticket {
+                cancelled: Arc::new(RequestCancel::default()),
+                units,
+            });
+        }
         self.metrics
             .cohorts_in_place
             .fetch_add(1, Ordering::Relaxed);
