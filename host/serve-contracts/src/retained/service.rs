@@ -1573,6 +1573,7 @@ impl Engine {
             }
         }
         let model = &self.model;
+        let t_epoch = std::time::Instant::now();
         let (r, decls) = model.invoke(
             "epoch",
             &EPOCH,
@@ -1610,9 +1611,11 @@ impl Engine {
                 set.stages.len()
             )));
         }
+        let t_stages = std::time::Instant::now();
         let input = model.device.alloc(upload.len() as u64, &model.budget)?;
         model.device.write(&input, 0, &upload)?;
         let output = model.device.alloc(output_bytes as u64, &model.budget)?;
+        let t_upload = std::time::Instant::now();
         let mut run = model.invoke_run(
             "run",
             &RUN,
@@ -1628,13 +1631,29 @@ impl Engine {
             None,
             &[],
         );
+        let t_run = std::time::Instant::now();
         model.settle(&mut run)?;
         if run.signalled.is_empty() {
             return Err(Error::Program(
                 "run submitted no work (call runner.execute_3)".into(),
             ));
         }
+        let t_settled = std::time::Instant::now();
         let bytes = model.device.read(&output, 0, live)?;
+        if log::log_enabled!(log::Level::Trace) {
+            let us = |a: std::time::Instant, b: std::time::Instant| b.duration_since(a).as_micros();
+            log::trace!(
+                "model {}: epoch of {} spans, {rows} logits rows: `epoch` and its stages {} us, upload {} us, \
+                 `run` {} us, device wait {} us, logits download {} us",
+                model.name,
+                plan.len(),
+                us(t_epoch, t_stages),
+                us(t_stages, t_upload),
+                us(t_upload, t_run),
+                us(t_run, t_settled),
+                us(t_settled, std::time::Instant::now())
+            );
+        }
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
