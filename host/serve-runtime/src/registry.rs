@@ -124,13 +124,7 @@ impl Registry {
                 .upgrade()
                 .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
             let slots = slots.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = slots
-                .get(name)
-                .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
-            slot.service.clone().ok_or_else(|| Error::NotReady {
-                name: name.to_string(),
-                status: slot.status.name().to_string(),
-            })
+            serving(&slots, name)
         })
     }
 
@@ -390,14 +384,7 @@ impl Registry {
 
     /// The serving model `name` (the routes of its contract downcast it with [`Service::as_any`]).
     pub fn service(&self, name: &str) -> Result<Arc<dyn Service>> {
-        let slots = self.lock();
-        let slot = slots
-            .get(name)
-            .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
-        slot.service.clone().ok_or_else(|| Error::NotReady {
-            name: name.to_string(),
-            status: slot.status.name().to_string(),
-        })
+        serving(&self.lock(), name)
     }
 
     pub fn list(&self) -> Vec<ModelInfo> {
@@ -441,6 +428,17 @@ fn declared_role(files: &PackageFiles, manifest: &str) -> Option<(String, String
             .map(str::to_string)
     };
     Some((field("contract")?, field("role")?))
+}
+
+/// The serving service of `name` in `slots`: unknown, or not ready (with its status), is the error.
+fn serving(slots: &BTreeMap<String, Slot>, name: &str) -> Result<Arc<dyn Service>> {
+    let slot = slots
+        .get(name)
+        .ok_or_else(|| Error::UnknownModel(name.to_string()))?;
+    slot.service.clone().ok_or_else(|| Error::NotReady {
+        name: name.to_string(),
+        status: slot.status.name().to_string(),
+    })
 }
 
 fn info(name: &str, s: &Slot) -> ModelInfo {
