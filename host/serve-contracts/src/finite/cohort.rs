@@ -251,10 +251,11 @@ impl InFlight {
     /// Each member's rows left on the device (a cohort routed to a consumer), or `None` when `run` failed
     /// before its work could be handed on (the collection reports why) or asked for host feedback.
     pub(crate) fn device_rows(&self) -> Option<Vec<DeviceRows>> {
-        if !self.on_device || self.run.results.is_err() || self.run.signalled.is_empty() {
-            return None;
-        }
-        if !self.run.feedback.is_empty() {
+        if !self.on_device
+            || self.run.results.is_err()
+            || self.run.signalled.is_empty()
+            || !self.run.feedback.is_empty()
+        {
             return None;
         }
         Some(

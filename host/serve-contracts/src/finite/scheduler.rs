@@ -210,71 +210,44 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
         })
         .expect("spawning a collector thread; this is a bug");
-    let mut waiting: VecDeque<Pending> = VecDeque::new();
-    let mut parked: Vec<(Decls, Vec<Parked>)> = Vec::new();
-    let mut drain: Option<mpsc::Sender<()>> = None;
-    // The most members the next cohort may have: lowered when a cohort's prepared working set did not fit
-    // the budget (it goes back to the queue and half of it is tried), then unbounded again.
-    let mut cap = usize::MAX;
+    let mut st = State {
+        waiting: VecDeque::new(),
+        parked: Vec::new(),
+        drain: None,
+        cap: usize::MAX,
+    };
     loop {
-        if waiting.is_empty() {
-            // A consumer's requests still at its upstream model come back (as arrivals) before it stops, and
-            // those already sent are in the channel.
-            if parked.is_empty()
-                && drain.is_some()
+        // Take whatever has already arrived; never wait for more while requests wait.
+        while let Ok(c) = rx.try_recv() {
+            handle(&ctx, &jobs, c, &mut st);
+        }
+        if st.waiting.is_empty() {
+            // A consumer's requests still at its upstream model come back (as arrivals) before it stops: once
+            // none is left there (each is counted off after it is sent), what was sent is in the channel.
+            if st.parked.is_empty()
+                && st.drain.is_some()
                 && ctx.metrics.upstream.load(Ordering::Acquire) == 0
             {
                 while let Ok(c) = rx.try_recv() {
-                    handle(
-                        &ctx,
-                        &jobs,
-                        c,
-                        &mut waiting,
-                        &mut parked,
-                        &mut drain,
-                        &mut cap,
-                    );
+                    handle(&ctx, &jobs, c, &mut st);
                 }
-            }
-            if waiting.is_empty()
-                && parked.is_empty()
-                && ctx.metrics.upstream.load(Ordering::Acquire) == 0
-            {
-                if let Some(d) = drain.take() {
-                    drop(jobs);
-                    let _ = collector.join();
-                    let _ = d.send(());
-                    return;
+                if st.waiting.is_empty() && st.parked.is_empty() {
+                    if let Some(d) = st.drain.take() {
+                        drop(jobs);
+                        let _ = collector.join();
+                        let _ = d.send(());
+                        return;
+                    }
                 }
+                continue;
             }
-            if waiting.is_empty() {
-                match rx.recv() {
-                    Ok(c) => handle(
-                        &ctx,
-                        &jobs,
-                        c,
-                        &mut waiting,
-                        &mut parked,
-                        &mut drain,
-                        &mut cap,
-                    ),
-                    Err(_) => return,
-                }
+            match rx.recv() {
+                Ok(c) => handle(&ctx, &jobs, c, &mut st),
+                Err(_) => return,
             }
+            continue;
         }
-        // Take whatever else has already arrived; never wait for more.
-        while let Ok(c) = rx.try_recv() {
-            handle(
-                &ctx,
-                &jobs,
-                c,
-                &mut waiting,
-                &mut parked,
-                &mut drain,
-                &mut cap,
-            );
-        }
-        waiting.retain(|p| {
+        st.waiting.retain(|p| {
             let keep = !p.cancelled.is_cancelled();
             if !keep {
                 ctx.metrics.queue.fetch_sub(1, Ordering::Relaxed);
@@ -284,10 +257,10 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
             keep
         });
-        let cohort = form_cohort(&mut waiting, ctx.limits.batch_units, cap, |p| {
+        let cohort = form_cohort(&mut st.waiting, ctx.limits.batch_units, st.cap, |p| {
             ((p.prepared.tag, p.route_key()), p.prepared.units)
         });
-        cap = usize::MAX;
+        st.cap = usize::MAX;
         if cohort.is_empty() {
             continue;
         }
@@ -304,11 +277,7 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             }
         };
         if let Some(set) = ctx.model.cached_stages(&staged.decls) {
-            let back = Back {
-                waiting: &mut waiting,
-                cap: &mut cap,
-            };
-            dispatch(&ctx, &jobs, cohort, staged, set, started, back);
+            dispatch(&ctx, &jobs, cohort, staged, set, started, &mut st);
             continue;
         }
         // A miss: park the cohort; the first one with these declarations starts their specialization.
@@ -319,10 +288,10 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
             staged,
             started,
         };
-        match parked.iter_mut().find(|(d, _)| *d == decls) {
+        match st.parked.iter_mut().find(|(d, _)| *d == decls) {
             Some((_, v)) => v.push(p),
             None => {
-                parked.push((decls.clone(), vec![p]));
+                st.parked.push((decls.clone(), vec![p]));
                 let me = me.clone();
                 ctx.model.specialize(decls.clone(), move |r| {
                     let _ = me.send(Cmd::Specialized(decls, r));
@@ -332,35 +301,32 @@ pub(crate) fn scheduler(ctx: Ctx, rx: mpsc::Receiver<Cmd>, me: mpsc::Sender<Cmd>
     }
 }
 
+/// The scheduler thread's own state.
+struct State {
+    waiting: VecDeque<Pending>,
+    /// Cohorts waiting for their declarations' specialization, by declaration set.
+    parked: Vec<(Decls, Vec<Parked>)>,
+    drain: Option<mpsc::Sender<()>>,
+    /// The most members the next cohort may have: lowered when a cohort's prepared working set did not fit
+    /// the budget (it went back to the queue and half of it is tried), then unbounded again.
+    cap: usize,
+}
+
 /// Applies one command.
-fn handle(
-    ctx: &Ctx,
-    jobs: &mpsc::Sender<Job>,
-    c: Cmd,
-    waiting: &mut VecDeque<Pending>,
-    parked: &mut Vec<(Decls, Vec<Parked>)>,
-    drain: &mut Option<mpsc::Sender<()>>,
-    cap: &mut usize,
-) {
+fn handle(ctx: &Ctx, jobs: &mpsc::Sender<Job>, c: Cmd, st: &mut State) {
     match c {
-        Cmd::Requests(ps) => waiting.extend(ps),
-        Cmd::Drain(d) => *drain = Some(d),
-        Cmd::Upstream(a) => arrive(ctx, *a, waiting),
+        Cmd::Requests(ps) => st.waiting.extend(ps),
+        Cmd::Drain(d) => st.drain = Some(d),
+        Cmd::Upstream(a) => arrive(ctx, *a, &mut st.waiting),
         Cmd::Specialized(decls, r) => {
-            let Some(i) = parked.iter().position(|(d, _)| *d == decls) else {
+            let Some(i) = st.parked.iter().position(|(d, _)| *d == decls) else {
                 return;
             };
-            let (_, cohorts) = parked.remove(i);
+            let (_, cohorts) = st.parked.remove(i);
             for p in cohorts {
                 ctx.metrics.specializing.fetch_sub(1, Ordering::Relaxed);
                 match &r {
-                    Ok(set) => {
-                        let back = Back {
-                            waiting: &mut *waiting,
-                            cap: &mut *cap,
-                        };
-                        dispatch(ctx, jobs, p.cohort, p.staged, set.clone(), p.started, back)
-                    }
+                    Ok(set) => dispatch(ctx, jobs, p.cohort, p.staged, set.clone(), p.started, st),
                     Err(e) => fail(ctx, p.cohort, e.clone(), p.started),
                 }
             }
@@ -403,27 +369,20 @@ pub(crate) fn cohort_cancel(model: &Model, cohort: &[Pending]) -> Arc<CohortCanc
     cc
 }
 
-/// Where a cohort whose prepared working set does not fit goes back to: the head of the queue, with the next
-/// cohort limited to half its members.
-struct Back<'a> {
-    waiting: &'a mut VecDeque<Pending>,
-    cap: &'a mut usize,
-}
-
 /// Admission by the prepared working set, then submission in a free pipeline slot; the collector takes it from
 /// there. The cohort's peak ([`Staged::peak`]) must fit the room its model's budget has beside the resident
 /// parameters: a cohort of several that does not goes back to the queue to be formed again with half as many
-/// members ([`Back`]; `loom_cohorts_split_total`), a lone request fails with 413 naming its peak. A peak that
+/// members (`st`'s waiting queue and cap; `loom_cohorts_split_total`), a lone request fails with 413 naming its peak. A peak that
 /// fits that room but not what the budget has free now first releases the model's idle workspace, then waits
 /// for the model's other cohorts in flight to be collected.
 fn dispatch(
     ctx: &Ctx,
     jobs: &mpsc::Sender<Job>,
-    cohort: Vec<Pending>,
+    mut cohort: Vec<Pending>,
     staged: Staged,
     set: StageSet,
     started: Instant,
-    back: Back<'_>,
+    st: &mut State,
 ) {
     let model = &ctx.model;
     let peak = staged.peak(&set, cohort[0].to_device.is_none());
@@ -441,9 +400,9 @@ fn dispatch(
             ctx.metrics.queue.fetch_add(n, Ordering::Relaxed);
             ctx.metrics.running.fetch_sub(n, Ordering::Relaxed);
             for p in cohort.into_iter().rev() {
-                back.waiting.push_front(p);
+                st.waiting.push_front(p);
             }
-            *back.cap = n / 2;
+            st.cap = n / 2;
             return;
         }
         fail(ctx, cohort, too_large(model, &peak), started);
@@ -481,7 +440,6 @@ fn dispatch(
         ctx.gate.wait_until(1);
         r = cohort::submit(&ctx.model, &staged, set, cc.flag.clone(), route);
     }
-    let mut cohort = cohort;
     match r {
         Ok(inflight) => {
             // Rows that stay on the device go to their consumers now: they wait on this work's readiness on
