@@ -60,6 +60,16 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             }
             bufs.push(b.clone());
         }
+        let ids =
+            |b: &[crate::device::DeviceBuffer]| -> Vec<_> { b.iter().map(|b| b.id()).collect() };
+        let (reads, writes) = (ids(&bufs[..ni]), ids(&bufs[ni..]));
+        if let Some(i) = writes.iter().position(|w| r.readonly.contains(w)) {
+            return Err(NativeError::failed(format!(
+                "{what}: stage `{}` writes its output `{}` into the upstream model's result, which this \
+                 invocation may only read",
+                stage.decl.root, stage.reflection.outputs[i].name
+            )));
+        }
         // Command workspace: one buffer per reflected workspace entry, from the model's idle sets when one of
         // the same sizes has retired (queue order), else allocated; dropping our handles after submission is
         // safe because the submission holds its buffers until it retires.
@@ -97,16 +107,6 @@ fn execute(nc: &mut NativeCtx<'_>, a: &[Value], n: usize) -> Result<Vec<Value>, 
             return Err(NativeError::failed(format!(
                 "{what}: stage `{}`'s parameters are not resident (the model is deactivated)",
                 stage.decl.root
-            )));
-        }
-        let ids =
-            |b: &[crate::device::DeviceBuffer]| -> Vec<_> { b.iter().map(|b| b.id()).collect() };
-        let (reads, writes) = (ids(&bufs[..ni]), ids(&bufs[ni..]));
-        if let Some(i) = writes.iter().position(|w| r.readonly.contains(w)) {
-            return Err(NativeError::failed(format!(
-                "{what}: stage `{}` writes its output `{}` into the upstream model's result, which this \
-                 invocation may only read",
-                stage.decl.root, stage.reflection.outputs[i].name
             )));
         }
         let placement = r.order.place(&reads, &writes, &r.joins).map_err(|i| {
