@@ -2072,12 +2072,34 @@ impl<'k, 'f> Lower<'k, 'f> {
         extents: &[u64],
         body: &mut dyn FnMut(&mut Self, u8) -> R<()>,
     ) -> R<()> {
-        let ranged = ixs
-            .iter()
-            .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()));
-        if !ranged || ixs.iter().all(|ix| matches!(ix, Ix::S(_))) {
+        if !self.all_ranged(ixs) {
             return body(self, 2);
         }
+        let all = self.ranges_inside(ixs, extents);
+        let fast = self.b.create_block();
+        let slow = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().brif(all, fast, &[], slow, &[]);
+        self.b.switch_to_block(fast);
+        body(self, 1)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(slow);
+        body(self, 2)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+        Ok(())
+    }
+
+    /// Whether every index is a scalar or a range tile, with at least one range (the accesses whose bounds
+    /// one test can prove: [`ranges_inside`](Self::ranges_inside)).
+    fn all_ranged(&self, ixs: &[Ix]) -> bool {
+        ixs.iter()
+            .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()))
+            && ixs.iter().any(|ix| matches!(ix, Ix::T(_)))
+    }
+
+    /// An i8 flag: every element of an [`all_ranged`](Self::all_ranged) access is inside the buffer.
+    fn ranges_inside(&mut self, ixs: &[Ix], extents: &[u64]) -> Value {
         let mut all = self.b.ins().iconst(types::I8, 1);
         for (ix, &ext) in ixs.iter().zip(extents) {
             let ext = ext as i64;
@@ -2100,18 +2122,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             };
             all = self.b.ins().band(all, c);
         }
-        let fast = self.b.create_block();
-        let slow = self.b.create_block();
-        let done = self.b.create_block();
-        self.b.ins().brif(all, fast, &[], slow, &[]);
-        self.b.switch_to_block(fast);
-        body(self, 1)?;
-        self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(slow);
-        body(self, 2)?;
-        self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(done);
-        Ok(())
+        all
     }
 
     fn geometry(&self, param: u32) -> (Vec<i64>, Vec<u64>) {
@@ -2188,8 +2199,57 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             Ok(())
         };
-        if fill.is_none() {
-            // Checked: validate every index in the reference's order, then read unchecked.
+        let rows = match &out {
+            Some(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
+            _ => None,
+        };
+        if fill.is_none() && self.all_ranged(&ixs) {
+            // Checked, with every tile index a range: one test of the ranges' bounds takes the fast path
+            // (whole rows where they are contiguous); otherwise the per-element check below finds and
+            // reports the first index out of range, as the reference does.
+            let all = self.ranges_inside(&ixs, &extents);
+            let fast = self.b.create_block();
+            let slow = self.b.create_block();
+            let done = self.b.create_block();
+            self.b.ins().brif(all, fast, &[], slow, &[]);
+            self.b.switch_to_block(fast);
+            match rows {
+                Some(off) => self.copy_rows(&ixs, &strides, ptr, off, true)?,
+                None => self.visit(&ixs, &strides, &extents, 1, &mut leaf)?,
+            }
+            self.b.ins().jump(done, &[]);
+            self.b.switch_to_block(slow);
+            self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
+            self.b.ins().jump(done, &[]);
+            self.b.switch_to_block(done);
+        } else if fill.is_none() {
+            self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
+        } else {
+            self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
+                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, true),
+                _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
+            })?;
+        }
+        match out {
+            Some(t) => self.def_tile(res, t),
+            None => {
+                let x = self.b.use_var(var);
+                self.def_scalar(res, x, dtype)
+            }
+        }
+    }
+
+    /// A checked access: validates every index in the reference's order (the first one out of range is
+    /// reported), then visits the elements unchecked.
+    fn checked_visit(
+        &mut self,
+        param: u32,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        leaf: &mut Leaf<'_, 'k, 'f>,
+    ) -> R<()> {
+        {
             for (d, ix) in ixs.iter().enumerate() {
                 let ext = extents[d] as i64;
                 let check = |l: &mut Self, v: Value| {
@@ -2217,24 +2277,8 @@ impl<'k, 'f> Lower<'k, 'f> {
                     }
                 }
             }
-            self.visit(&ixs, &strides, &extents, 0, &mut leaf)?;
-        } else {
-            let rows = match &out {
-                Some(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
-                _ => None,
-            };
-            self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
-                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, true),
-                _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
-            })?;
         }
-        match out {
-            Some(t) => self.def_tile(res, t),
-            None => {
-                let x = self.b.use_var(var);
-                self.def_scalar(res, x, dtype)
-            }
-        }
+        self.visit(ixs, strides, extents, 0, leaf)
     }
 
     fn store(&mut self, param: u32, indices: &[KOperand], value: &KOperand) -> R<()> {

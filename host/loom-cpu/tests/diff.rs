@@ -156,6 +156,57 @@ fn row_gather_and_out_of_range_id() {
     }
 }
 
+/// Rows `pid * b ..` of a `[r, c]` matrix, columns `c0 .. c0 + w`, loaded without a fill (a checked access
+/// whose indices are all ranges: one bounds test, then whole rows) and stored to `y`.
+fn ranged_copy(r: u64, c: u64, b: u32, c0: i64, w: u32, programs: u64) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("ranged_copy", [programs, 1, 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let y = kb.param("y", F32, &[programs * b as u64, w as u64], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(b as i64));
+    let rr = kb.range(r0, b);
+    let rc = kb.range(i(c0), w);
+    let t = kb.load(x, vec![rr.clone(), rc], None);
+    let ry = kb.range(i(0), w);
+    kb.store(y, vec![rr, ry], t);
+    kb.finish()
+}
+
+#[test]
+fn checked_ranged_loads_copy_rows_and_report_the_first_index_out_of_range() {
+    let mut rng = Rng::new(29);
+    // In range: exact.
+    let st = one_kernel_stage(ranged_copy(12, 37, 4, 3, 30, 3));
+    diff(&st, &[rand_f32(&mut rng, 12 * 37, -1.0, 1.0)], Tol::Exact);
+    // The last program's rows run past the end (rows 8..12 of 10), or every program's columns do (34..38 of
+    // 37): the error names the first index outside, like the reference's, and the other programs' rows are
+    // stored.
+    for (r, c0, w, index, dim, extent) in [
+        (10u64, 3i64, 30u32, 10i64, 0usize, 10u64),
+        (12, 34, 4, 37, 1, 37),
+    ] {
+        let st = one_kernel_stage(ranged_copy(r, 37, 4, c0, w, 3));
+        let x = rand_f32(&mut rng, (r * 37) as usize, -1.0, 1.0);
+        let ins: Vec<&[u8]> = vec![&x];
+        let mut want = loom_reference::alloc_outputs(&st).unwrap();
+        let we = loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap_err();
+        let cs = loom_cpu::compile_stage(&st).unwrap();
+        for threads in [1, 2] {
+            let mut got = loom_reference::alloc_outputs(&st).unwrap();
+            let ge = cs.run(&ins, &[], &mut got, threads).unwrap_err();
+            assert!(
+                matches!(ge, loom_cpu::Error::IndexOutOfRange { index: ix, dim: d, extent: e, .. }
+                    if ix == index && d == dim && e == extent),
+                "{ge}"
+            );
+            assert_eq!(ge.to_string(), we.to_string());
+            if threads == 1 {
+                assert!(got == want, "rows stored before the failing program");
+            }
+        }
+    }
+}
+
 #[test]
 fn tiled_gemm_with_and_without_epilogue() {
     let mut rng = Rng::new(3);
