@@ -443,7 +443,7 @@ fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// What the blocked path of [`matmul_rows`] reads: the weights (`row` bytes a row), the activation rows `xf`
-/// (`m` of `k`), and where a thread's outputs go (`wide` columns from weight row `r0`).
+/// (`m` of `k`), and where the outputs go.
 #[cfg(target_arch = "x86_64")]
 struct Block<'a> {
     isa: Isa,
@@ -453,22 +453,21 @@ struct Block<'a> {
     xf: &'a [f32],
     m: usize,
     k: usize,
-    wide: usize,
-    r0: usize,
+    out: Out,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Block<'_> {
     /// Weight rows `r .. r + R`, dequantised into `wf`, by every activation row: four at a time with the
-    /// blocked dot (`dot_rx4_512` or `dot_rx4`), the rest one by one; results into `out`.
-    fn rows<const R: usize>(&self, r: usize, wf: &mut [Vec<f32>; R], out: &mut [f32]) {
-        let (k, wide) = (self.k, self.wide);
+    /// blocked dot (`dot_rx4_512` or `dot_rx4`), the rest one by one; results into columns `r .. r + R` of `y`
+    /// (which belong to the calling chunk only).
+    fn rows<const R: usize>(&self, r: usize, wf: &mut [Vec<f32>; R]) {
+        let k = self.k;
         for (j, wr) in wf.iter_mut().enumerate() {
             let at = (r + j) * self.row;
             dequant_row(self.isa, self.dtype, &self.w[at..at + self.row], wr);
         }
         let ws: [&[f32]; R] = std::array::from_fn(|a| &wf[a][..]);
-        let col = r - self.r0;
         let mut i = 0;
         while i + 4 <= self.m {
             let xs = [0, 1, 2, 3].map(|j| &self.xf[(i + j) * k..(i + j + 1) * k]);
@@ -483,20 +482,48 @@ impl Block<'_> {
             };
             for (a, da) in d.iter().enumerate() {
                 for (b, v) in da.iter().enumerate() {
-                    out[(i + b) * wide + col + a] = *v;
+                    // SAFETY: row i + b < m, column r + a < n, owned by this chunk.
+                    unsafe { self.out.put(i + b, r + a, *v) };
                 }
             }
             i += 4;
         }
         for i in i..self.m {
             for (a, wr) in ws.iter().enumerate() {
-                out[i * wide + col + a] = dot(self.isa, wr, &self.xf[i * k..(i + 1) * k]);
+                // SAFETY: as above.
+                unsafe {
+                    self.out
+                        .put(i, r + a, dot(self.isa, wr, &self.xf[i * k..(i + 1) * k]))
+                };
             }
         }
     }
 }
 
+/// Where [`matmul_rows`]' chunks write: `y` as f32 `[m, n]` (possibly unaligned bytes).
+#[derive(Clone, Copy)]
+struct Out(*mut u8, usize);
+// SAFETY: every chunk writes a disjoint set of columns of `y`, and `matmul_rows` does not return before all
+// chunks have finished.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// `y[i, j] = v`.
+    ///
+    /// # Safety
+    /// `i < m`, `j < n`, and no other thread writes `y[i, j]` at the same time.
+    unsafe fn put(self, i: usize, j: usize, v: f32) {
+        // SAFETY: (i, j) is inside the [m, n] f32 array of 4 m n bytes at self.0 (caller's contract).
+        unsafe { (self.0.add(4 * (i * self.1 + j)) as *mut f32).write_unaligned(v) }
+    }
+}
+
 /// `y [m, n] = x [m, k] @ W^T` with `W: [n, k]` quantised (`dtype`), `x` and `y` little-endian f32.
+///
+/// The weight rows are cut into chunks (a multiple of four rows) that the threads claim one at a time, so a
+/// thread that starts late (a parked worker waking up) or runs slower takes fewer of them instead of holding
+/// up the dispatch; each chunk writes its columns of `y` in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows(
     isa: Isa,
@@ -513,21 +540,32 @@ pub(crate) fn matmul_rows(
     assert!(
         k.is_multiple_of(QK) && w.len() == n * row && x.len() == 4 * m * k && y.len() == 4 * m * n
     );
-    let xf: Vec<f32> = x
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    // The activations as f32: in place when aligned (little-endian targets), else a copy.
+    let copied: Vec<f32>;
+    let xf: &[f32] = if cfg!(target_endian = "little") && (x.as_ptr() as usize).is_multiple_of(4) {
+        // SAFETY: 4-byte aligned, 4 m k bytes, every bit pattern is an f32; little-endian, so the bytes are the
+        // values.
+        unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, m * k) }
+    } else {
+        copied = x
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        &copied
+    };
+    let xsum: Vec<f32> = if m < 4 {
+        xf.chunks_exact(QK).map(|c| c.iter().sum()).collect()
+    } else {
+        Vec::new()
+    };
+    let out = Out(y.as_mut_ptr(), n);
     // At least 128 K weights per thread (see qdot::matvec).
     let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
-    let per = n.div_ceil(threads);
-    let parts: Vec<std::sync::Mutex<Vec<f32>>> = (0..threads)
-        .map(|_| std::sync::Mutex::new(Vec::new()))
-        .collect();
-    let work = |t: usize| {
-        let (r0, r1) = (t * per, ((t + 1) * per).min(n));
-        let mut out = vec![0f32; m * (r1 - r0)];
-        let mut wf = vec![0f32; k];
-        let wide = r1 - r0;
+    // About eight chunks a thread, of at least 16 rows.
+    let per = n.div_ceil(threads * 8).max(16).div_ceil(4) * 4;
+    let chunks = n.div_ceil(per);
+    let work = |c: usize| {
+        let (r0, r1) = (c * per, ((c + 1) * per).min(n));
         let mut r = r0;
         // Weight rows by four activation rows at a time where the ISA has the blocked dot: four weight rows with
         // AVX-512 (its 32 registers hold the 16 accumulators; each activation vector loaded once for four
@@ -539,76 +577,66 @@ pub(crate) fn matmul_rows(
                 dtype,
                 row,
                 w,
-                xf: &xf,
+                xf,
                 m,
                 k,
-                wide,
-                r0,
+                out,
             };
             if isa == Isa::Avx512Vnni {
                 let mut wf4 = [(); 4].map(|_| vec![0f32; k]);
                 while r + 4 <= r1 {
-                    ctx.rows(r, &mut wf4, &mut out);
+                    ctx.rows(r, &mut wf4);
                     r += 4;
                 }
             }
             let mut wf2 = [(); 2].map(|_| vec![0f32; k]);
             while r + 2 <= r1 {
-                ctx.rows(r, &mut wf2, &mut out);
+                ctx.rows(r, &mut wf2);
                 r += 2;
             }
         }
         // Fewer than four activation rows: each weight row straight into the dots (no dequantised copy).
         #[cfg(target_arch = "x86_64")]
         if isa != Isa::Scalar && m < 4 {
-            let xsum: Vec<f32> = xf.chunks_exact(QK).map(|c| c.iter().sum()).collect();
             let nb = k / QK;
             let wide512 = isa == Isa::Avx512Vnni && matches!(dtype, DType::Q4_1 | DType::Q8_0);
             for r in r..r1 {
                 for i in 0..m {
+                    let (wr, xr, sr) = (
+                        &w[r * row..(r + 1) * row],
+                        &xf[i * k..(i + 1) * k],
+                        &xsum[i * nb..(i + 1) * nb],
+                    );
                     // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2, fma and
-                    // f16c; `Isa::Avx512Vnni` after detecting avx512f and avx512bw too.
-                    out[i * wide + (r - r0)] = unsafe {
-                        let (wr, xr, sr) = (
-                            &w[r * row..(r + 1) * row],
-                            &xf[i * k..(i + 1) * k],
-                            &xsum[i * nb..(i + 1) * nb],
-                        );
-                        if wide512 {
+                    // f16c; `Isa::Avx512Vnni` after detecting avx512f and avx512bw too. (i, r) is inside y
+                    // and column r belongs to this chunk only.
+                    unsafe {
+                        let v = if wide512 {
                             x86::fused_dot512(dtype, wr, xr, sr)
                         } else {
                             x86::fused_dot(dtype, wr, xr, sr)
-                        }
-                    };
+                        };
+                        out.put(i, r, v);
+                    }
                 }
             }
             r = r1;
         }
-        for r in r..r1 {
-            dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
-            for i in 0..m {
-                out[i * wide + (r - r0)] = dot(isa, &wf, &xf[i * k..(i + 1) * k]);
+        if r < r1 {
+            let mut wf = vec![0f32; k];
+            for r in r..r1 {
+                dequant_row(isa, dtype, &w[r * row..(r + 1) * row], &mut wf);
+                for i in 0..m {
+                    // SAFETY: (i, r) is inside y and column r belongs to this chunk only.
+                    unsafe { out.put(i, r, dot(isa, &wf, &xf[i * k..(i + 1) * k])) };
+                }
             }
         }
-        *parts[t].lock().unwrap_or_else(|e| e.into_inner()) = out;
     };
     if threads <= 1 {
-        work(0);
+        (0..chunks).for_each(work);
     } else {
-        crate::pool::run(threads, threads - 1, &work);
-    }
-    for (t, part) in parts.into_iter().enumerate() {
-        let part = part.into_inner().unwrap_or_else(|e| e.into_inner());
-        let (r0, r1) = (t * per, ((t + 1) * per).min(n));
-        if r1 <= r0 {
-            continue;
-        }
-        for i in 0..m {
-            for (j, v) in part[i * (r1 - r0)..(i + 1) * (r1 - r0)].iter().enumerate() {
-                let at = 4 * (i * n + r0 + j);
-                y[at..at + 4].copy_from_slice(&v.to_le_bytes());
-            }
-        }
+        crate::pool::run(chunks, threads - 1, &work);
     }
 }
 
