@@ -571,6 +571,14 @@ fn bound_failure(at: u64, status: i32) -> Failure {
     }
 }
 
+/// Scratch lines (64 bytes) a thread keeps between dispatches: 16 MiB.
+const MAX_KEPT_SCRATCH: usize = 1 << 18;
+
+thread_local! {
+    /// The thread's kept kernel scratch (see [`run_grid`]).
+    static SCRATCH: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Runs every instance of `func` over `grid` on `threads` threads, within `bounds` (see
 /// `loom_ir::kernel::RunBounds`: the host checks the flag before each instance, the JIT code at loop
 /// back-edges, every `jit::FUEL_SLICE` iterations).
@@ -603,46 +611,68 @@ fn run_grid(
     let f = func.f;
     let lines = func.scratch.div_ceil(64).max(1);
     let work = |ranges: &mut dyn FnMut() -> Option<(u64, u64)>| -> Result<(), Failure> {
-        let mut scratch = vec![Line([0; 64]); lines];
+        // The thread's scratch, kept between dispatches (a fresh allocation of a large kernel's scratch
+        // faulted its pages in on every dispatch) and zeroed for each, so no instance sees another
+        // dispatch's tiles.
+        let mut own = Vec::new();
+        let mut kept = SCRATCH.with(|c| c.take());
+        let scratch: &mut Vec<Line> = if kept.capacity() >= lines || lines <= MAX_KEPT_SCRATCH {
+            &mut kept
+        } else {
+            &mut own
+        };
+        scratch.clear();
+        scratch.resize(lines, Line([0; 64]));
         let sp = scratch.as_mut_ptr() as *mut u8;
-        let slice = gb.allowance.min(jit::FUEL_SLICE);
-        let rest = (gb.allowance - slice).min(i64::MAX as u64);
-        let flag = gb.cancel as *const std::sync::atomic::AtomicU32;
-        while let Some((lo, hi)) = ranges() {
-            for at in lo..hi {
-                // SAFETY: `flag` is null or the `AtomicU32` of the `RunBounds` that outlives this call.
-                if !flag.is_null()
-                    && unsafe { (*flag).load(std::sync::atomic::Ordering::Relaxed) } != 0
-                {
-                    return Err(bound_failure(at, jit::ST_CANCEL));
-                }
-                let h = &mut scratch[0].0;
-                h[jit::FUEL_OFF as usize..][..8].copy_from_slice(&(slice as i64).to_le_bytes());
-                h[jit::REST_OFF..][..8].copy_from_slice(&(rest as i64).to_le_bytes());
-                h[jit::CANCEL_OFF..][..8].copy_from_slice(&(gb.cancel as u64).to_le_bytes());
-                let pid = [
-                    at / (grid[1] * grid[2]),
-                    at / grid[2] % grid[1],
-                    at % grid[2],
-                ];
-                // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
-                // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
-                // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
-                // crate doc's safety argument for why the code stays inside them.
-                let status = unsafe { f(pid[0] as i64, pid[1] as i64, pid[2] as i64, d.ptr(), sp) };
-                if status != jit::ST_OK {
-                    let mut header = [0u8; 64];
-                    header.copy_from_slice(&scratch[0].0);
-                    return Err(Failure {
-                        at,
-                        pid,
-                        status,
-                        header,
-                    });
+        let result = (|| {
+            let slice = gb.allowance.min(jit::FUEL_SLICE);
+            let rest = (gb.allowance - slice).min(i64::MAX as u64);
+            let flag = gb.cancel as *const std::sync::atomic::AtomicU32;
+            while let Some((lo, hi)) = ranges() {
+                for at in lo..hi {
+                    // SAFETY: `flag` is null or the `AtomicU32` of the `RunBounds` that outlives this call.
+                    if !flag.is_null()
+                        && unsafe { (*flag).load(std::sync::atomic::Ordering::Relaxed) } != 0
+                    {
+                        return Err(bound_failure(at, jit::ST_CANCEL));
+                    }
+                    let h = &mut scratch[0].0;
+                    h[jit::FUEL_OFF as usize..][..8].copy_from_slice(&(slice as i64).to_le_bytes());
+                    h[jit::REST_OFF..][..8].copy_from_slice(&(rest as i64).to_le_bytes());
+                    h[jit::CANCEL_OFF..][..8].copy_from_slice(&(gb.cancel as u64).to_le_bytes());
+                    let pid = [
+                        at / (grid[1] * grid[2]),
+                        at / grid[2] % grid[1],
+                        at % grid[2],
+                    ];
+                    // SAFETY: `f` was compiled for this kernel with this scratch size; the descriptor table holds one
+                    // [ptr, len] pair per parameter, each pointing to a buffer whose size matches the parameter's
+                    // shape (checked by `run`), and writable parameters point to buffers `run` holds mutably. See the
+                    // crate doc's safety argument for why the code stays inside them.
+                    let status =
+                        unsafe { f(pid[0] as i64, pid[1] as i64, pid[2] as i64, d.ptr(), sp) };
+                    if status != jit::ST_OK {
+                        let mut header = [0u8; 64];
+                        // SAFETY: the scratch holds at least one line (64 bytes) at `sp`.
+                        header.copy_from_slice(unsafe { std::slice::from_raw_parts(sp, 64) });
+                        return Err(Failure {
+                            at,
+                            pid,
+                            status,
+                            header,
+                        });
+                    }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })();
+        SCRATCH.with(|c| {
+            let mut c = c.borrow_mut();
+            if kept.capacity() > c.capacity() {
+                *c = kept;
+            }
+        });
+        result
     };
     if threads == 1 {
         let mut once = Some((0, total));
