@@ -1971,6 +1971,200 @@ impl<'k, 'f> Lower<'k, 'f> {
                 .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()))
     }
 
+    /// Whether an access to `param` can move whole rows with its other indices gathered: f32 elements, the
+    /// last index a range over a unit-stride dimension, and at least one other index a tile that is not a
+    /// range (which [`row_copyable`](Self::row_copyable) does not take).
+    fn row_gatherable(&self, param: u32, ixs: &[Ix], strides: &[i64]) -> bool {
+        let p = &self.k.params[param as usize];
+        let Some((last, outer)) = ixs.split_last() else {
+            return false;
+        };
+        p.dtype == DType::F32
+            && strides.last() == Some(&1)
+            && matches!(last, Ix::T(t) if t.range.is_some())
+            && outer
+                .iter()
+                .any(|ix| matches!(ix, Ix::T(t) if t.range.is_none()))
+    }
+
+    /// A [`row_gatherable`](Self::row_gatherable) access row by row: one test that the last index's range is
+    /// inside its dimension (otherwise `slow`, the per-element path), then for every combination of the
+    /// other indices one test of the row's indices (`masked`; none when they were checked before) and a copy
+    /// of the row four lanes at a time. A row out of range reads `fill` (`load`) or is skipped (store).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        ptr: Value,
+        off: u32,
+        load: bool,
+        fill: Option<Value>,
+        masked: bool,
+        slow: &mut dyn FnMut(&mut Self) -> R<()>,
+    ) -> R<()> {
+        let d = ixs.len() - 1;
+        let Ix::T(t) = &ixs[d] else {
+            unreachable!("checked by row_gatherable")
+        };
+        let len = t.shape[0];
+        let ext = extents[d] as i64;
+        let inside = if i64::from(len) > ext {
+            self.b.ins().iconst(types::I8, 0)
+        } else {
+            let s = self.b.use_var(
+                t.range
+                    .unwrap_or_else(|| unreachable!("checked by row_gatherable")),
+            );
+            let lim = self.iconst(ext - i64::from(len));
+            self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, s, lim)
+        };
+        let fast = self.b.create_block();
+        let other = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().brif(inside, fast, &[], other, &[]);
+        self.b.switch_to_block(fast);
+        let z = self.iconst(0);
+        let ok = if masked {
+            Some(self.b.ins().iconst(types::I8, 1))
+        } else {
+            None
+        };
+        self.gather_rows_at(ixs, strides, extents, 0, z, ok, z, ptr, off, load, fill)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(other);
+        slow(self)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows_at(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        d: usize,
+        g: Value,
+        ok: Option<Value>,
+        r: Value,
+        ptr: Value,
+        off: u32,
+        load: bool,
+        fill: Option<Value>,
+    ) -> R<()> {
+        let (st, ext) = (strides[d], extents[d] as i64);
+        if d + 1 == ixs.len() {
+            let Ix::T(t) = &ixs[d] else {
+                unreachable!("checked by row_gatherable")
+            };
+            let len = t.shape[0];
+            let s = self.b.use_var(
+                t.range
+                    .unwrap_or_else(|| unreachable!("checked by row_gatherable")),
+            );
+            let g = self.b.ins().iadd(g, s);
+            let r0 = self.b.ins().imul_imm_s(r, i64::from(len));
+            let n4 = len / 4 * 4;
+            let f = flags_buf();
+            let lanes = |l: &mut Self, j: Value, ty: Type| {
+                let gj = l.b.ins().iadd(g, j);
+                let ba = l.buf_addr(ptr, gj, 4);
+                let rj = l.b.ins().iadd(r0, j);
+                let so = l.b.ins().imul_imm_s(rj, 4);
+                let sa = l.b.ins().iadd(l.base, so);
+                if load {
+                    let x = l.b.ins().load(ty, f, ba, 0);
+                    l.b.ins().store(f, x, sa, off as i32);
+                } else {
+                    let x = l.b.ins().load(ty, f, sa, off as i32);
+                    l.b.ins().store(f, x, ba, 0);
+                }
+            };
+            let copy = |l: &mut Self| -> R<()> {
+                if n4 > 0 {
+                    let hi = l.iconst(i64::from(n4));
+                    l.for_range(0, hi, 4, &mut |l, j| {
+                        lanes(l, j, types::F32X4);
+                        Ok(())
+                    })?;
+                }
+                for j in n4..len {
+                    let j = l.iconst(i64::from(j));
+                    lanes(l, j, F32);
+                }
+                Ok(())
+            };
+            let Some(ok) = ok else {
+                return copy(self);
+            };
+            let inb = self.b.create_block();
+            let oob = self.b.create_block();
+            let join = self.b.create_block();
+            self.b.ins().brif(ok, inb, &[], oob, &[]);
+            self.b.switch_to_block(inb);
+            copy(self)?;
+            self.b.ins().jump(join, &[]);
+            self.b.switch_to_block(oob);
+            if let (true, Some(fv)) = (load, fill) {
+                let v4 = self.b.ins().splat(types::F32X4, fv);
+                let put = |l: &mut Self, j: Value, x: Value| {
+                    let rj = l.b.ins().iadd(r0, j);
+                    let so = l.b.ins().imul_imm_s(rj, 4);
+                    let sa = l.b.ins().iadd(l.base, so);
+                    l.b.ins().store(flags_buf(), x, sa, off as i32);
+                };
+                if n4 > 0 {
+                    let hi = self.iconst(i64::from(n4));
+                    self.for_range(0, hi, 4, &mut |l, j| {
+                        put(l, j, v4);
+                        Ok(())
+                    })?;
+                }
+                for j in n4..len {
+                    let j = self.iconst(i64::from(j));
+                    put(self, j, fv);
+                }
+            }
+            self.b.ins().jump(join, &[]);
+            self.b.switch_to_block(join);
+            return Ok(());
+        }
+        let step = |l: &mut Self, v: Value, g: Value, ok: Option<Value>| {
+            let c = l.b.ins().imul_imm_s(v, st);
+            let g = l.b.ins().iadd(g, c);
+            let ok = ok.map(|o| {
+                let e = l.iconst(ext);
+                let inr = l.b.ins().icmp(IntCC::UnsignedLessThan, v, e);
+                l.b.ins().band(o, inr)
+            });
+            (g, ok)
+        };
+        match &ixs[d] {
+            Ix::S(v) => {
+                let (g, ok) = step(self, *v, g, ok);
+                self.gather_rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
+            }
+            Ix::T(t) => {
+                let t = t.clone();
+                let len = t.shape[0];
+                let start = t.range.map(|v| self.b.use_var(v));
+                self.for_n(len, &mut |l, j| {
+                    let v = match start {
+                        Some(s) => l.b.ins().iadd(s, j),
+                        None => l.ld(I64, t.off, j),
+                    };
+                    let (g, ok) = step(l, v, g, ok);
+                    let r0 = l.b.ins().imul_imm_s(r, i64::from(len));
+                    let r = l.b.ins().iadd(r0, j);
+                    l.gather_rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
+                })
+            }
+        }
+    }
+
     /// The fast mode of a [`row_copyable`](Self::row_copyable) access: row by row, four lanes at a time,
     /// between the buffer at `ptr` and the tile at scratch offset `off` (`load`: into the tile). Bounds were
     /// tested once by [`fast_or_masked`](Self::fast_or_masked).
@@ -2222,6 +2416,30 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
             self.b.ins().jump(done, &[]);
             self.b.switch_to_block(done);
+        } else if let Some(off) = out
+            .as_ref()
+            .filter(|_| self.row_gatherable(param, &ixs, &strides))
+            .map(|t| t.off)
+        {
+            // Gathered rows: each row's indices tested once (or checked before, in the reference's order),
+            // whole rows copied.
+            if fill.is_none() {
+                self.check_indices(param, &ixs, &extents)?;
+            }
+            self.gather_rows(
+                &ixs,
+                &strides,
+                &extents,
+                ptr,
+                off,
+                true,
+                fill,
+                fill.is_some(),
+                &mut |l| {
+                    let mode = if fill.is_some() { 2 } else { 0 };
+                    l.visit(&ixs, &strides, &extents, mode, &mut leaf)
+                },
+            )?;
         } else if fill.is_none() {
             self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
         } else {
@@ -2249,6 +2467,13 @@ impl<'k, 'f> Lower<'k, 'f> {
         extents: &[u64],
         leaf: &mut Leaf<'_, 'k, 'f>,
     ) -> R<()> {
+        self.check_indices(param, ixs, extents)?;
+        self.visit(ixs, strides, extents, 0, leaf)
+    }
+
+    /// Validates every index of a checked access in the reference's order; the first one out of range ends
+    /// the instance with its status and details.
+    fn check_indices(&mut self, param: u32, ixs: &[Ix], extents: &[u64]) -> R<()> {
         {
             for (d, ix) in ixs.iter().enumerate() {
                 let ext = extents[d] as i64;
@@ -2278,7 +2503,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
             }
         }
-        self.visit(ixs, strides, extents, 0, leaf)
+        Ok(())
     }
 
     fn store(&mut self, param: u32, indices: &[KOperand], value: &KOperand) -> R<()> {
@@ -2336,6 +2561,22 @@ impl<'k, 'f> Lower<'k, 'f> {
             }
             Ok(())
         };
+        if let Opnd::T(t) = &v
+            && self.row_gatherable(param, &ixs, &strides)
+        {
+            let off = t.off;
+            return self.gather_rows(
+                &ixs,
+                &strides,
+                &extents,
+                ptr,
+                off,
+                false,
+                None,
+                true,
+                &mut |l| l.visit(&ixs, &strides, &extents, 2, &mut leaf),
+            );
+        }
         let rows = match &v {
             Opnd::T(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
             _ => None,

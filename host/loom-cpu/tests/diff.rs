@@ -207,6 +207,88 @@ fn checked_ranged_loads_copy_rows_and_report_the_first_index_out_of_range() {
     }
 }
 
+/// Rows gathered by an id tile (`ids[pid * b ..]`): `x[ids, c0 .. c0 + w]` loaded (with a fill of 7.5, or
+/// checked without one) and stored to `y[ids2, ..]` with `ids2 = ids + shift` (rows past `y`'s end are
+/// dropped).
+fn gathered_rows(
+    v: u64,
+    c: u64,
+    b: u32,
+    c0: i64,
+    w: u32,
+    programs: u64,
+    fill: bool,
+    shift: i64,
+) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("gathered_rows", [programs, 1, 1]);
+    let x = kb.param("x", F32, &[v, c], READ);
+    let ids = kb.param("ids", I32, &[programs * b as u64], READ);
+    let y = kb.param("y", F32, &[v, w as u64], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(b as i64));
+    let rr = kb.range(r0, b);
+    let id = kb.load(ids, vec![rr], None);
+    let id = kb.cast(id, I64);
+    let rc = kb.range(i(c0), w);
+    let t = kb.load(x, vec![id.clone(), rc], fill.then(|| f(7.5)));
+    let id2 = kb.add(id, i(shift));
+    let ry = kb.range(i(0), w);
+    kb.store(y, vec![id2, ry], t);
+    kb.finish()
+}
+
+/// The stage's outputs (starting as the same poison, so untouched bytes count too) equal the reference's
+/// byte for byte, on one and two threads.
+fn same_bytes_as_reference(st: &loom_ir::kernel::Stage, ins: &[&[u8]]) {
+    let mut want = loom_reference::alloc_outputs(st).unwrap();
+    loom_reference::run_stage(st, ins, &[], &mut want).unwrap();
+    let cs = loom_cpu::compile_stage(st).unwrap();
+    for threads in [1, 2] {
+        let mut got = loom_reference::alloc_outputs(st).unwrap();
+        cs.run(ins, &[], &mut got, threads).unwrap();
+        assert!(got == want, "{threads} threads");
+    }
+}
+
+#[test]
+fn gathered_rows_are_copied_whole_with_the_references_masks_and_errors() {
+    let mut rng = Rng::new(31);
+    let (v, c, b, programs) = (40u64, 37u64, 6u32, 3u64);
+    let n = (b as u64 * programs) as usize;
+    let x = rand_f32(&mut rng, (v * c) as usize, -1.0, 1.0);
+    // Ids inside, below and past the rows; stores shifted so that some land past y's end (dropped).
+    let mut ids: Vec<i32> = (0..n).map(|_| rng.below(v) as i32).collect();
+    ids[2] = -3;
+    ids[7] = v as i32 + 5;
+    ids[11] = v as i32;
+    let idb = i32_bytes(&ids);
+    for (c0, w) in [(0i64, 37u32), (3, 30), (5, 3), (34, 4)] {
+        for shift in [0i64, 6] {
+            // Masked (fill): equal to the reference (columns 34..38 of 37 take the per-element path).
+            let st = one_kernel_stage(gathered_rows(v, c, b, c0, w, programs, true, shift));
+            same_bytes_as_reference(&st, &[&x, &idb]);
+        }
+        // Checked (no fill): the first id out of range is the error, as the reference reports it.
+        let st = one_kernel_stage(gathered_rows(v, c, b, c0, w, programs, false, 0));
+        let ins: Vec<&[u8]> = vec![&x, &idb];
+        let mut want = loom_reference::alloc_outputs(&st).unwrap();
+        let we = loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap_err();
+        let cs = loom_cpu::compile_stage(&st).unwrap();
+        let mut got = loom_reference::alloc_outputs(&st).unwrap();
+        let ge = cs.run(&ins, &[], &mut got, 1).unwrap_err();
+        assert_eq!(ge.to_string(), we.to_string());
+        assert!(
+            got == want,
+            "c0 {c0} w {w}: rows stored before the failing program"
+        );
+        // Every id in range (and the columns too): equal.
+        if c0 + i64::from(w) <= c as i64 {
+            let ok: Vec<i32> = ids.iter().map(|&i| i.rem_euclid(v as i32)).collect();
+            same_bytes_as_reference(&st, &[&x, &i32_bytes(&ok)]);
+        }
+    }
+}
+
 #[test]
 fn tiled_gemm_with_and_without_epilogue() {
     let mut rng = Rng::new(3);
