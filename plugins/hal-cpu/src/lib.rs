@@ -184,7 +184,53 @@ impl HalDriver for CpuDriver {
 
 // `lock` (hal_queue's) ignores poisoning: a panic on another thread is already reported as an error; the
 // data is still usable bytes.
-type Buf = Arc<Mutex<Vec<u8>>>;
+type Buf = Arc<Mutex<Lazy>>;
+
+/// A buffer's bytes, allocated (zeroed) the first time anything locks it: a stage's reflected workspace
+/// buffers, which the CPU never touches (its kernels use their own scratch), then cost no memory at all. They
+/// used to be `calloc`ed for every cohort, and glibc serves mid-sized blocks from its heap, zeroing (and
+/// faulting in) all of them: ~5 % of MiniLM's time at requests of 32.
+#[derive(Debug)]
+struct Lazy {
+    bytes: Vec<u8>,
+    /// The size; `bytes` is empty until [`lock_buf`] allocates it.
+    len: usize,
+    ready: bool,
+}
+
+impl Lazy {
+    fn new(len: usize) -> Lazy {
+        Lazy {
+            bytes: Vec::new(),
+            len,
+            ready: len == 0,
+        }
+    }
+}
+
+impl std::ops::Deref for Lazy {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for Lazy {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+}
+
+/// Locks a buffer, allocating its zeroed bytes first if nothing has yet. Fails only when the allocator does.
+fn lock_buf(b: &Buf) -> Result<MutexGuard<'_, Lazy>, String> {
+    let mut g = lock(b);
+    if !g.ready {
+        g.bytes = loom_cpu::zeroed_bytes(g.len)
+            .ok_or_else(|| format!("out of memory for a buffer of {} bytes", g.len))?;
+        g.ready = true;
+    }
+    Ok(g)
+}
 
 #[derive(Debug)]
 struct Exe {
@@ -510,7 +556,7 @@ fn run_command(
             len,
             byte,
         } => {
-            let mut d = lock(dst);
+            let mut d = lock_buf(dst)?;
             let r = byte_range("fill", d.len() as u64, *offset, *len)?;
             d[r].fill(*byte);
         }
@@ -522,13 +568,13 @@ fn run_command(
             len,
         } => {
             if Arc::ptr_eq(src, dst) {
-                let mut b = lock(src);
+                let mut b = lock_buf(src)?;
                 let n = b.len() as u64;
                 let (s, d) = copy_ranges((n, *src_offset), (n, *dst_offset), *len, true)?;
                 b.copy_within(s, d.start);
             } else {
                 // Two buffers locked in address order, as every job does (see `lock_in_order`).
-                let mut g = lock_in_order(&[src, dst]);
+                let mut g = lock_in_order(&[src, dst])?;
                 let mut d = g.pop().expect("two guards");
                 let s = g.pop().expect("two guards");
                 let (sr, dr) = copy_ranges(
@@ -554,19 +600,19 @@ fn run_command(
             // Every buffer of the dispatch locked in address order (see `lock_in_order`).
             let n_in = distinct.len();
             let all: Vec<&Buf> = distinct.iter().copied().chain(outputs.iter()).collect();
-            let mut guards = lock_in_order(&all);
+            let mut guards = lock_in_order(&all)?;
             let mut out_guards = guards.split_off(n_in);
             let ins: Vec<&[u8]> = in_slots.iter().map(|&i| guards[i].as_slice()).collect();
             let ps: Vec<&[u8]> = p_slots.iter().map(|&i| guards[i].as_slice()).collect();
             let mut outs: Vec<Vec<u8>> = out_guards
                 .iter_mut()
-                .map(|g| std::mem::take(&mut **g))
+                .map(|g| std::mem::take(&mut ***g))
                 .collect();
             let r = exe
                 .stage
                 .run_bounded(&ins, &ps, &mut outs, threads(), bounds);
             for (g, o) in out_guards.iter_mut().zip(outs) {
-                **g = o;
+                ***g = o;
             }
             r.map_err(|e: ExecError| e.to_string())?;
         }
@@ -577,23 +623,23 @@ fn run_command(
 /// Locks `bufs` (distinct buffers) in the order of their addresses and returns the guards in the order of
 /// `bufs`. Lanes run side by side, so two jobs may each need a buffer the other holds; taking every job's locks
 /// in one global order means neither can wait for the other while holding what it needs.
-fn lock_in_order<'a>(bufs: &[&'a Buf]) -> Vec<MutexGuard<'a, Vec<u8>>> {
+fn lock_in_order<'a>(bufs: &[&'a Buf]) -> Result<Vec<MutexGuard<'a, Lazy>>, String> {
     let mut order: Vec<usize> = (0..bufs.len()).collect();
     order.sort_by_key(|&i| Arc::as_ptr(bufs[i]) as usize);
-    let mut guards: Vec<Option<MutexGuard<'a, Vec<u8>>>> = (0..bufs.len()).map(|_| None).collect();
+    let mut guards: Vec<Option<MutexGuard<'a, Lazy>>> = (0..bufs.len()).map(|_| None).collect();
     for i in order {
-        guards[i] = Some(lock(bufs[i]));
+        guards[i] = Some(lock_buf(bufs[i])?);
     }
-    guards
+    Ok(guards
         .into_iter()
         .map(|g| g.expect("every buffer locked"))
-        .collect()
+        .collect())
 }
 
 /// One queued file read (see the crate doc; checks and error texts are `hal_queue::files`, shared with
 /// `hal-vulkan`): errors name the file offset and length.
 fn file_read(r: &QueuedRead<Buf>) -> Result<(), String> {
-    let mut d = lock(&r.dst);
+    let mut d = lock_buf(&r.dst)?;
     let range = r
         .file
         .check(r.file_offset, r.len, d.len() as u64, r.dst_offset)?;
@@ -713,12 +759,10 @@ impl HalDevice for CpuDevice {
                 .ok_or_else(|| {
                     format!("alloc: {bytes} bytes is over the limit of {MAX_BUFFER_BYTES}")
                 })?;
-            // Zeroed by the allocator (fresh pages for large buffers: a buffer never written costs no
-            // memory traffic, as the workspace buffers the CPU backend does not use).
-            let v = loom_cpu::zeroed_bytes(n)
-                .ok_or_else(|| format!("alloc: out of memory for {bytes} bytes"))?;
+            // Allocated when first used (see `Lazy`): the workspace buffers the CPU backend does not use
+            // never are.
             let mut st = self.state();
-            let id = st.objects.add_buffer(Arc::new(Mutex::new(v)));
+            let id = st.objects.add_buffer(Arc::new(Mutex::new(Lazy::new(n))));
             st.buffer_bytes.insert(id, bytes);
             Ok::<_, String>(id)
         })
@@ -739,7 +783,7 @@ impl HalDevice for CpuDevice {
     fn write(&self, buffer: BufferId, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RBoxError> {
         guard("write", || {
             let b = self.state().objects.buffer(buffer)?;
-            let mut b = lock(&b);
+            let mut b = lock_buf(&b)?;
             let r = byte_range("write", b.len() as u64, offset, data.len() as u64)?;
             b[r].copy_from_slice(data.as_slice());
             Ok::<_, String>(())
@@ -749,7 +793,7 @@ impl HalDevice for CpuDevice {
     fn read(&self, buffer: BufferId, offset: u64, len: u64) -> RResult<RVec<u8>, RBoxError> {
         guard("read", || {
             let b = self.state().objects.buffer(buffer)?;
-            let b = lock(&b);
+            let b = lock_buf(&b)?;
             let r = byte_range("read", b.len() as u64, offset, len)?;
             Ok::<_, String>(RVec::from(&b[r]))
         })
