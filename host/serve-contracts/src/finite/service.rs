@@ -121,7 +121,11 @@ impl Handoff {
         h.metrics.queue.fetch_add(1, Ordering::AcqRel);
         match h.tx.send(Cmd::Upstream(a)) {
             Ok(()) => {
-                h.metrics.upstream.fetch_sub(1, Ordering::AcqRel);
+                // The last one back wakes the scheduler: a drain that found this one still counted waits in
+                // its channel for a command, and the arrival it waited for may already have been taken.
+                if h.metrics.upstream.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let _ = h.tx.send(Cmd::Requests(Vec::new()));
+                }
             }
             Err(mpsc::SendError(c)) => {
                 // The consumer's scheduler is gone: answer here.
@@ -410,9 +414,16 @@ impl FiniteService {
         self.metrics.upstream.fetch_add(n, Ordering::AcqRel);
         let r = up.submit_for_consumer(items, &self.model.budget);
         if r.is_err() {
+            let mut last = false;
             for h in &handoffs {
                 if h.disarm() {
-                    self.metrics.upstream.fetch_sub(1, Ordering::AcqRel);
+                    last |= self.metrics.upstream.fetch_sub(1, Ordering::AcqRel) == 1;
+                }
+            }
+            if last {
+                // Wakes a draining scheduler waiting for this count (see `Handoff::arrive`).
+                if let Some(tx) = self.tx.lock().ok().and_then(|g| g.clone()) {
+                    let _ = tx.send(Cmd::Requests(Vec::new()));
                 }
             }
             self.metrics.failed.fetch_add(n as u64, Ordering::Relaxed);
