@@ -281,8 +281,9 @@ pub(crate) extern "C" fn loom_unary_tile(
                 dst as *mut f32,
             )
         };
-        // f32 `exp` and `erf` are the hot transcendental functions of real models (attention's softmax, GELU):
-        // they run in f32, vectorised (`vmath::tile`: exp <= 1 ulp, erf <= 2 ulp) instead of an f64
+        // f32 `exp`, `erf` and `sigmoid` are the hot transcendental functions of real models (attention's
+        // softmax, GELU, SiLU): they run in f32, vectorised (`vmath::tile`: exp <= 1 ulp, erf and sigmoid
+        // <= 2 ulp) instead of an f64
         // function rounded once, inside the 2 ulp the backend promises for transcendental functions.
         match (op, dtype) {
             (UnOp::Exp, DType::F32) => {
@@ -293,6 +294,11 @@ pub(crate) extern "C" fn loom_unary_tile(
             (UnOp::Erf, DType::F32) => {
                 // SAFETY: as above.
                 unsafe { crate::vmath::tile(crate::vmath::Fun::Erf, src as *const f32, d, n) };
+                return;
+            }
+            (UnOp::Sigmoid, DType::F32) => {
+                // SiLU's gate (SmolLM2's FFN: 1536 a token row a layer). SAFETY: as above.
+                unsafe { crate::vmath::tile(crate::vmath::Fun::Sigmoid, src as *const f32, d, n) };
                 return;
             }
             _ => {}
