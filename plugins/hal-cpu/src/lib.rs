@@ -189,7 +189,8 @@ type Buf = Arc<Mutex<Lazy>>;
 /// A buffer's bytes, allocated (zeroed) the first time anything locks it: a stage's reflected workspace
 /// buffers, which the CPU never touches (its kernels use their own scratch), then cost no memory at all. They
 /// used to be `calloc`ed for every cohort, and glibc serves mid-sized blocks from its heap, zeroing (and
-/// faulting in) all of them: ~5 % of MiniLM's time at requests of 32.
+/// faulting in) all of them: at MiniLM requests of 32, ~170 MB a cohort, and the kernel clearing those pages was
+/// 4-19 % of the samples (`BENCHMARKS.md`).
 #[derive(Debug)]
 struct Lazy {
     bytes: Vec<u8>,
