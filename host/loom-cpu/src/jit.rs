@@ -1988,9 +1988,9 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     /// A [`row_gatherable`](Self::row_gatherable) access row by row: one test that the last index's range is
-    /// inside its dimension (otherwise `slow`, the per-element path), then for every combination of the
-    /// other indices one test of the row's indices (`masked`; none when they were checked before) and a copy
-    /// of the row four lanes at a time. A row out of range reads `fill` (`load`) or is skipped (store).
+    /// inside its dimension (otherwise `slow`, the per-element path), then [`rows_at`](Self::rows_at) with a
+    /// test of each row's indices (`masked`; none when they were checked before). A row out of range reads
+    /// `fill` (`load`) or is skipped (store).
     #[allow(clippy::too_many_arguments)]
     fn gather_rows(
         &mut self,
@@ -2005,43 +2005,73 @@ impl<'k, 'f> Lower<'k, 'f> {
         slow: &mut dyn FnMut(&mut Self) -> R<()>,
     ) -> R<()> {
         let d = ixs.len() - 1;
-        let Ix::T(t) = &ixs[d] else {
-            unreachable!("checked by row_gatherable")
-        };
-        let len = t.shape[0];
-        let ext = extents[d] as i64;
-        let inside = if i64::from(len) > ext {
-            self.b.ins().iconst(types::I8, 0)
-        } else {
-            let s = self.b.use_var(
-                t.range
-                    .unwrap_or_else(|| unreachable!("checked by row_gatherable")),
-            );
-            let lim = self.iconst(ext - i64::from(len));
-            self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, s, lim)
-        };
-        let fast = self.b.create_block();
-        let other = self.b.create_block();
-        let done = self.b.create_block();
-        self.b.ins().brif(inside, fast, &[], other, &[]);
-        self.b.switch_to_block(fast);
+        let inside = self.ranges_inside(&ixs[d..], &extents[d..]);
+        self.branch(inside, &mut |l, fast| {
+            if !fast {
+                return slow(l);
+            }
+            let z = l.iconst(0);
+            let ok = masked.then(|| l.b.ins().iconst(types::I8, 1));
+            l.rows_at(ixs, strides, extents, 0, z, ok, z, ptr, off, load, fill)
+        })
+    }
+
+    /// The fast mode of a [`row_copyable`](Self::row_copyable) access: row by row, four lanes at a time,
+    /// between the buffer at `ptr` and the tile at scratch offset `off` (`load`: into the tile). Bounds were
+    /// tested once by [`ranges_inside`](Self::ranges_inside).
+    fn copy_rows(
+        &mut self,
+        ixs: &[Ix],
+        strides: &[i64],
+        extents: &[u64],
+        ptr: Value,
+        off: u32,
+        load: bool,
+    ) -> R<()> {
         let z = self.iconst(0);
-        let ok = if masked {
-            Some(self.b.ins().iconst(types::I8, 1))
-        } else {
-            None
-        };
-        self.gather_rows_at(ixs, strides, extents, 0, z, ok, z, ptr, off, load, fill)?;
+        self.rows_at(ixs, strides, extents, 0, z, None, z, ptr, off, load, None)
+    }
+
+    /// Emits `body(true)` where `cond` (an i8 flag) holds and `body(false)` where it does not.
+    fn branch(&mut self, cond: Value, body: &mut dyn FnMut(&mut Self, bool) -> R<()>) -> R<()> {
+        let yes = self.b.create_block();
+        let no = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().brif(cond, yes, &[], no, &[]);
+        self.b.switch_to_block(yes);
+        body(self, true)?;
         self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(other);
-        slow(self)?;
+        self.b.switch_to_block(no);
+        body(self, false)?;
         self.b.ins().jump(done, &[]);
         self.b.switch_to_block(done);
         Ok(())
     }
 
+    /// `f(j, F32X4)` for the four-lane groups of a row of `len` f32 elements (a loop), then `f(j, F32)` for the
+    /// rest.
+    fn row_lanes(&mut self, len: u32, f: &mut dyn FnMut(&mut Self, Value, Type)) -> R<()> {
+        let n4 = len / 4 * 4;
+        if n4 > 0 {
+            let hi = self.iconst(i64::from(n4));
+            self.for_range(0, hi, 4, &mut |l, j| {
+                f(l, j, types::F32X4);
+                Ok(())
+            })?;
+        }
+        for j in n4..len {
+            let j = self.iconst(i64::from(j));
+            f(self, j, F32);
+        }
+        Ok(())
+    }
+
+    /// Moves whole rows (the last index a range over a unit-stride dimension) between the buffer and the tile,
+    /// dimension `d` onwards: `g` the flat buffer index so far, `r` the tile row so far. The other indices are
+    /// scalars, ranges or gathered tiles; with `ok` (the row's in-range flag so far) each of them is tested, and
+    /// a row outside is filled with `fill` (a load) or skipped; without it they are proven in range.
     #[allow(clippy::too_many_arguments)]
-    fn gather_rows_at(
+    fn rows_at(
         &mut self,
         ixs: &[Ix],
         strides: &[i64],
@@ -2067,14 +2097,17 @@ impl<'k, 'f> Lower<'k, 'f> {
             );
             let g = self.b.ins().iadd(g, s);
             let r0 = self.b.ins().imul_imm_s(r, i64::from(len));
-            let n4 = len / 4 * 4;
             let f = flags_buf();
-            let lanes = |l: &mut Self, j: Value, ty: Type| {
-                let gj = l.b.ins().iadd(g, j);
-                let ba = l.buf_addr(ptr, gj, 4);
+            // The tile row's element j in scratch, and its address.
+            let at = |l: &mut Self, j: Value| {
                 let rj = l.b.ins().iadd(r0, j);
                 let so = l.b.ins().imul_imm_s(rj, 4);
-                let sa = l.b.ins().iadd(l.base, so);
+                l.b.ins().iadd(l.base, so)
+            };
+            let mut copy = |l: &mut Self, j: Value, ty: Type| {
+                let gj = l.b.ins().iadd(g, j);
+                let ba = l.buf_addr(ptr, gj, 4);
+                let sa = at(l, j);
                 if load {
                     let x = l.b.ins().load(ty, f, ba, 0);
                     l.b.ins().store(f, x, sa, off as i32);
@@ -2083,54 +2116,24 @@ impl<'k, 'f> Lower<'k, 'f> {
                     l.b.ins().store(f, x, ba, 0);
                 }
             };
-            let copy = |l: &mut Self| -> R<()> {
-                if n4 > 0 {
-                    let hi = l.iconst(i64::from(n4));
-                    l.for_range(0, hi, 4, &mut |l, j| {
-                        lanes(l, j, types::F32X4);
-                        Ok(())
-                    })?;
-                }
-                for j in n4..len {
-                    let j = l.iconst(i64::from(j));
-                    lanes(l, j, F32);
-                }
-                Ok(())
-            };
             let Some(ok) = ok else {
-                return copy(self);
+                return self.row_lanes(len, &mut copy);
             };
-            let inb = self.b.create_block();
-            let oob = self.b.create_block();
-            let join = self.b.create_block();
-            self.b.ins().brif(ok, inb, &[], oob, &[]);
-            self.b.switch_to_block(inb);
-            copy(self)?;
-            self.b.ins().jump(join, &[]);
-            self.b.switch_to_block(oob);
-            if let (true, Some(fv)) = (load, fill) {
-                let v4 = self.b.ins().splat(types::F32X4, fv);
-                let put = |l: &mut Self, j: Value, x: Value| {
-                    let rj = l.b.ins().iadd(r0, j);
-                    let so = l.b.ins().imul_imm_s(rj, 4);
-                    let sa = l.b.ins().iadd(l.base, so);
-                    l.b.ins().store(flags_buf(), x, sa, off as i32);
+            let fill = fill.filter(|_| load);
+            return self.branch(ok, &mut |l, inside| {
+                if inside {
+                    return l.row_lanes(len, &mut copy);
+                }
+                let Some(fv) = fill else {
+                    return Ok(());
                 };
-                if n4 > 0 {
-                    let hi = self.iconst(i64::from(n4));
-                    self.for_range(0, hi, 4, &mut |l, j| {
-                        put(l, j, v4);
-                        Ok(())
-                    })?;
-                }
-                for j in n4..len {
-                    let j = self.iconst(i64::from(j));
-                    put(self, j, fv);
-                }
-            }
-            self.b.ins().jump(join, &[]);
-            self.b.switch_to_block(join);
-            return Ok(());
+                let v4 = l.b.ins().splat(types::F32X4, fv);
+                l.row_lanes(len, &mut |l, j, ty| {
+                    let sa = at(l, j);
+                    let x = if ty == F32 { fv } else { v4 };
+                    l.b.ins().store(f, x, sa, off as i32);
+                })
+            });
         }
         let step = |l: &mut Self, v: Value, g: Value, ok: Option<Value>| {
             let c = l.b.ins().imul_imm_s(v, st);
@@ -2145,7 +2148,7 @@ impl<'k, 'f> Lower<'k, 'f> {
         match &ixs[d] {
             Ix::S(v) => {
                 let (g, ok) = step(self, *v, g, ok);
-                self.gather_rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
+                self.rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
             }
             Ix::T(t) => {
                 let t = t.clone();
@@ -2159,100 +2162,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                     let (g, ok) = step(l, v, g, ok);
                     let r0 = l.b.ins().imul_imm_s(r, i64::from(len));
                     let r = l.b.ins().iadd(r0, j);
-                    l.gather_rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
-                })
-            }
-        }
-    }
-
-    /// The fast mode of a [`row_copyable`](Self::row_copyable) access: row by row, four lanes at a time,
-    /// between the buffer at `ptr` and the tile at scratch offset `off` (`load`: into the tile). Bounds were
-    /// tested once by [`fast_or_masked`](Self::fast_or_masked).
-    fn copy_rows(
-        &mut self,
-        ixs: &[Ix],
-        strides: &[i64],
-        ptr: Value,
-        off: u32,
-        load: bool,
-    ) -> R<()> {
-        let z = self.iconst(0);
-        self.copy_rows_at(ixs, strides, 0, z, z, ptr, off, load)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_rows_at(
-        &mut self,
-        ixs: &[Ix],
-        strides: &[i64],
-        d: usize,
-        g: Value,
-        r: Value,
-        ptr: Value,
-        off: u32,
-        load: bool,
-    ) -> R<()> {
-        let st = strides[d];
-        let start = |l: &mut Self, t: &TileV| {
-            let v = t
-                .range
-                .unwrap_or_else(|| unreachable!("checked by row_copyable"));
-            l.b.use_var(v)
-        };
-        if d + 1 == ixs.len() {
-            let Ix::T(t) = &ixs[d] else {
-                unreachable!("checked by row_copyable")
-            };
-            let len = t.shape[0];
-            let s = start(self, t);
-            let g = self.b.ins().iadd(g, s);
-            let r0 = self.b.ins().imul_imm_s(r, i64::from(len));
-            let n4 = len / 4 * 4;
-            let f = flags_buf();
-            let lanes = |l: &mut Self, j: Value, ty: Type| {
-                let gj = l.b.ins().iadd(g, j);
-                let ba = l.buf_addr(ptr, gj, 4);
-                let rj = l.b.ins().iadd(r0, j);
-                let so = l.b.ins().imul_imm_s(rj, 4);
-                let sa = l.b.ins().iadd(l.base, so);
-                if load {
-                    let x = l.b.ins().load(ty, f, ba, 0);
-                    l.b.ins().store(f, x, sa, off as i32);
-                } else {
-                    let x = l.b.ins().load(ty, f, sa, off as i32);
-                    l.b.ins().store(f, x, ba, 0);
-                }
-            };
-            if n4 > 0 {
-                let hi = self.iconst(i64::from(n4));
-                self.for_range(0, hi, 4, &mut |l, j| {
-                    lanes(l, j, types::F32X4);
-                    Ok(())
-                })?;
-            }
-            for j in n4..len {
-                let j = self.iconst(i64::from(j));
-                lanes(self, j, F32);
-            }
-            return Ok(());
-        }
-        match &ixs[d] {
-            Ix::S(v) => {
-                let c = self.b.ins().imul_imm_s(*v, st);
-                let g = self.b.ins().iadd(g, c);
-                self.copy_rows_at(ixs, strides, d + 1, g, r, ptr, off, load)
-            }
-            Ix::T(t) => {
-                let t = t.clone();
-                let len = t.shape[0];
-                let s = start(self, &t);
-                self.for_n(len, &mut |l, j| {
-                    let v = l.b.ins().iadd(s, j);
-                    let c = l.b.ins().imul_imm_s(v, st);
-                    let g = l.b.ins().iadd(g, c);
-                    let r0 = l.b.ins().imul_imm_s(r, i64::from(len));
-                    let r = l.b.ins().iadd(r0, j);
-                    l.copy_rows_at(ixs, strides, d + 1, g, r, ptr, off, load)
+                    l.rows_at(ixs, strides, extents, d + 1, g, ok, r, ptr, off, load, fill)
                 })
             }
         }
@@ -2270,18 +2180,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             return body(self, 2);
         }
         let all = self.ranges_inside(ixs, extents);
-        let fast = self.b.create_block();
-        let slow = self.b.create_block();
-        let done = self.b.create_block();
-        self.b.ins().brif(all, fast, &[], slow, &[]);
-        self.b.switch_to_block(fast);
-        body(self, 1)?;
-        self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(slow);
-        body(self, 2)?;
-        self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(done);
-        Ok(())
+        self.branch(all, &mut |l, fast| body(l, if fast { 1 } else { 2 }))
     }
 
     /// Whether every index is a scalar or a range tile, with at least one range (the accesses whose bounds
@@ -2402,20 +2301,11 @@ impl<'k, 'f> Lower<'k, 'f> {
             // (whole rows where they are contiguous); otherwise the per-element check below finds and
             // reports the first index out of range, as the reference does.
             let all = self.ranges_inside(&ixs, &extents);
-            let fast = self.b.create_block();
-            let slow = self.b.create_block();
-            let done = self.b.create_block();
-            self.b.ins().brif(all, fast, &[], slow, &[]);
-            self.b.switch_to_block(fast);
-            match rows {
-                Some(off) => self.copy_rows(&ixs, &strides, ptr, off, true)?,
-                None => self.visit(&ixs, &strides, &extents, 1, &mut leaf)?,
-            }
-            self.b.ins().jump(done, &[]);
-            self.b.switch_to_block(slow);
-            self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
-            self.b.ins().jump(done, &[]);
-            self.b.switch_to_block(done);
+            self.branch(all, &mut |l, fast| match (fast, rows) {
+                (true, Some(off)) => l.copy_rows(&ixs, &strides, &extents, ptr, off, true),
+                (true, None) => l.visit(&ixs, &strides, &extents, 1, &mut leaf),
+                (false, _) => l.checked_visit(param, &ixs, &strides, &extents, &mut leaf),
+            })?;
         } else if let Some(off) = out
             .as_ref()
             .filter(|_| self.row_gatherable(param, &ixs, &strides))
@@ -2444,7 +2334,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
         } else {
             self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
-                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, true),
+                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, &extents, ptr, off, true),
                 _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
             })?;
         }
@@ -2582,7 +2472,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             _ => None,
         };
         self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
-            Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, ptr, off, false),
+            Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, &extents, ptr, off, false),
             _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
         })
     }
