@@ -187,24 +187,35 @@ fn checked_ranged_loads_copy_rows_and_report_the_first_index_out_of_range() {
     ] {
         let st = one_kernel_stage(ranged_copy(r, 37, 4, c0, w, 3));
         let x = rand_f32(&mut rng, (r * 37) as usize, -1.0, 1.0);
-        let ins: Vec<&[u8]> = vec![&x];
-        let mut want = loom_reference::alloc_outputs(&st).unwrap();
-        let we = loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap_err();
-        let cs = loom_cpu::compile_stage(&st).unwrap();
-        for threads in [1, 2] {
-            let mut got = loom_reference::alloc_outputs(&st).unwrap();
-            let ge = cs.run(&ins, &[], &mut got, threads).unwrap_err();
+        for ge in fails_like_the_reference(&st, &[&x]) {
             assert!(
                 matches!(ge, loom_cpu::Error::IndexOutOfRange { index: ix, dim: d, extent: e, .. }
                     if ix == index && d == dim && e == extent),
                 "{ge}"
             );
+        }
+    }
+}
+
+/// Runs `st` on the reference and on the CPU backend (one and two threads), all expected to fail: each CPU
+/// error reads like the reference's, and on one thread the outputs (starting as the same poison) equal the
+/// reference's, the rows stored before the failing program included. Returns the CPU's errors.
+fn fails_like_the_reference(st: &loom_ir::kernel::Stage, ins: &[&[u8]]) -> Vec<loom_cpu::Error> {
+    let mut want = loom_reference::alloc_outputs(st).unwrap();
+    let we = loom_reference::run_stage(st, ins, &[], &mut want).unwrap_err();
+    let cs = loom_cpu::compile_stage(st).unwrap();
+    [1, 2]
+        .into_iter()
+        .map(|threads| {
+            let mut got = loom_reference::alloc_outputs(st).unwrap();
+            let ge = cs.run(ins, &[], &mut got, threads).unwrap_err();
             assert_eq!(ge.to_string(), we.to_string());
             if threads == 1 {
                 assert!(got == want, "rows stored before the failing program");
             }
-        }
-    }
+            ge
+        })
+        .collect()
 }
 
 /// Rows gathered by an id tile (`ids[pid * b ..]`): `x[ids, c0 .. c0 + w]` loaded (with a fill of 7.5, or
@@ -270,17 +281,7 @@ fn gathered_rows_are_copied_whole_with_the_references_masks_and_errors() {
         }
         // Checked (no fill): the first id out of range is the error, as the reference reports it.
         let st = one_kernel_stage(gathered_rows(v, c, b, c0, w, programs, false, 0));
-        let ins: Vec<&[u8]> = vec![&x, &idb];
-        let mut want = loom_reference::alloc_outputs(&st).unwrap();
-        let we = loom_reference::run_stage(&st, &ins, &[], &mut want).unwrap_err();
-        let cs = loom_cpu::compile_stage(&st).unwrap();
-        let mut got = loom_reference::alloc_outputs(&st).unwrap();
-        let ge = cs.run(&ins, &[], &mut got, 1).unwrap_err();
-        assert_eq!(ge.to_string(), we.to_string());
-        assert!(
-            got == want,
-            "c0 {c0} w {w}: rows stored before the failing program"
-        );
+        fails_like_the_reference(&st, &[&x, &idb]);
         // Every id in range (and the columns too): equal.
         if c0 + i64::from(w) <= c as i64 {
             let ok: Vec<i32> = ids.iter().map(|&i| i.rem_euclid(v as i32)).collect();
