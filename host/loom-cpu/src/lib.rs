@@ -571,7 +571,7 @@ fn bound_failure(at: u64, status: i32) -> Failure {
     }
 }
 
-/// Scratch lines (64 bytes) a thread keeps between dispatches: 16 MiB.
+/// Scratch lines (64 bytes) a thread keeps between dispatches at most: 16 MiB (a larger scratch is freed).
 const MAX_KEPT_SCRATCH: usize = 1 << 18;
 
 thread_local! {
@@ -614,13 +614,7 @@ fn run_grid(
         // The thread's scratch, kept between dispatches (a fresh allocation of a large kernel's scratch
         // faulted its pages in on every dispatch) and zeroed for each, so no instance sees another
         // dispatch's tiles.
-        let mut own = Vec::new();
-        let mut kept = SCRATCH.with(|c| c.take());
-        let scratch: &mut Vec<Line> = if kept.capacity() >= lines || lines <= MAX_KEPT_SCRATCH {
-            &mut kept
-        } else {
-            &mut own
-        };
+        let mut scratch = SCRATCH.with(|c| c.take());
         scratch.clear();
         scratch.resize(lines, Line([0; 64]));
         let sp = scratch.as_mut_ptr() as *mut u8;
@@ -666,12 +660,9 @@ fn run_grid(
             }
             Ok(())
         })();
-        SCRATCH.with(|c| {
-            let mut c = c.borrow_mut();
-            if kept.capacity() > c.capacity() {
-                *c = kept;
-            }
-        });
+        if scratch.capacity() <= MAX_KEPT_SCRATCH {
+            SCRATCH.with(|c| *c.borrow_mut() = scratch);
+        }
         result
     };
     if threads == 1 {
