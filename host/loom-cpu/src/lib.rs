@@ -64,6 +64,7 @@ mod qdotf;
 mod quant;
 mod rows;
 mod rt;
+mod timing;
 pub mod trim;
 mod vmath;
 
@@ -796,6 +797,16 @@ impl CpuStage {
             None => (base as u64, 0),
         }));
         slots.extend(params.iter().map(|b| (b.as_ptr() as u64, b.len() as u64)));
+        let timed = timing::on().then(Instant::now);
+        let mut last = timed;
+        // With timing on: the time since the previous dispatch ended, to `kernel`'s line on `path`.
+        let mut mark = |kernel: &Kernel, path: &'static str| {
+            if let Some(t) = last.as_mut() {
+                let now = Instant::now();
+                timing::dispatch(&kernel.name, path, kernel.grid, (now - *t).as_nanos() as u64);
+                *t = now;
+            }
+        };
         for (di, (d, map)) in stage.dispatches.iter().zip(&self.maps).enumerate() {
             for &w in &self.ws_poison_at[di] {
                 // SAFETY: the buffer's bytes lie inside the region (placement: offset + size <= total), which
@@ -851,6 +862,7 @@ impl CpuStage {
                         run_grid(ef, ek.grid, &desc, threads, bounds)
                             .map_err(|f| failure_error(stage, bounds, ek, ef, f))?;
                     }
+                    mark(&plan.kernel, "gemm");
                     continue;
                 }
             }
@@ -876,6 +888,7 @@ impl CpuStage {
                     } else {
                         qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
                     }
+                    mark(&plan.kernel, "matvec");
                     continue;
                 }
             }
@@ -917,11 +930,16 @@ impl CpuStage {
                         )
                     };
                     rows::run(*isa, rm, x, y, g, b, threads);
+                    mark(&plan.kernel, "rows");
                     continue;
                 }
             }
             run_grid(&plan.func, plan.kernel.grid, &desc, threads, bounds)
                 .map_err(|f| failure_error(stage, bounds, &plan.kernel, &plan.func, f))?;
+            mark(&plan.kernel, "jit");
+        }
+        if let Some(t) = timed {
+            timing::stage(&stage.name, t.elapsed().as_nanos() as u64);
         }
         Ok(())
     }
