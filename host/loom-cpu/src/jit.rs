@@ -62,6 +62,9 @@ pub(crate) const CANCEL_OFF: usize = 48;
 /// Loop iterations between two looks at the cancellation flag (at most).
 pub(crate) const FUEL_SLICE: u64 = 1 << 16;
 const MAX_DEPTH: u32 = 64;
+/// Rows of at least this many f32 elements are moved between buffers and scratch by one call (`rt::loom_copy`)
+/// instead of an inline loop of 128-bit moves.
+const COPY_CALL: u32 = 16;
 /// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
 const MAX_SCRATCH: u32 = 1 << 30;
 
@@ -96,6 +99,7 @@ enum H {
     Dot,
     Dequant,
     Fuel,
+    Copy,
 }
 
 const I32: Type = types::I32;
@@ -182,6 +186,12 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
             rt::loom_fuel as *const u8,
             vec![I64],
             vec![I64],
+        ),
+        (
+            "loom_copy",
+            rt::loom_copy as *const u8,
+            vec![I64, I64, I64],
+            vec![],
         ),
     ]
 }
@@ -2117,6 +2127,17 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
             };
             let Some(ok) = ok else {
+                if len >= COPY_CALL {
+                    // A long row: one call that moves it with the CPU's widest moves.
+                    let z = self.iconst(0);
+                    let ba = self.buf_addr(ptr, g, 4);
+                    let sa = at(self, z);
+                    let sa = self.b.ins().iadd_imm_s(sa, i64::from(off));
+                    let n = self.iconst(4 * i64::from(len));
+                    let (dst, src) = if load { (sa, ba) } else { (ba, sa) };
+                    self.call(H::Copy, &[dst, src, n]);
+                    return Ok(());
+                }
                 return self.row_lanes(len, &mut copy);
             };
             let fill = fill.filter(|_| load);
@@ -2154,6 +2175,31 @@ impl<'k, 'f> Lower<'k, 'f> {
                 let t = t.clone();
                 let len = t.shape[0];
                 let start = t.range.map(|v| self.b.use_var(v));
+                // Rows contiguous in the buffer (the last index covers whole rows of its dimension) and, as
+                // always, in the tile: the block of `len` rows is one move.
+                if let (Some(s), None, true, Some(Ix::T(last))) =
+                    (start, ok, d + 2 == ixs.len(), ixs.get(d + 1))
+                    && last.range.is_some()
+                    && strides[d + 1] == 1
+                    && st == i64::from(last.shape[0])
+                    && u64::from(len) * u64::from(last.shape[0]) >= u64::from(COPY_CALL)
+                {
+                    let row = i64::from(last.shape[0]);
+                    let c = self.b.ins().imul_imm_s(s, st);
+                    let g = self.b.ins().iadd(g, c);
+                    let s1 = self
+                        .b
+                        .use_var(last.range.unwrap_or_else(|| unreachable!("checked above")));
+                    let g = self.b.ins().iadd(g, s1);
+                    let ba = self.buf_addr(ptr, g, 4);
+                    let r0 = self.b.ins().imul_imm_s(r, i64::from(len) * row * 4);
+                    let sa = self.b.ins().iadd(self.base, r0);
+                    let sa = self.b.ins().iadd_imm_s(sa, i64::from(off));
+                    let n = self.iconst(4 * i64::from(len) * row);
+                    let (dst, src) = if load { (sa, ba) } else { (ba, sa) };
+                    self.call(H::Copy, &[dst, src, n]);
+                    return Ok(());
+                }
                 self.for_n(len, &mut |l, j| {
                     let v = match start {
                         Some(s) => l.b.ins().iadd(s, j),

@@ -12,6 +12,17 @@ use loom_ir::kernel::{DType, ReduceOp, UnOp};
 
 // ---- run-time bounds ----
 
+/// `bytes` bytes from `src` to `dst`: a tile row (or a contiguous block of rows) moved between a buffer and
+/// scratch, which the JIT's 128-bit lanes would move 16 bytes an iteration.
+///
+/// # Safety
+/// The JIT calls it only for accesses whose bounds it proved: `src` and `dst` are valid for `bytes` bytes and
+/// do not overlap (one is in a buffer, the other in the instance's scratch).
+pub(crate) unsafe extern "C" fn loom_copy(dst: *mut u8, src: *const u8, bytes: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes as usize) };
+}
+
 /// The cold path of a loop back-edge whose step slice is spent (see `jit.rs`'s module doc): the cancel status
 /// (negated) when the dispatch's flag is set, the budget status (negated) when the instance's allowance is used
 /// up, else the next slice's steps minus the one being taken now.

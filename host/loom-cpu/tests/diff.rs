@@ -175,9 +175,12 @@ fn ranged_copy(r: u64, c: u64, b: u32, c0: i64, w: u32, programs: u64) -> loom_i
 #[test]
 fn checked_ranged_loads_copy_rows_and_report_the_first_index_out_of_range() {
     let mut rng = Rng::new(29);
-    // In range: exact.
-    let st = one_kernel_stage(ranged_copy(12, 37, 4, 3, 30, 3));
-    diff(&st, &[rand_f32(&mut rng, 12 * 37, -1.0, 1.0)], Tol::Exact);
+    // In range: exact. Rows of 16 or more elements move by one call each (30 of 37 columns), whole rows as
+    // one block (every column, and the stores into y's whole rows), shorter ones by the inline lanes (8).
+    for (c0, w) in [(3i64, 30u32), (0, 37), (5, 8), (21, 16)] {
+        let st = one_kernel_stage(ranged_copy(12, 37, 4, c0, w, 3));
+        diff(&st, &[rand_f32(&mut rng, 12 * 37, -1.0, 1.0)], Tol::Exact);
+    }
     // The last program's rows run past the end (rows 8..12 of 10), or every program's columns do (34..38 of
     // 37): the error names the first index outside, like the reference's, and the other programs' rows are
     // stored.
