@@ -10,7 +10,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use loom_ir::kernel::{DType, ReduceOp, UnOp};
+use loom_ir::kernel::{BufRef, DType, ReduceOp, UnOp};
 
 /// Best-of-`reps` seconds of `f`.
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -125,7 +125,7 @@ fn run_stage_best(
 }
 
 fn main() {
-    // LOOM_BENCH=gemm|qmatvec|rows|cast|pool|small runs one group only.
+    // LOOM_BENCH=gemm|qmatvec|decode|rows|cast|pool|small runs one group only.
     let only = std::env::var("LOOM_BENCH").unwrap_or_default();
     let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
@@ -137,7 +137,15 @@ fn main() {
     println!();
     println!("| benchmark | threads | time | rate | reference | ratio | target |");
     println!("|---|---|---|---|---|---|---|");
-    for (m, n, k) in [(1024u64, 1024u64, 1024u64), (128, 384, 1536)] {
+    // Then MiniLM's dense layers for one sentence of 37 tokens and for a cohort of 32 (1,184 tokens).
+    for (m, n, k) in [
+        (1024u64, 1024u64, 1024u64),
+        (128, 384, 1536),
+        (37, 384, 384),
+        (1184, 384, 384),
+        (1184, 1536, 384),
+        (1184, 384, 1536),
+    ] {
         if !on("gemm") {
             break;
         }
@@ -213,6 +221,13 @@ fn main() {
                 );
             }
         }
+    }
+    // One SmolLM2-135M decode token's weight products, as its epoch stage runs them (kernel.loom): per block
+    // the Q4_1 q, k, v, o, gate, up and down matrices at M = 1 (30 blocks), then the Q8_0 tied output head,
+    // each its own dispatch over its own weights (96.4 MB in all, far more than the caches). The floor is a
+    // plain two-thread read of the same bytes in one buffer, measured in the same run.
+    if on("decode") {
+        decode_products(&mut rng);
     }
     // An integer-to-float cast over a [T, D] tile (token ids or positions to f32), JIT path; no target,
     // reported against memcpy for scale (8 bytes in, 4 out per element).
@@ -369,4 +384,117 @@ fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
     let o = kb.add(o, bv);
     kb.store(y, vec![rr, rc], o);
     kb.finish()
+}
+
+/// The `decode` group (see `main`).
+fn decode_products(rng: &mut Rng) {
+    let (h, i_, nh, kv, l, v) = (576u64, 1536u64, 576u64, 192u64, 30usize, 49152u64);
+    let shapes = [
+        (DType::Q4_1, nh, h),
+        (DType::Q4_1, kv, h),
+        (DType::Q4_1, kv, h),
+        (DType::Q4_1, h, nh),
+        (DType::Q4_1, i_, h),
+        (DType::Q4_1, i_, h),
+        (DType::Q4_1, h, i_),
+    ];
+    let mut kernels: Vec<(DType, u64, u64)> = Vec::new();
+    let mut inputs = Vec::new();
+    let mut bufs = Vec::new();
+    let mut dispatches = Vec::new();
+    let mut outputs = Vec::new();
+    let mut order: Vec<(DType, u64, u64)> = (0..l).flat_map(|_| shapes).collect();
+    order.push((DType::Q8_0, v, h));
+    // x of each width, then one output per distinct shape.
+    inputs.push(buf("x576", DType::F32, &[1, h]));
+    bufs.push(rand_f32(rng, h as usize, -1.0, 1.0));
+    inputs.push(buf("x1536", DType::F32, &[1, i_]));
+    bufs.push(rand_f32(rng, i_ as usize, -1.0, 1.0));
+    let mut bytes = 0usize;
+    for (j, &(dt, n, k)) in order.iter().enumerate() {
+        let ki = match kernels.iter().position(|&s| s == (dt, n, k)) {
+            Some(ki) => ki,
+            None => {
+                kernels.push((dt, n, k));
+                outputs.push(buf(&format!("y{}", kernels.len()), DType::F32, &[1, n]));
+                kernels.len() - 1
+            }
+        };
+        inputs.push(buf(&format!("w{j}"), dt, &[n, k]));
+        let w = random_blocks(rng, dt, (n * k / 32) as usize);
+        bytes += w.len();
+        bufs.push(w);
+        let x = if k == h { 0 } else { 1 };
+        dispatches.push((
+            ki as u32,
+            vec![
+                BufRef::Input(inputs.len() as u32 - 1),
+                BufRef::Input(x),
+                BufRef::Output(ki as u32),
+            ],
+        ));
+    }
+    let ks: Vec<_> = kernels
+        .iter()
+        .map(|&(dt, n, k)| matvec_rows_kernel(dt, 1, n, k, 64, 64))
+        .collect();
+    // The same dispatches on one matrix of each shape (the first of each): the products from cache.
+    let first: Vec<u32> = kernels
+        .iter()
+        .map(|s| 2 + order.iter().position(|o| o == s).unwrap_or(0) as u32)
+        .collect();
+    let hot: Vec<(u32, Vec<BufRef>)> = dispatches
+        .iter()
+        .map(|(ki, a)| (*ki, vec![BufRef::Input(first[*ki as usize]), a[1], a[2]]))
+        .collect();
+    let cached = stage(
+        "decode-cached",
+        inputs.clone(),
+        outputs.clone(),
+        vec![],
+        ks.clone(),
+        hot,
+    );
+    let st = stage("decode", inputs, outputs, vec![], ks, dispatches);
+    // The floor: the same bytes in one buffer, read by two threads (each half summed as u64 lanes).
+    let flat: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let read = best(20, || {
+        let half = flat.len() / 2;
+        let sums = [0u64, 0].map(std::sync::atomic::AtomicU64::new);
+        loom_cpu::pool::run(2, 1, &|t| {
+            let part = &flat[t * half..((t + 1) * half).min(flat.len())];
+            let mut acc = [0u64; 8];
+            for c in part.chunks_exact(8) {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a = a.wrapping_add(*x);
+                }
+            }
+            sums[t].store(
+                acc.iter().fold(0, |s, a| s.wrapping_add(*a)),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        });
+        std::hint::black_box(&sums);
+    });
+    for threads in [1usize, 2] {
+        let t = run_stage_best(&cached, &bufs, threads, 20);
+        println!(
+            "| SmolLM2 decode token, one matrix of each shape (from cache) | {threads} | {:.2} ms | {:.1} GB/s | 2-thread read {:.2} ms | {:.0} % | - |",
+            t * 1e3,
+            bytes as f64 / t / 1e9,
+            read * 1e3,
+            100.0 * read / t
+        );
+        let t = run_stage_best(&st, &bufs, threads, 20);
+        println!(
+            "| SmolLM2 decode token: {} products, {:.1} MB | {threads} | {:.2} ms | {:.1} GB/s | 2-thread read of the same bytes {:.2} ms ({:.1} GB/s) | {:.0} % | - |",
+            order.len(),
+            bytes as f64 / 1e6,
+            t * 1e3,
+            bytes as f64 / t / 1e9,
+            read * 1e3,
+            bytes as f64 / read / 1e9,
+            100.0 * read / t
+        );
+    }
 }
