@@ -75,6 +75,13 @@ pub(crate) fn sgemm_strided(
     }
 }
 
+/// Products with at least this many rows of A run on AMX tiles where the operator opted in (`amx.rs`). Below
+/// it packing B (the weights, read cold from memory in a served model) costs about what the tiles save:
+/// MiniLM requests of 8 sentences (~300 rows) measured no faster through the server, requests of 32 (~1,200
+/// rows) ~1.2x (BENCHMARKS.md).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ROWS: usize = 512;
+
 /// Raw pointers that may cross into the worker threads of [`sgemm_threads`].
 #[derive(Clone, Copy)]
 struct Ptrs(*mut f32, *const f32, *const f32);
@@ -101,6 +108,12 @@ pub(crate) fn sgemm_threads(
     } else {
         (1, n as isize)
     };
+    #[cfg(target_arch = "x86_64")]
+    if m >= AMX_MIN_ROWS && crate::amx::enabled() {
+        // SAFETY: AMX is present and permitted (`enabled` implies `hardware`); the caller's contract (shapes, no overlap of c with a or b).
+        unsafe { crate::amx::sgemm(m, n, k, c, a, b, b_cs, b_rs, threads.max(1)) };
+        return;
+    }
     // At least 512 K multiply-adds (~4 us) per thread: the pool's round trip is ~0.5 us with the worker
     // spinning and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 1 M for a thread spawn per call.
     let threads = threads

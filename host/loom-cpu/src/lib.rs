@@ -54,6 +54,8 @@
 
 #![allow(unsafe_code)]
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod epilogue;
 mod jit;
 mod kernels;
@@ -803,7 +805,12 @@ impl CpuStage {
         let mut mark = |kernel: &Kernel, path: &'static str| {
             if let Some(t) = last.as_mut() {
                 let now = Instant::now();
-                timing::dispatch(&kernel.name, path, kernel.grid, (now - *t).as_nanos() as u64);
+                timing::dispatch(
+                    &kernel.name,
+                    path,
+                    kernel.grid,
+                    (now - *t).as_nanos() as u64,
+                );
                 *t = now;
             }
         };
