@@ -163,20 +163,12 @@ fn split16(x: __m512) -> (__m512i, __m512i) {
 }
 
 /// Packs `a` rows `r0 .. r0 + 32 * blocks` (rows past `m` as zeros) into `out` (`blocks * nkb` units, block
-/// by block, each block's K slices in order). `a` row `i` starts at `a + i * lda`.
+/// by block, each block's K slices in order). `a` is row-major `[m, k]`.
 ///
 /// # Safety
-/// AVX-512F is present; `a` is valid for rows `0..m` of `k` f32 at stride `lda`; `out` has room.
+/// AVX-512F is present; `a` is valid for `m * k` f32; `out` has room.
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_a(
-    a: *const f32,
-    lda: usize,
-    m: usize,
-    k: usize,
-    r0: usize,
-    blocks: usize,
-    out: &mut [u16],
-) {
+unsafe fn pack_a(a: *const f32, m: usize, k: usize, r0: usize, blocks: usize, out: &mut [u16]) {
     let nkb = k.div_ceil(32);
     assert!(out.len() >= blocks * nkb * UNIT_H);
     for ib in 0..blocks {
@@ -198,10 +190,7 @@ unsafe fn pack_a(
                     };
                     // SAFETY: lanes below n read row i < m at columns k0 .. k0 + n <= k.
                     let x = unsafe {
-                        _mm512_maskz_loadu_ps(
-                            ((1u32 << n) - 1) as u16,
-                            a.wrapping_add(i * lda + k0),
-                        )
+                        _mm512_maskz_loadu_ps(((1u32 << n) - 1) as u16, a.wrapping_add(i * k + k0))
                     };
                     let (hi, lo) = split16(x);
                     // SAFETY: 16 u16 at hi_at/lo_at + 16 * half lie inside this unit's row.
@@ -224,7 +213,7 @@ unsafe fn pack_a(
 /// Packs `b`'s column blocks `jb0 .. jb0 + blocks` (32 columns each; columns past `n` as zeros) into `out`,
 /// block by block, each block's K slices in order. `b`'s element `(k, j)` is at `b + k * b_rs + j * b_cs`:
 /// rows of `b` contiguous (`b_cs == 1`, a `[K, N]` matrix) or columns (`b_rs == 1`, `[N, K]`, PyTorch's
-/// `Linear` layout) are read 16 at a time, any other strides element by element.
+/// `Linear` layout), read 16 at a time (the only layouts `kernels::sgemm_threads` passes).
 ///
 /// # Safety
 /// AVX-512F is present; `b` is valid for every `(k, j)` with `k < kk`, `j < n`; `out` has room.
@@ -241,7 +230,7 @@ unsafe fn pack_b(
     out: &mut [u16],
 ) {
     let nkb = kk.div_ceil(32);
-    assert!(out.len() >= blocks * nkb * UNIT_H);
+    assert!(out.len() >= blocks * nkb * UNIT_H && (b_cs == 1 || b_rs == 1));
     let mask = |valid: usize| ((1u32 << valid.min(16)) - 1) as u16;
     let o = out.as_mut_ptr();
     for jb in 0..blocks {
@@ -278,7 +267,7 @@ unsafe fn pack_b(
                             );
                         }
                     }
-                } else if b_rs == 1 {
+                } else {
                     // Columns of b: column c's 32 values are contiguous; its pairs go down the tile's rows.
                     for c in 0..16 {
                         let j = j0 + c;
@@ -311,34 +300,6 @@ unsafe fn pack_b(
                                     (o.add(hi_t + at) as *mut u32).write_unaligned(hv[q]);
                                     (o.add(lo_t + at) as *mut u32).write_unaligned(lv[q]);
                                 }
-                            }
-                        }
-                    }
-                } else {
-                    for c in 0..16 {
-                        let j = j0 + c;
-                        for half in 0..2 {
-                            let mut v = [0f32; 16];
-                            for (t, v) in v.iter_mut().enumerate() {
-                                let k = k0 + 16 * half + t;
-                                if j < n && k < kk {
-                                    // SAFETY: k < kk and j < n.
-                                    *v =
-                                        unsafe { *b.offset(k as isize * b_rs + j as isize * b_cs) };
-                                }
-                            }
-                            // SAFETY: v has 16 f32.
-                            let (h, l) = split16(unsafe { _mm512_loadu_ps(v.as_ptr()) });
-                            let (mut hv, mut lv) = ([0u32; 16], [0u32; 16]);
-                            // SAFETY: 16 u32 each.
-                            unsafe {
-                                _mm512_storeu_si512(hv.as_mut_ptr() as *mut __m512i, h);
-                                _mm512_storeu_si512(lv.as_mut_ptr() as *mut __m512i, l);
-                            }
-                            for t in 0..16 {
-                                let at = ((16 * half + t) / 2) * 32 + 2 * c + t % 2;
-                                out[hi_t + at] = hv[t] as u16;
-                                out[lo_t + at] = lv[t] as u16;
                             }
                         }
                     }
@@ -582,7 +543,13 @@ pub(crate) unsafe fn sgemm_with(
     if m == 0 || n == 0 {
         return;
     }
-    let nkb = k.div_ceil(32).max(1);
+    if k == 0 {
+        // An empty sum: nothing to pack (the kept buffers would be read unwritten).
+        // SAFETY: c holds m x n f32 (caller).
+        unsafe { std::ptr::write_bytes(c, 0, m * n) };
+        return;
+    }
+    let nkb = k.div_ceil(32);
     let (mb, nb) = (m.div_ceil(32), n.div_ceil(32));
     let row_blocks = (TASK_A_BYTES / (nkb * UNIT)).clamp(1, 16);
     let row_groups = mb.div_ceil(row_blocks);
@@ -670,12 +637,12 @@ unsafe fn run_task(
     cols: std::ops::Range<usize>,
     panel: &mut dyn FnMut(usize) -> *const u16,
 ) {
-    let nkb = k.div_ceil(32).max(1);
+    let nkb = k.div_ceil(32);
     let mut acc = vec![Acc([0f32; 1024]); blocks];
     with_packed(&PACKED_A, blocks * nkb, |packed_a| {
         // SAFETY: the caller's contract.
         unsafe {
-            pack_a(p.1, k, m, k, ib0 * 32, blocks, packed_a);
+            pack_a(p.1, m, k, ib0 * 32, blocks, packed_a);
             let _tiles = Tiles::config();
             for jb in cols {
                 let pb = panel(jb);
@@ -774,6 +741,7 @@ mod tests {
         }
         let mut r = rng(11);
         for (m, n, k) in [
+            (3, 5, 0),
             (1, 1, 1),
             (32, 32, 32),
             (37, 50, 29),

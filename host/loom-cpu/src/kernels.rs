@@ -110,7 +110,8 @@ pub(crate) fn sgemm_threads(
     };
     #[cfg(target_arch = "x86_64")]
     if m >= AMX_MIN_ROWS && crate::amx::enabled() {
-        // SAFETY: AMX is present and permitted (`enabled` implies `hardware`); the caller's contract (shapes, no overlap of c with a or b).
+        // SAFETY: AMX is present and permitted (`enabled` implies `hardware`); the caller's contract (shapes,
+        // no overlap of c with a or b).
         unsafe { crate::amx::sgemm(m, n, k, c, a, b, b_cs, b_rs, threads.max(1)) };
         return;
     }
