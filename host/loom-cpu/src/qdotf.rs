@@ -760,30 +760,41 @@ pub(crate) fn matmul_rows(
 mod tests {
     use super::*;
 
-    /// The SIMD dequantisation and dot equal the scalar ones (dequantisation exactly up to the fused
-    /// multiply-add's single rounding; dots up to summation order).
-    #[test]
-    fn simd_matches_scalar() {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
+    /// A xorshift64 sequence from `seed`.
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
             s
-        };
+        }
+    }
+
+    /// `nb` random blocks of `dtype` with normal f16 scales (0x3000..0x3bff: ~0.125..1) and, for Q4_1,
+    /// minimums (~-0.125..-1).
+    fn random_blocks(next: &mut impl FnMut() -> u64, dtype: DType, nb: usize) -> Vec<u8> {
+        let bs = block_bytes(dtype);
+        let mut w: Vec<u8> = (0..nb * bs).map(|_| next() as u8).collect();
+        for b in 0..nb {
+            let d = 0x3000u16 + (next() % 0xbff) as u16;
+            w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
+            if dtype == DType::Q4_1 {
+                let m = 0xb000u16 + (next() % 0xbff) as u16;
+                w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// The SIMD dequantisation and dot equal the scalar ones (dequantisation exactly up to the fused
+    /// multiply-add's single rounding; dots up to summation order).
+    #[test]
+    fn simd_matches_scalar() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             let nb = 6;
-            let bs = block_bytes(dtype);
-            let mut w: Vec<u8> = (0..nb * bs).map(|_| next() as u8).collect();
-            for b in 0..nb {
-                // Normal f16 scales (0x3000..0x3bff: ~0.125..1) and minimums.
-                let d = 0x3000u16 + (next() % 0xbff) as u16;
-                w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
-                if dtype == DType::Q4_1 {
-                    let m = 0xb000u16 + (next() % 0xbff) as u16;
-                    w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
-                }
-            }
+            let w = random_blocks(&mut next, dtype, nb);
             let mut want = vec![0f32; nb * QK];
             dequant_row_scalar(dtype, &w, &mut want);
             for isa in [Isa::detect(), Isa::Scalar] {
@@ -820,29 +831,14 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fused_dots_match_the_exact_product() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let isa = Isa::detect();
         if isa == Isa::Scalar {
             return;
         }
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             for nb in [1, 5, 16, 18, 48, 50] {
-                let bs = block_bytes(dtype);
-                let mut w: Vec<u8> = (0..nb * bs).map(|_| next() as u8).collect();
-                for b in 0..nb {
-                    let d = 0x3000u16 + (next() % 0xbff) as u16;
-                    w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
-                    if dtype == DType::Q4_1 {
-                        let m = 0xb000u16 + (next() % 0xbff) as u16;
-                        w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
-                    }
-                }
+                let w = random_blocks(&mut next, dtype, nb);
                 let mut deq = vec![0f32; nb * QK];
                 dequant_row_scalar(dtype, &w, &mut deq);
                 let x: Vec<f32> = (0..nb * QK).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -883,26 +879,10 @@ mod tests {
             return;
         }
         let isa = Isa::detect();
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for dtype in [DType::Q8_0, DType::Q4_1] {
             for (m, n, k) in [(16usize, 40usize, 96usize), (37, 70, 576), (600, 33, 1536)] {
-                let bs = block_bytes(dtype);
-                let nb = k / QK;
-                let mut w: Vec<u8> = (0..n * nb * bs).map(|_| next() as u8).collect();
-                for b in 0..n * nb {
-                    let d = 0x3000u16 + (next() % 0xbff) as u16;
-                    w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
-                    if dtype == DType::Q4_1 {
-                        let mn = 0xb000u16 + (next() % 0xbff) as u16;
-                        w[b * bs + 2..b * bs + 4].copy_from_slice(&mn.to_le_bytes());
-                    }
-                }
+                let w = random_blocks(&mut next, dtype, n * (k / QK));
                 let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
                 let mut deq = vec![0f32; n * k];
                 dequant_row_scalar(dtype, &w, &mut deq);
