@@ -63,6 +63,7 @@ mod pattern;
 pub mod pool;
 mod qdot;
 mod qdotf;
+mod qtile;
 mod quant;
 mod rows;
 mod rt;
@@ -74,7 +75,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use loom_ir::Loc;
-use loom_ir::kernel::{Access, BufRef, Kernel, RunBounds, Stage, instance_allowance};
+use loom_ir::kernel::{Access, BufRef, DType, Kernel, RunBounds, Stage, instance_allowance};
 
 /// The byte workspace buffers are filled with before a stage runs (as the reference does).
 pub const POISON_BYTE: u8 = 0xff;
@@ -147,6 +148,50 @@ struct KPlan {
     gemm: Option<GemmPlan>,
     matvec: Option<(pattern::MatvecMatch, qdot::Isa)>,
     rows: Option<(pattern::RowsMatch, rows::Isa)>,
+}
+
+/// Forms of one parameter buffer's bytes that the CPU kernels derive and keep between runs: the weight tiles
+/// of the quantised row products (`qtile`), one per matrix shape the buffer is read as. Whoever owns the
+/// buffer keeps one of these beside it, passes it to [`CpuStage::run_cached`], and calls [`ParamCache::clear`]
+/// whenever the buffer's bytes change (a stale form would compute with the old weights).
+#[derive(Debug, Default)]
+pub struct ParamCache {
+    tiles: Mutex<Vec<std::sync::Arc<qtile::Packed>>>,
+}
+
+impl ParamCache {
+    /// An empty cache.
+    pub fn new() -> ParamCache {
+        ParamCache::default()
+    }
+
+    /// Drops every derived form (the buffer's bytes changed).
+    pub fn clear(&self) {
+        self.tiles.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Bytes the derived forms hold.
+    pub fn bytes(&self) -> usize {
+        let t = self.tiles.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().map(|p| p.bytes()).sum()
+    }
+
+    /// The tiles of `w` read as `[n, k]` of `dtype`, made on first use.
+    pub(crate) fn tiles(
+        &self,
+        dtype: DType,
+        n: usize,
+        k: usize,
+        w: &[u8],
+    ) -> std::sync::Arc<qtile::Packed> {
+        let mut t = self.tiles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = t.iter().find(|p| p.is(dtype, n, k)) {
+            return p.clone();
+        }
+        let p = std::sync::Arc::new(qtile::Packed::pack(dtype, n, k, w));
+        t.push(p.clone());
+        p
+    }
 }
 
 /// JIT modules alive (compiled stages not yet dropped): each holds executable memory, freed on drop.
@@ -773,7 +818,25 @@ impl CpuStage {
         threads: usize,
         bounds: &RunBounds<'_>,
     ) -> Result<(), Error> {
+        self.run_cached(inputs, params, &[], outputs, threads, bounds)
+    }
+
+    /// [`CpuStage::run_bounded`] with a [`ParamCache`] for each parameter buffer (`caches[i]` belongs to
+    /// `params[i]`; fewer caches than parameters leave the rest without one): forms of the parameters' bytes
+    /// that kernels derive once and keep (repacked weight tiles) live there instead of being derived again
+    /// each run. The caller clears a parameter's cache whenever that buffer's bytes change.
+    pub fn run_cached(
+        &self,
+        inputs: &[&[u8]],
+        params: &[&[u8]],
+        caches: &[&ParamCache],
+        outputs: &mut [Vec<u8>],
+        threads: usize,
+        bounds: &RunBounds<'_>,
+    ) -> Result<(), Error> {
         let stage = &self.stage;
+        // Slot index of the first parameter (the order below: inputs, outputs, workspace, parameters).
+        let param_base = inputs.len() + outputs.len() + stage.workspace.len();
         let at = format!("stage `{}`", stage.name);
         stage.check_buffers(inputs, params, outputs)?;
         for b in &stage.workspace {
@@ -891,7 +954,19 @@ impl CpuStage {
                         )
                     };
                     if mv.row_form {
-                        qdotf::matmul_rows(*isa, mv.dtype, mv.m, mv.n, mv.k, w, x, y, threads);
+                        let cache = sw.checked_sub(param_base).and_then(|p| caches.get(p));
+                        qdotf::matmul_rows(
+                            *isa,
+                            mv.dtype,
+                            mv.m,
+                            mv.n,
+                            mv.k,
+                            w,
+                            x,
+                            y,
+                            threads,
+                            cache.copied(),
+                        );
                     } else {
                         qdot::matvec(*isa, mv.dtype, mv.n, mv.k, w, x, y, threads);
                     }

@@ -629,6 +629,7 @@ pub(crate) fn matmul_rows(
     x: &[u8],
     y: &mut [u8],
     threads: usize,
+    cache: Option<&crate::ParamCache>,
 ) {
     let row = k / QK * block_bytes(dtype);
     assert!(
@@ -669,6 +670,24 @@ pub(crate) fn matmul_rows(
         };
         return;
     }
+    // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI: the weights as tiles of 16 rows (kept in
+    // `cache` when the weights are a parameter, else made for this call) against 22-bit activations
+    // (`qtile.rs`).
+    #[cfg(target_arch = "x86_64")]
+    if m < crate::qtile::MAX_ROWS
+        && crate::qtile::available(isa)
+        && crate::qtile::Packed::supports(dtype)
+    {
+        let p = match cache {
+            Some(c) => c.tiles(dtype, n, k, w),
+            None => std::sync::Arc::new(crate::qtile::Packed::pack(dtype, n, k, w)),
+        };
+        // SAFETY: `available(isa)`; y holds m * n f32 (asserted above; stores are unaligned) and is a
+        // different buffer from w and x (the caller's exclusive borrow).
+        unsafe { crate::qtile::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };
+        return;
+    }
+    let _ = cache;
     let xsum: Vec<f32> = if m < 4 {
         xf.chunks_exact(QK).map(|c| c.iter().sum()).collect()
     } else {

@@ -149,39 +149,6 @@ pub fn matvec_kernel(wdt: DType, n: u64, k: u64, bn: u32, bk: u32) -> Kernel {
     kb.finish()
 }
 
-/// The row form of [`matvec_kernel`]: `y[m, :] = W x[m, :]` for each of `m` rows of `x: [m, k]`, over an
-/// `(m, cdiv(n, bn))` grid (`pid(0)` the row).
-#[allow(dead_code)]
-pub fn matvec_rows_kernel(wdt: DType, m: u64, n: u64, k: u64, bn: u32, bk: u32) -> Kernel {
-    let mut kb = KB::new("matvec_rows", [m, cdiv(n, bn as u64), 1]);
-    let w = kb.param("w", wdt, &[n, k], READ);
-    let x = kb.param("x", DType::F32, &[m, k], READ);
-    let y = kb.param("y", DType::F32, &[m, n], WRITE);
-    let row = kb.pid(0);
-    let p = kb.pid(1);
-    let n0 = kb.mul(p, i(bn as i64));
-    let rn = kb.range(n0, bn);
-    let acc0 = kb.full(f(0.0), &[1, bn], DType::F32);
-    let (rn2, row2) = (rn.clone(), row.clone());
-    let res = kb.for_(
-        i(0),
-        i(k as i64),
-        i(bk as i64),
-        vec![acc0],
-        move |kb, k0, it| {
-            let rk = kb.range(k0, bk);
-            let xt = kb.load(x, vec![row2, rk.clone()], Some(f(0.0)));
-            let xa = kb.expand_dims(xt, 0);
-            let wt = kb.load(w, vec![rn2, rk], Some(f(0.0)));
-            let wt = kb.transpose(wt);
-            vec![kb.dot(xa, wt, it[0].clone())]
-        },
-    );
-    let out = kb.reshape(res[0].clone(), &[bn]);
-    kb.store(y, vec![row, rn], out);
-    kb.finish()
-}
-
 /// Random quantised blocks with sane f16 scales (0.01..1, Q4_1 minimums too) so that no value is NaN or
 /// infinite.
 pub fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {

@@ -1,0 +1,645 @@
+//! Quantised weights in **tiles of 16 rows** times **15-bit activations**: the row form of the quantised
+//! matrix-vector pattern (`y[i, n] = sum_k deq(W[n, k]) * x[i, k]`, `W` Q8_0, Q4_0 or Q4_1 blocks of 32 along
+//! `K`) on CPUs with AVX-512 VNNI, where the weights were repacked once ([`Packed`]).
+//!
+//! **Layout.** [`Packed`] holds the matrix as tiles of 16 weight rows; a tile holds, block by block, the 16
+//! rows' weights of that block interleaved four bytes at a time (one 64-byte vector holds four consecutive
+//! weights of each of the 16 rows), then the 16 rows' f16 scales and (Q4_1) minimums. One `vpdpbusd` with
+//! four activation bytes broadcast then advances 16 rows' dot products by four weights each, and a block ends
+//! with one vector of 16 row sums: no horizontal reductions, no per-row scale broadcasts, no widening to
+//! f32. Q4 weights keep their nibbles (a byte's low nibble is weight `4j + t` of the block, its high nibble
+//! weight `16 + 4j + t`, as in the GGUF block); Q8_0's signed bytes are stored offset by 128 (unsigned, as
+//! `vpdpbusd` wants them), the offset taken back exactly in integers. A tile-block is 320 bytes for Q4 (the
+//! GGUF's 20 a row for Q4_1) and 576 for Q8_0 (GGUF: 544), 64-byte aligned.
+//!
+//! **Numerics.** Each activation row is quantised per block of 32 to integers `q` of at most 14 bits and a sign
+//! (`s = max |x| / 16383`, `q = round(x / s)`): an error of at most `max |x| / 32766` an element, 128 times
+//! smaller than ggml's Q8 activations (which issue 16's float64-oracle tests reject) and far inside their
+//! bound. `q` is split exactly into `256 h + l` with `h`, `l` signed bytes, so the block's integer dot
+//! `sum u q` (u the stored weight bytes) is two `vpdpbusd` sums, exact in 32 bits. Per block and row the
+//! float work is `acc += f32(isum) * (d * s)` (and, Q4_1, `acc += m * sum x`, the block's f32 activation
+//! sum), in block order. So a row's result depends on its weights and its activation row only: the same
+//! bits whatever `M` is and whichever rows share the call (batch-invariant), and the same on every thread.
+//! The scalar form ([`matmul_scalar`]) computes the same arithmetic, bit for bit (the tests check it).
+
+use loom_ir::kernel::DType;
+
+use crate::qdot::Isa;
+
+/// Weights per block (along K).
+const QK: usize = 32;
+/// Weight rows per tile.
+pub(crate) const TILE: usize = 16;
+/// The row products take this path below this many activation rows (decode epochs); at more rows the f32
+/// blocked dot of `qdotf` is faster (its 4 x 4 register blocking amortises the dequantisation, and the
+/// three-part integer dots cost more instructions than two f32 multiply-adds a block: measured, BENCHMARKS.md).
+pub(crate) const MAX_ROWS: usize = 8;
+/// Activation rows per call of the kernel.
+const MANY: usize = 16;
+/// How many tile-blocks ahead the kernel prefetches.
+const PREFETCH: usize = 8;
+/// `x + ROUNDER - ROUNDER` is `x` rounded to an integer (ties to even) for `|x| < 2^22`.
+const ROUNDER: f32 = 12_582_912.0;
+/// The activation quantisation's largest magnitude (21 bits).
+const QMAX: f32 = 2_097_151.0;
+
+/// 64 bytes, 64-byte aligned: the unit of [`Packed`]'s storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A quantised weight matrix `[n, k]` repacked into tiles of [`TILE`] rows (see the module doc).
+pub(crate) struct Packed {
+    dtype: DType,
+    n: usize,
+    k: usize,
+    data: Vec<Line>,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({} [{}, {}])", self.dtype, self.n, self.k)
+    }
+}
+
+/// Bytes of one GGUF block of `dtype`.
+fn gguf_block(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        DType::Q4_1 => 20,
+        _ => unreachable!("qtile: {dtype} is not a block type"),
+    }
+}
+
+/// Bytes of one tile-block: the 16 rows' weights of a block, their scales and minimums (or padding).
+fn tile_block(dtype: DType) -> usize {
+    if dtype == DType::Q8_0 { 576 } else { 320 }
+}
+
+/// Bytes of the weights part of a tile-block.
+fn weight_bytes(dtype: DType) -> usize {
+    if dtype == DType::Q8_0 { 512 } else { 256 }
+}
+
+/// The offset the stored weight bytes carry (`w = d (u - z) + m`).
+fn zero_point(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q8_0 => 128,
+        DType::Q4_0 => 8,
+        _ => 0,
+    }
+}
+
+impl Packed {
+    /// Whether `dtype` has a tiled form.
+    pub(crate) fn supports(dtype: DType) -> bool {
+        matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+    }
+
+    /// Repacks `w` (`n` rows of `k / 32` GGUF blocks of `dtype`, row-major) into tiles. Rows past `n` in the
+    /// last tile are zero (their outputs are never written).
+    pub(crate) fn pack(dtype: DType, n: usize, k: usize, w: &[u8]) -> Packed {
+        assert!(Self::supports(dtype) && k.is_multiple_of(QK));
+        let (gb, tb, wb) = (gguf_block(dtype), tile_block(dtype), weight_bytes(dtype));
+        let nb = k / QK;
+        let row = nb * gb;
+        assert_eq!(w.len(), n * row, "qtile: {n} rows of {k} {dtype} weights");
+        let tiles = n.div_ceil(TILE);
+        let bytes = tiles * nb * tb;
+        let mut data = vec![Line([0; 64]); bytes / 64];
+        // SAFETY: `data` is `bytes` initialised bytes (`tb` is a multiple of 64); the u8 view is unique here.
+        let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, bytes) };
+        for t in 0..tiles {
+            for b in 0..nb {
+                let o = &mut out[(t * nb + b) * tb..(t * nb + b + 1) * tb];
+                for r in 0..TILE.min(n - t * TILE) {
+                    let blk = &w[(t * TILE + r) * row + b * gb..][..gb];
+                    // Scales (and minimums) after the weights: 16 f16 each.
+                    o[wb + 2 * r..wb + 2 * r + 2].copy_from_slice(&blk[..2]);
+                    match dtype {
+                        DType::Q4_1 => {
+                            o[wb + 32 + 2 * r..wb + 32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                            for j in 0..4 {
+                                o[64 * j + 4 * r..64 * j + 4 * r + 4]
+                                    .copy_from_slice(&blk[4 + 4 * j..8 + 4 * j]);
+                            }
+                        }
+                        DType::Q4_0 => {
+                            for j in 0..4 {
+                                o[64 * j + 4 * r..64 * j + 4 * r + 4]
+                                    .copy_from_slice(&blk[2 + 4 * j..6 + 4 * j]);
+                            }
+                        }
+                        _ => {
+                            for j in 0..8 {
+                                for t in 0..4 {
+                                    o[64 * j + 4 * r + t] = blk[2 + 4 * j + t] ^ 0x80;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Packed { dtype, n, k, data }
+    }
+
+    /// Whether this is the matrix `[n, k]` of `dtype`.
+    pub(crate) fn is(&self, dtype: DType, n: usize, k: usize) -> bool {
+        (self.dtype, self.n, self.k) == (dtype, n, k)
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    fn ptr(&self) -> *const u8 {
+        self.data.as_ptr() as *const u8
+    }
+}
+
+/// One activation row quantised per block (see the module doc): `q = 65536 a + 256 b + c` with `a`, `b`, `c`
+/// signed bytes (`parts[0..3]`), and per block the scale `s`, the parts' sums and the f32 sum of the block's
+/// activations.
+struct Acts {
+    parts: [Vec<i8>; 3],
+    s: Vec<f32>,
+    sums: Vec<[i32; 3]>,
+    sum: Vec<f32>,
+}
+
+impl Acts {
+    fn new(x: &[f32]) -> Acts {
+        let nb = x.len() / QK;
+        let mut a = Acts {
+            parts: [vec![0; nb * QK], vec![0; nb * QK], vec![0; nb * QK]],
+            s: vec![0.0; nb],
+            sums: vec![[0; 3]; nb],
+            sum: vec![0.0; nb],
+        };
+        for (b, c) in x.chunks_exact(QK).enumerate() {
+            let c: &[f32; QK] = c.try_into().expect("32 activations");
+            let amax = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // A block of zeros (or of magnitudes so small that the scale's inverse overflows) quantises to
+            // zeros with scale zero; a block holding a NaN or an infinity gets a NaN scale, so the products
+            // it enters are NaN (as the f32 product's would be).
+            let finite = c.iter().fold(true, |f, v| f & v.is_finite());
+            let s = if finite { amax / QMAX } else { f32::NAN };
+            let inv = if finite && s > 0.0 && (1.0 / s).is_finite() {
+                1.0 / s
+            } else {
+                0.0
+            };
+            // `q = round(x / s)` (the product rounded to f32 first: within 0.625 of `x / s`), then split into
+            // the low byte, the middle byte and the rest, each in [-128, 127] (the top one in [-32, 32]).
+            let mut q = [0i32; QK];
+            for (q, v) in q.iter_mut().zip(c) {
+                // Rounded to nearest even by adding and taking back 1.5 * 2^23 (exact for |v| < 2^22).
+                let r = (v * inv).clamp(-QMAX, QMAX);
+                *q = ((r + ROUNDER) - ROUNDER) as i32;
+            }
+            let mut sums = [0i32; 3];
+            for (t, sum) in sums.iter_mut().enumerate() {
+                let out: &mut [i8; QK] = (&mut a.parts[t][b * QK..(b + 1) * QK])
+                    .try_into()
+                    .expect("32 bytes");
+                for (o, q) in out.iter_mut().zip(&q) {
+                    // Part t of q: shift off the parts below it (rounded so each lies in [-128, 127]).
+                    let v = match t {
+                        0 => (q + 32896) >> 16,
+                        1 => ((((q + 128) >> 8) + 128) & 255) - 128,
+                        _ => ((q + 128) & 255) - 128,
+                    };
+                    *o = v as i8;
+                    *sum += v;
+                }
+            }
+            a.s[b] = s;
+            a.sums[b] = sums;
+            // The same order as the scalar sums elsewhere (left to right).
+            a.sum[b] = c.iter().sum();
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+/// The f32 of the little-endian f16 at `p[0..2]`.
+fn half(p: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([p[0], p[1]]))
+}
+
+#[cfg(test)]
+/// IEEE binary16 to f32, exactly.
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = if exp == 0 {
+        // Zero, or subnormal: `man * 2^-24` (exact in f32).
+        let v = man as f32 * (1.0 / 16_777_216.0);
+        return if sign != 0 { -v } else { v };
+    } else if exp == 31 {
+        sign | 0x7f80_0000 | (man << 13)
+    } else {
+        sign | ((exp + 112) << 23) | (man << 13)
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+/// One tile's 16 outputs for one activation row, in scalar code with the SIMD kernel's arithmetic.
+fn tile_scalar(p: &Packed, t: usize, a: &Acts) -> [f32; TILE] {
+    let (tb, wb) = (tile_block(p.dtype), weight_bytes(p.dtype));
+    let nb = p.k / QK;
+    let z = zero_point(p.dtype);
+    // SAFETY: `data` is initialised bytes; shared view.
+    let bytes = unsafe { std::slice::from_raw_parts(p.ptr(), p.bytes()) };
+    let mut acc = [0f32; TILE];
+    for b in 0..nb {
+        let o = &bytes[(t * nb + b) * tb..][..tb];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // The block's integer dot with each part, less the stored weights' offset.
+            let mut ps = [0i32; 3];
+            for (t, ps) in ps.iter_mut().enumerate() {
+                let x = &a.parts[t][b * QK..][..QK];
+                if p.dtype == DType::Q8_0 {
+                    for j in 0..32 {
+                        *ps += i32::from(o[64 * (j / 4) + 4 * r + j % 4]) * i32::from(x[j]);
+                    }
+                } else {
+                    for j in 0..16 {
+                        let byte = o[64 * (j / 4) + 4 * r + j % 4];
+                        *ps += i32::from(byte & 15) * i32::from(x[j])
+                            + i32::from(byte >> 4) * i32::from(x[16 + j]);
+                    }
+                }
+                *ps -= z * a.sums[b][t];
+            }
+            let f = (ps[0] as f32).mul_add(65536.0, ((ps[1] << 8) + ps[2]) as f32);
+            let d = half(&o[wb + 2 * r..]);
+            *acc = f.mul_add(d * a.s[b], *acc);
+            if p.dtype == DType::Q4_1 {
+                *acc = half(&o[wb + 32 + 2 * r..]).mul_add(a.sum[b], *acc);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+/// `y [m, n] = x [m, k] @ W^T` in scalar code: the reference for the SIMD kernel's bits (tests).
+pub(crate) fn matmul_scalar(p: &Packed, m: usize, x: &[f32], y: &mut [f32]) {
+    assert!(x.len() == m * p.k && y.len() == m * p.n);
+    for i in 0..m {
+        let a = Acts::new(&x[i * p.k..(i + 1) * p.k]);
+        for t in 0..p.n.div_ceil(TILE) {
+            let v = tile_scalar(p, t, &a);
+            for (r, v) in v.iter().enumerate().take(p.n - t * TILE) {
+                y[i * p.n + t * TILE + r] = *v;
+            }
+        }
+    }
+}
+
+/// Whether [`matmul`] runs on this ISA (AVX-512 with VNNI, BW and F16C: `Isa::Avx512Vnni`).
+pub(crate) fn available(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa == Isa::Avx512Vnni
+}
+
+/// `y [m, n] = x [m, k] @ W^T` with the tiled weights `p` on AVX-512 VNNI (`available(isa)`), `y` written
+/// through `out(i, col)`-ordered raw pointer `y` (row-major `[m, n]` f32). Threads claim chunks of tiles.
+///
+/// # Safety
+/// `available(isa)` holds; `y` is valid for `m * p.n` f32 writes and overlaps neither `p` nor `x`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn matmul(p: &Packed, m: usize, x: &[f32], y: *mut f32, threads: usize) {
+    assert!(x.len() == m * p.k);
+    let acts: Vec<Acts> = (0..m)
+        .map(|i| Acts::new(&x[i * p.k..(i + 1) * p.k]))
+        .collect();
+    let tiles = p.n.div_ceil(TILE);
+    let threads = threads
+        .clamp(1, tiles)
+        .min(((p.n * p.k * m.max(1)) >> 17).max(1));
+    // About eight chunks a thread.
+    let per = tiles.div_ceil(threads * 8).max(1);
+    let chunks = tiles.div_ceil(per);
+    let yp = Ptr(y);
+    let work = |c: usize| {
+        let yp = &yp;
+        for t in c * per..((c + 1) * per).min(tiles) {
+            let rows = (p.n - t * TILE).min(TILE);
+            let mut i = 0;
+            while i < m {
+                let g = (m - i).min(MANY);
+                // SAFETY: the ISA holds (caller); the (rows i..i + g, tile t) outputs are this chunk's only.
+                unsafe { x86::tile(p, t, &acts[i..i + g], yp.0, rows, i) };
+                i += g;
+            }
+        }
+    };
+    if threads <= 1 {
+        (0..chunks).for_each(work);
+    } else {
+        crate::pool::run(chunks, threads - 1, &work);
+    }
+}
+
+/// The output pointer, shared by the tasks (each writes its own tiles' columns).
+struct Ptr(*mut f32);
+// SAFETY: tasks write disjoint elements (see `matmul`).
+unsafe impl Sync for Ptr {}
+unsafe impl Send for Ptr {}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// Tile `t`'s outputs for the activation rows `a` (at most [`MANY`]; rows `i0..` of `y`, `[m, p.n]`), the
+    /// first `rows` lanes written. Each tile-block's weights are loaded (and Q4's nibbles separated) once for
+    /// all the rows; per row and block, three integer dots of 16 weight rows (the activation parts), their
+    /// combination in f32, and the scale (see the module doc).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI and F16C are present; `y` is valid for the written elements.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    pub(super) unsafe fn tile(
+        p: &Packed,
+        t: usize,
+        a: &[Acts],
+        y: *mut f32,
+        rows: usize,
+        i0: usize,
+    ) {
+        let (tb, wb) = (tile_block(p.dtype), weight_bytes(p.dtype));
+        let nb = p.k / QK;
+        let z = zero_point(p.dtype);
+        let q8 = p.dtype == DType::Q8_0;
+        let q41 = p.dtype == DType::Q4_1;
+        let lo_mask = _mm512_set1_epi8(0x0f);
+        let hi_mask = _mm512_set1_epi8(0xf0u8 as i8);
+        assert!(a.len() <= MANY);
+        let mut acc = [_mm512_setzero_ps(); MANY];
+        // SAFETY (the whole body): tile `t`'s `nb` tile-blocks lie inside `p.data` (`pack` made `tiles * nb`
+        // of `tb` bytes, 64-byte aligned, `tb` a multiple of 64); each activation row holds `nb * 32` bytes of
+        // each part and `nb` of the per-block values (`Acts::new` over `k = 32 nb`); the broadcast reads are
+        // 4 bytes at `4j` (Q8_0, `j < 8`) or `4j` and `16 + 4j` (Q4, `j < 4`) of the block's 32. Prefetches
+        // may point past the data (`wrapping_add`; a prefetch does not fault).
+        unsafe {
+            let base = p.ptr().add(t * nb * tb);
+            for b in 0..nb {
+                let o = base.add(b * tb);
+                // The weights a few blocks ahead (the tile's blocks are consecutive, and so are the tiles),
+                // one prefetch a line.
+                let ahead = o.wrapping_add(PREFETCH * tb);
+                let mut line = 0;
+                while line < tb {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                    line += 64;
+                }
+                // The block's weights: Q8_0's eight vectors (inputs 4j..4j+4), or Q4's four split into low
+                // nibbles (inputs 4j..) and high nibbles times 16 (inputs 16+4j..).
+                let mut w = [_mm512_setzero_si512(); 8];
+                if q8 {
+                    for (j, w) in w.iter_mut().enumerate() {
+                        *w = _mm512_load_si512(o.add(64 * j) as *const _);
+                    }
+                } else {
+                    for j in 0..4 {
+                        let v = _mm512_load_si512(o.add(64 * j) as *const _);
+                        w[j] = _mm512_and_si512(v, lo_mask);
+                        w[4 + j] = _mm512_and_si512(v, hi_mask);
+                    }
+                }
+                let d = _mm512_cvtph_ps(_mm256_load_si256(o.add(wb) as *const _));
+                let mv = if q41 {
+                    _mm512_cvtph_ps(_mm256_load_si256(o.add(wb + 32) as *const _))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for (g, a) in a.iter().enumerate() {
+                    // Four activation bytes of part `$t` at `$at`, broadcast to the 16 lanes.
+                    macro_rules! bc {
+                        ($t:expr, $at:expr) => {
+                            _mm512_set1_epi32(
+                                (a.parts[$t].as_ptr().add(b * QK + $at) as *const i32)
+                                    .read_unaligned(),
+                            )
+                        };
+                    }
+                    // Per part: two sums (Q8_0: even and odd j; Q4: low and high nibbles).
+                    let mut ps = [[_mm512_setzero_si512(); 2]; 3];
+                    for (t, ps) in ps.iter_mut().enumerate() {
+                        if q8 {
+                            for (j, w) in w.iter().enumerate() {
+                                ps[j & 1] = _mm512_dpbusd_epi32(ps[j & 1], *w, bc!(t, 4 * j));
+                            }
+                        } else {
+                            for j in 0..4 {
+                                ps[0] = _mm512_dpbusd_epi32(ps[0], w[j], bc!(t, 4 * j));
+                                ps[1] = _mm512_dpbusd_epi32(ps[1], w[4 + j], bc!(t, 16 + 4 * j));
+                            }
+                        }
+                    }
+                    let part = |t: usize| {
+                        // Q4: the high nibbles' sums carry a factor 16 (masked, not shifted), exact to shift.
+                        let hi = if q8 {
+                            ps[t][1]
+                        } else {
+                            _mm512_srai_epi32(ps[t][1], 4)
+                        };
+                        let v = _mm512_add_epi32(ps[t][0], hi);
+                        if z != 0 {
+                            _mm512_sub_epi32(v, _mm512_set1_epi32(z * a.sums[b][t]))
+                        } else {
+                            v
+                        }
+                    };
+                    let (p0, p1, p2) = (part(0), part(1), part(2));
+                    let low = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p1, 8), p2));
+                    let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_set1_ps(65536.0), low);
+                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(a.s[b]));
+                    acc[g] = _mm512_fmadd_ps(f, sc, acc[g]);
+                    if q41 {
+                        acc[g] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sum[b]), acc[g]);
+                    }
+                }
+            }
+            let mask: __mmask16 = if rows >= 16 {
+                0xffff
+            } else {
+                (1u16 << rows) - 1
+            };
+            for (g, acc) in acc.iter().take(a.len()).enumerate() {
+                let yp = y.add((i0 + g) * p.n + t * TILE);
+                _mm512_mask_storeu_ps(yp, mask, *acc);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// `n` rows of `nb` random blocks with normal scales (and Q4_1 minimums).
+    fn random_matrix(next: &mut impl FnMut() -> u64, dtype: DType, n: usize, nb: usize) -> Vec<u8> {
+        let bs = gguf_block(dtype);
+        let mut w: Vec<u8> = (0..n * nb * bs).map(|_| next() as u8).collect();
+        for b in 0..n * nb {
+            let d = 0x3000u16 + (next() % 0xbff) as u16;
+            w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
+            if dtype == DType::Q4_1 {
+                let m = 0xb000u16 + (next() % 0xbff) as u16;
+                w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// Row `r`'s dequantised weights, in f64.
+    fn dequant(dtype: DType, w: &[u8], k: usize, r: usize) -> Vec<f64> {
+        let bs = gguf_block(dtype);
+        let nb = k / QK;
+        let mut out = vec![0f64; k];
+        for b in 0..nb {
+            let blk = &w[(r * nb + b) * bs..][..bs];
+            let d = f64::from(half(blk));
+            for j in 0..QK {
+                out[b * QK + j] = match dtype {
+                    DType::Q8_0 => d * f64::from(blk[2 + j] as i8),
+                    DType::Q4_0 => {
+                        let byte = blk[2 + j % 16];
+                        let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                        d * (f64::from(q) - 8.0)
+                    }
+                    _ => {
+                        let byte = blk[4 + j % 16];
+                        let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                        d * f64::from(q) + f64::from(half(&blk[2..]))
+                    }
+                };
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let e = (h >> 10) & 0x1f;
+            if e == 31 {
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("f16c") {
+                // SAFETY: f16c detected.
+                let want = unsafe {
+                    use std::arch::x86_64::*;
+                    #[target_feature(enable = "f16c")]
+                    unsafe fn cvt(h: u16) -> f32 {
+                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+                    }
+                    cvt(h)
+                };
+                assert_eq!(f16_to_f32(h).to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+    }
+
+    /// The tiled product against the exact product of the dequantised weights, within the activation
+    /// quantisation's bound (`sum over blocks of sum |w| * max |x| / (2 * 2097151)`, plus f32 rounding), and the
+    /// SIMD kernel equal to the scalar form bit for bit, for every M group size and partial tiles.
+    #[test]
+    fn tiled_products_match_the_exact_product_and_the_scalar_form() {
+        let mut next = xorshift(0x5851_f42d_4c95_7f2d);
+        for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
+            for (n, nb, m) in [(16, 1, 1), (37, 3, 2), (48, 18, 5), (5, 2, 4), (64, 48, 9)] {
+                let k = nb * QK;
+                let w = random_matrix(&mut next, dtype, n, nb);
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| {
+                        let v = ((next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
+                        // Some blocks of zeros and some of large range.
+                        if (i / QK) % 7 == 3 {
+                            0.0
+                        } else {
+                            v * if i % 5 == 0 { 40.0 } else { 1.0 }
+                        }
+                    })
+                    .collect();
+                let p = Packed::pack(dtype, n, k, &w);
+                let mut want = vec![0f32; m * n];
+                matmul_scalar(&p, m, &x, &mut want);
+                for r in 0..n {
+                    let wr = dequant(dtype, &w, k, r);
+                    for i in 0..m {
+                        let xr = &x[i * k..(i + 1) * k];
+                        let exact: f64 = wr.iter().zip(xr).map(|(a, b)| a * f64::from(*b)).sum();
+                        let mag: f64 = wr
+                            .iter()
+                            .zip(xr)
+                            .map(|(a, b)| (a * f64::from(*b)).abs())
+                            .sum();
+                        let qerr: f64 = (0..nb)
+                            .map(|b| {
+                                let amax = xr[b * QK..(b + 1) * QK]
+                                    .iter()
+                                    .fold(0f32, |m, v| m.max(v.abs()));
+                                let sw: f64 =
+                                    wr[b * QK..(b + 1) * QK].iter().map(|v| v.abs()).sum();
+                                sw * f64::from(amax) / (2.0 * f64::from(QMAX))
+                            })
+                            .sum();
+                        let got = f64::from(want[i * n + r]);
+                        assert!(
+                            (got - exact).abs() <= 1.26 * qerr + 1e-5 * mag + 1e-30,
+                            "{dtype} n {n} k {k} row {r} act {i}: {got} vs {exact} (bound {qerr})"
+                        );
+                    }
+                }
+                #[cfg(target_arch = "x86_64")]
+                if available(Isa::detect()) {
+                    for threads in [1, 2] {
+                        let mut got = vec![f32::NAN; m * n];
+                        // SAFETY: available; got holds m * n f32.
+                        unsafe { matmul(&p, m, &x, got.as_mut_ptr(), threads) };
+                        for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{dtype} n {n} k {k} m {m} at {j}: {g} vs {e}"
+                            );
+                        }
+                    }
+                    // One row alone gives the same bits as inside the batch.
+                    let mut one = vec![0f32; n];
+                    // SAFETY: as above.
+                    unsafe { matmul(&p, 1, &x[(m - 1) * k..], one.as_mut_ptr(), 1) };
+                    assert_eq!(
+                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want[(m - 1) * n..]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+}
