@@ -1534,3 +1534,100 @@ fn a_failure_stays_on_its_timeline() {
     reached(&dev, point(t2, 1));
     assert_eq!(read_all(&dev, a, 64), vec![3; 64]);
 }
+
+/// A parameter buffer rewritten between two dispatches: the second dispatch computes with the new bytes on
+/// every device. (The CPU HAL keeps weight tiles derived from a parameter's bytes between dispatches,
+/// `loom_cpu::ParamCache`; a write must drop them.) `y = W x` row form, Q4_1 weights, both results within
+/// `1e-4 * sum |w x|` of the reference for the weights the parameter held (the CPU's tiled path quantises the
+/// activations to 22 bits, far inside that).
+#[test]
+fn hal_parameter_writes_reach_the_next_dispatch() {
+    use loom_ir::kernel::{BufRef, DType, Dispatch, ParamBinding, Stage};
+    let (m, n, k) = (2u64, 48u64, 256u64);
+    let stage = Stage {
+        name: "rows".into(),
+        inputs: vec![loom_testkit::buf("x", DType::F32, &[m, k])],
+        outputs: vec![loom_testkit::buf("y", DType::F32, &[m, n])],
+        workspace: vec![],
+        param_domain: None,
+        params: vec![ParamBinding {
+            name: "w".into(),
+            dtype: DType::Q4_1,
+            shape: vec![n, k],
+            input: 0,
+            key: "w".into(),
+            layout: None,
+        }],
+        kernels: vec![loom_testkit::matvec_rows_kernel(
+            DType::Q4_1,
+            m,
+            n,
+            k,
+            16,
+            64,
+        )],
+        dispatches: vec![Dispatch {
+            kernel: 0,
+            args: vec![BufRef::Param(0), BufRef::Input(0), BufRef::Output(0)],
+        }],
+    };
+    let xs: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let x = f32_bytes(&xs);
+    let blocks = (n * k / 32) as usize;
+    let ws = [
+        random_blocks(DType::Q4_1, blocks, 0x1234_5678),
+        random_blocks(DType::Q4_1, blocks, 0x8765_4321),
+    ];
+    let check = |id: &str, w: &[u8], got: &[f32]| {
+        let mut want = loom_reference::alloc_outputs(&stage).expect("outputs");
+        loom_reference::run_stage(&stage, &[&x], &[w], &mut want).expect("reference");
+        let want = floats(&want[0]);
+        let wd = loom_reference::dequantize(DType::Q4_1, w).expect("dequantize");
+        for (idx, (g, e)) in got.iter().zip(&want).enumerate() {
+            let (r, c) = (idx / n as usize, idx % n as usize);
+            let s: f64 = wd[c * k as usize..(c + 1) * k as usize]
+                .iter()
+                .zip(&xs[r * k as usize..(r + 1) * k as usize])
+                .map(|(a, b)| f64::from(a * b).abs())
+                .sum();
+            assert!(
+                f64::from((g - e).abs()) <= 1e-4 * s,
+                "{id}: y[{r}, {c}] = {g}, reference {e}"
+            );
+        }
+    };
+    let bytes = encode_stage(&stage);
+    each_device(|id, dev| {
+        let exe = ok(id, dev.compile(RSlice::from_slice(&bytes)));
+        let (xb, wb) = (upload(dev, &x), upload(dev, &ws[0]));
+        let yb = ok("alloc", dev.alloc(m * n * 4));
+        let t = ok(id, dev.timeline_create());
+        let mut results = Vec::new();
+        for (round, w) in ws.iter().enumerate() {
+            if round > 0 {
+                ok("write", dev.write(wb, 0, RSlice::from_slice(w)));
+            }
+            let p = point(t, round as u64 + 1);
+            submit(
+                dev,
+                vec![Command::Dispatch {
+                    exe,
+                    inputs: RVec::from(vec![xb]),
+                    params: RVec::from(vec![wb]),
+                    outputs: RVec::from(vec![yb]),
+                    workspace: RVec::new(),
+                }],
+                &[],
+                p,
+            );
+            reached(dev, p);
+            let got = floats(&read_all(dev, yb, (m * n * 4) as usize));
+            check(id, w, &got);
+            results.push(got);
+        }
+        assert_ne!(results[0], results[1], "{id}");
+        for b in [xb, wb, yb] {
+            ok(id, dev.free(b));
+        }
+    });
+}

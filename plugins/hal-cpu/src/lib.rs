@@ -15,6 +15,10 @@
 //!   on the submitting thread instead (the hand-off to a lane thread and back cost two thread wake-ups, more
 //!   than a small stage runs for); an `exec` lock per lane and the lane's in-flight count keep its jobs one at
 //!   a time in acceptance order either way, and the caller sees the same points and failures.
+//! * Every buffer carries a `loom_cpu::ParamCache`: what the CPU kernels derive from its bytes when it is a
+//!   dispatch's parameter (repacked weight tiles), passed to `CpuStage::run_cached` and kept for the next
+//!   dispatches; any mutable access to the bytes (a write, fill, copy or file read into it, or a dispatch
+//!   output) clears it first, so a rewritten parameter is never computed with from stale tiles.
 //! * Jobs lock their buffers in address order (lanes run side by side, so two jobs may share buffers).
 //! * A submission holds its buffers (resolved from ids when it is accepted), so a buffer freed while a
 //!   submission that uses it is queued stays alive until that submission retires.
@@ -197,6 +201,9 @@ struct Lazy {
     /// The size; `bytes` is empty until [`lock_buf`] allocates it.
     len: usize,
     ready: bool,
+    /// What the CPU kernels derived from these bytes as a dispatch's parameter (repacked weight tiles), kept
+    /// for the next dispatches; cleared by every mutable access to the bytes (see `DerefMut`).
+    derived: loom_cpu::ParamCache,
 }
 
 impl Lazy {
@@ -205,6 +212,7 @@ impl Lazy {
             bytes: Vec::new(),
             len,
             ready: len == 0,
+            derived: loom_cpu::ParamCache::new(),
         }
     }
 }
@@ -217,7 +225,9 @@ impl std::ops::Deref for Lazy {
 }
 
 impl std::ops::DerefMut for Lazy {
+    /// The bytes, to change: whatever was derived from them is dropped first.
     fn deref_mut(&mut self) -> &mut Vec<u8> {
+        self.derived.clear();
         &mut self.bytes
     }
 }
@@ -605,13 +615,15 @@ fn run_command(
             let mut out_guards = guards.split_off(n_in);
             let ins: Vec<&[u8]> = in_slots.iter().map(|&i| guards[i].as_slice()).collect();
             let ps: Vec<&[u8]> = p_slots.iter().map(|&i| guards[i].as_slice()).collect();
+            let caches: Vec<&loom_cpu::ParamCache> =
+                p_slots.iter().map(|&i| &guards[i].derived).collect();
             let mut outs: Vec<Vec<u8>> = out_guards
                 .iter_mut()
                 .map(|g| std::mem::take(&mut ***g))
                 .collect();
             let r = exe
                 .stage
-                .run_bounded(&ins, &ps, &mut outs, threads(), bounds);
+                .run_cached(&ins, &ps, &caches, &mut outs, threads(), bounds);
             for (g, o) in out_guards.iter_mut().zip(outs) {
                 ***g = o;
             }
