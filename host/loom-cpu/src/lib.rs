@@ -244,6 +244,10 @@ pub struct CpuStage {
     /// except those the dispatch writes whole before anything reads them: a GEMM's C, a row kernel's or a
     /// matvec's y), so that no kernel ever reads bytes of an earlier buffer or an earlier run.
     ws_poison_at: Vec<Vec<usize>>,
+    /// Per dispatch: how many consecutive dispatches from it (itself included) are quantised row products on
+    /// weight tiles whose workspace needs no poisoning (`qdotf::tiled`), candidates to run as one group
+    /// (`qtile::matmul_group`) once their buffers are seen not to overlap; 0 where it is not such a product.
+    tiled_run: Vec<usize>,
     report: CompileReport,
     _code: std::sync::Mutex<Code>,
 }
@@ -424,12 +428,33 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             ws_poison_at[first].push(w);
         }
     }
+    let tiled: Vec<bool> = stage
+        .dispatches
+        .iter()
+        .map(|d| {
+            plans[d.kernel as usize]
+                .matvec
+                .as_ref()
+                .is_some_and(|(mv, isa)| mv.row_form && qdotf::tiled(*isa, mv.dtype, mv.m))
+        })
+        .collect();
+    let tiled_run: Vec<usize> = (0..stage.dispatches.len())
+        .map(|i| {
+            if !tiled[i] {
+                return 0;
+            }
+            1 + (i + 1..stage.dispatches.len())
+                .take_while(|&j| tiled[j] && ws_poison_at[j].is_empty())
+                .count()
+        })
+        .collect();
     Ok(CpuStage {
         stage: stage.clone(),
         plans,
         maps,
         ws,
         ws_poison_at,
+        tiled_run,
         report: CompileReport {
             kernels: reports,
             total: t0.elapsed(),
@@ -795,6 +820,121 @@ impl CpuStage {
         &self.report
     }
 
+    /// Runs the tiled row products of dispatches `first..` (at most `tiled_run[first]` of them) as one group
+    /// while each next one's buffers overlap no earlier member's output and its output overlaps no earlier
+    /// member's buffers (workspace buffers that are never live together may share bytes), and its grid passes
+    /// the budget and the flag. Returns how many it ran; 0 or 1 means none ran (the caller runs `first` alone).
+    #[cfg(target_arch = "x86_64")]
+    fn run_tiled_group(
+        &self,
+        first: usize,
+        slots: &[(u64, u64)],
+        param_base: usize,
+        caches: &[&ParamCache],
+        threads: usize,
+        bounds: &RunBounds<'_>,
+    ) -> usize {
+        let overlap =
+            |a: (u64, u64), b: (u64, u64)| a.1 > 0 && b.1 > 0 && a.0 < b.0 + b.1 && b.0 < a.0 + a.1;
+        let mut members: Vec<(&pattern::MatvecMatch, usize, usize, usize)> = Vec::new();
+        let mut reads: Vec<(u64, u64)> = Vec::new();
+        let mut writes: Vec<(u64, u64)> = Vec::new();
+        for j in first..first + self.tiled_run[first] {
+            let d = &self.stage.dispatches[j];
+            let (map, plan) = (&self.maps[j], &self.plans[d.kernel as usize]);
+            let Some((mv, _)) = &plan.matvec else { break };
+            let (sw, sx, sy) = (map[mv.w as usize], map[mv.x as usize], map[mv.y as usize]);
+            let (w, x, y) = (slots[sw], slots[sx], slots[sy]);
+            let g = plan.kernel.grid;
+            let instances = g[0].saturating_mul(g[1]).saturating_mul(g[2]);
+            let clash = sy == sw
+                || sy == sx
+                || x.1 as usize != 4 * mv.m * mv.k
+                || y.1 as usize != 4 * mv.m * mv.n
+                || overlap(y, w)
+                || overlap(y, x)
+                || writes
+                    .iter()
+                    .any(|&o| overlap(o, w) || overlap(o, x) || overlap(o, y))
+                || reads.iter().any(|&r| overlap(r, y));
+            if clash
+                || (j > first
+                    && (instance_allowance(bounds.steps, instances).is_none()
+                        || bounds.cancelled()))
+            {
+                break;
+            }
+            members.push((mv, sw, sx, sy));
+            reads.extend([w, x]);
+            writes.push(y);
+        }
+        if members.len() < 2 {
+            return 0;
+        }
+        // The activations as f32: in place when aligned, else a copy (as `qdotf::matmul_rows`).
+        let copies: Vec<Option<Vec<f32>>> = members
+            .iter()
+            .map(|&(_, _, sx, _)| {
+                let (ptr, len) = slots[sx];
+                (!(cfg!(target_endian = "little") && ptr.is_multiple_of(4))).then(|| {
+                    // SAFETY: the slot table holds (pointer, length) of live buffers.
+                    let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect()
+                })
+            })
+            .collect();
+        let tiles: Vec<std::sync::Arc<qtile::Packed>> = members
+            .iter()
+            .map(|&(mv, sw, _, _)| {
+                // SAFETY: as above.
+                let w = unsafe {
+                    std::slice::from_raw_parts(slots[sw].0 as *const u8, slots[sw].1 as usize)
+                };
+                match sw.checked_sub(param_base).and_then(|p| caches.get(p)) {
+                    Some(c) => c.tiles(mv.dtype, mv.n, mv.k, w),
+                    None => std::sync::Arc::new(qtile::Packed::pack(mv.dtype, mv.n, mv.k, w)),
+                }
+            })
+            .collect();
+        let products: Vec<qtile::Product<'_>> = members
+            .iter()
+            .zip(&copies)
+            .zip(&tiles)
+            .map(|((&(mv, _, sx, sy), copy), p)| qtile::Product {
+                p,
+                m: mv.m,
+                x: match copy {
+                    Some(c) => c.as_slice(),
+                    // SAFETY: 4-byte aligned, 4 m k bytes (checked when the group was formed), little-endian f32.
+                    None => unsafe {
+                        std::slice::from_raw_parts(slots[sx].0 as *const f32, mv.m * mv.k)
+                    },
+                },
+                y: slots[sy].0 as *mut f32,
+            })
+            .collect();
+        // SAFETY: `tiled_run` only counts dispatches whose ISA is AVX-512 VNNI (`qdotf::tiled`); each output
+        // is m x n f32 of its buffer (the stage's shapes, checked by `check_buffers`) and overlaps no member's
+        // buffers (checked above).
+        unsafe { qtile::matmul_group(&products, threads) };
+        members.len()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn run_tiled_group(
+        &self,
+        _: usize,
+        _: &[(u64, u64)],
+        _: usize,
+        _: &[&ParamCache],
+        _: usize,
+        _: &RunBounds<'_>,
+    ) -> usize {
+        0
+    }
+
     /// Runs the stage with `loom_reference::run_stage`'s contract, over `threads` worker threads.
     pub fn run(
         &self,
@@ -877,7 +1017,13 @@ impl CpuStage {
                 *t = now;
             }
         };
+        // Dispatches already run as members of a group of tiled products (see `tiled_run`).
+        let mut skip = 0usize;
         for (di, (d, map)) in stage.dispatches.iter().zip(&self.maps).enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             for &w in &self.ws_poison_at[di] {
                 // SAFETY: the buffer's bytes lie inside the region (placement: offset + size <= total), which
                 // `arena` owns for this run; no other reference to them is live.
@@ -933,6 +1079,15 @@ impl CpuStage {
                             .map_err(|f| failure_error(stage, bounds, ek, ef, f))?;
                     }
                     mark(&plan.kernel, "gemm");
+                    continue;
+                }
+            }
+            if self.tiled_run[di] > 1 {
+                let n = self.run_tiled_group(di, &slots, param_base, caches, threads, bounds);
+                if n > 1 {
+                    // The group's time is reported under its first kernel.
+                    mark(&plan.kernel, "matvec");
+                    skip = n - 1;
                     continue;
                 }
             }

@@ -613,6 +613,14 @@ unsafe fn amx_product(
     unsafe { crate::amx::sgemm_with(m, n, k, y, xf.as_ptr(), &fill, threads) };
 }
 
+/// Whether [`matmul_rows`] of `m` activation rows runs on weight tiles (`qtile.rs`): fewer than
+/// `qtile::MAX_ROWS` rows, AVX-512 VNNI, a block type with a tiled form.
+pub(crate) fn tiled(isa: Isa, dtype: DType, m: usize) -> bool {
+    m < crate::qtile::MAX_ROWS
+        && crate::qtile::available(isa)
+        && crate::qtile::Packed::supports(dtype)
+}
+
 /// `y [m, n] = x [m, k] @ W^T` with `W: [n, k]` quantised (`dtype`), `x` and `y` little-endian f32.
 ///
 /// The weight rows are cut into chunks (a multiple of four rows) that the threads claim one at a time, so a
@@ -674,10 +682,7 @@ pub(crate) fn matmul_rows(
     // `cache` when the weights are a parameter, else made for this call) against 22-bit activations
     // (`qtile.rs`).
     #[cfg(target_arch = "x86_64")]
-    if m < crate::qtile::MAX_ROWS
-        && crate::qtile::available(isa)
-        && crate::qtile::Packed::supports(dtype)
-    {
+    if tiled(isa, dtype, m) {
         let p = match cache {
             Some(c) => c.tiles(dtype, n, k, w),
             None => std::sync::Arc::new(crate::qtile::Packed::pack(dtype, n, k, w)),

@@ -352,50 +352,95 @@ pub(crate) fn available(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa == Isa::Avx512Vnni
 }
 
-/// `y [m, n] = x [m, k] @ W^T` with the tiled weights `p` on AVX-512 VNNI (`available(isa)`), `y` written
-/// through `out(i, col)`-ordered raw pointer `y` (row-major `[m, n]` f32). Threads claim chunks of tiles.
+/// `y [m, n] = x [m, k] @ W^T` with the tiled weights `p` on AVX-512 VNNI (`available(isa)`), `y` row-major
+/// `[m, n]` f32 (possibly unaligned). Threads claim chunks of tiles.
 ///
 /// # Safety
 /// `available(isa)` holds; `y` is valid for `m * p.n` f32 writes and overlaps neither `p` nor `x`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn matmul(p: &Packed, m: usize, x: &[f32], y: *mut f32, threads: usize) {
-    assert!(x.len() == m * p.k);
-    let acts: Vec<Acts> = (0..m)
-        .map(|i| Acts::new(&x[i * p.k..(i + 1) * p.k]))
-        .collect();
-    let tiles = p.n.div_ceil(TILE);
+    // SAFETY: the caller's contract.
+    unsafe { matmul_group(&[Product { p, m, x, y }], threads) }
+}
+
+/// One product of a [`matmul_group`]: `y [m, p.n] = x [m, p.k] @ W^T`.
+pub(crate) struct Product<'a> {
+    pub(crate) p: &'a Packed,
+    pub(crate) m: usize,
+    pub(crate) x: &'a [f32],
+    pub(crate) y: *mut f32,
+}
+// SAFETY: the tasks of a group only read `p` and `x` and write disjoint elements through `y` (`matmul_group`'s
+// contract).
+unsafe impl Sync for Product<'_> {}
+
+/// Several independent products in one parallel region (consecutive dispatches of a stage, such as a layer's
+/// query, key and value products, which read the same activations): the threads claim chunks of tiles across
+/// all of them, so small matrices no longer run one at a time (or on one thread), and products that read the
+/// same activation rows quantise them once. Each product's results are the bits [`matmul`] gives it alone.
+///
+/// # Safety
+/// `available(isa)` holds; each `y` is valid for `m * p.n` f32 writes and overlaps no other product's `x`, `y`
+/// or weights.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
+    // The activation rows of each product, quantised once per distinct activation buffer.
+    let mut acts: Vec<std::rc::Rc<Vec<Acts>>> = Vec::with_capacity(products.len());
+    for (j, pr) in products.iter().enumerate() {
+        assert!(pr.x.len() == pr.m * pr.p.k);
+        let same = products[..j]
+            .iter()
+            .position(|q| std::ptr::eq(q.x, pr.x) && q.x.len() == pr.x.len());
+        acts.push(match same {
+            Some(i) => acts[i].clone(),
+            None => std::rc::Rc::new(
+                (0..pr.m)
+                    .map(|i| Acts::new(&pr.x[i * pr.p.k..(i + 1) * pr.p.k]))
+                    .collect(),
+            ),
+        });
+    }
+    let acts: Vec<&[Acts]> = acts.iter().map(|a| a.as_slice()).collect();
+    let work_total: usize = products
+        .iter()
+        .map(|pr| pr.p.n * pr.p.k * pr.m.max(1))
+        .sum();
+    let tiles_total: usize = products.iter().map(|pr| pr.p.n.div_ceil(TILE)).sum();
     let threads = threads
-        .clamp(1, tiles)
-        .min(((p.n * p.k * m.max(1)) >> 17).max(1));
-    // About eight chunks a thread.
-    let per = tiles.div_ceil(threads * 8).max(1);
-    let chunks = tiles.div_ceil(per);
-    let yp = Ptr(y);
+        .clamp(1, tiles_total.max(1))
+        .min((work_total >> 17).max(1));
+    // About eight chunks a thread over all the tiles; a chunk never spans two products.
+    let per = tiles_total.div_ceil(threads * 8).max(1);
+    let chunks: Vec<(usize, usize)> = products
+        .iter()
+        .enumerate()
+        .flat_map(|(j, pr)| {
+            let tiles = pr.p.n.div_ceil(TILE);
+            (0..tiles.div_ceil(per)).map(move |c| (j, c * per))
+        })
+        .collect();
     let work = |c: usize| {
-        let yp = &yp;
-        for t in c * per..((c + 1) * per).min(tiles) {
+        let (j, t0) = chunks[c];
+        let (pr, a) = (&products[j], acts[j]);
+        let p = pr.p;
+        for t in t0..(t0 + per).min(p.n.div_ceil(TILE)) {
             let rows = (p.n - t * TILE).min(TILE);
             let mut i = 0;
-            while i < m {
-                let g = (m - i).min(MANY);
-                // SAFETY: the ISA holds (caller); the (rows i..i + g, tile t) outputs are this chunk's only.
-                unsafe { x86::tile(p, t, &acts[i..i + g], yp.0, rows, i) };
+            while i < pr.m {
+                let g = (pr.m - i).min(MANY);
+                // SAFETY: the ISA holds (caller); the (rows i..i + g, tile t) outputs of product j are this
+                // chunk's only, and no product's output overlaps another's inputs (caller).
+                unsafe { x86::tile(p, t, &a[i..i + g], pr.y, rows, i) };
                 i += g;
             }
         }
     };
     if threads <= 1 {
-        (0..chunks).for_each(work);
+        (0..chunks.len()).for_each(work);
     } else {
-        crate::pool::run(chunks, threads - 1, &work);
+        crate::pool::run(chunks.len(), threads - 1, &work);
     }
 }
-
-/// The output pointer, shared by the tasks (each writes its own tiles' columns).
-struct Ptr(*mut f32);
-// SAFETY: tasks write disjoint elements (see `matmul`).
-unsafe impl Sync for Ptr {}
-unsafe impl Send for Ptr {}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
