@@ -1542,35 +1542,9 @@ fn a_failure_stays_on_its_timeline() {
 /// activations to 22 bits, far inside that).
 #[test]
 fn hal_parameter_writes_reach_the_next_dispatch() {
-    use loom_ir::kernel::{BufRef, DType, Dispatch, ParamBinding, Stage};
+    use loom_ir::kernel::DType;
     let (m, n, k) = (2u64, 48u64, 256u64);
-    let stage = Stage {
-        name: "rows".into(),
-        inputs: vec![loom_testkit::buf("x", DType::F32, &[m, k])],
-        outputs: vec![loom_testkit::buf("y", DType::F32, &[m, n])],
-        workspace: vec![],
-        param_domain: None,
-        params: vec![ParamBinding {
-            name: "w".into(),
-            dtype: DType::Q4_1,
-            shape: vec![n, k],
-            input: 0,
-            key: "w".into(),
-            layout: None,
-        }],
-        kernels: vec![loom_testkit::matvec_rows_kernel(
-            DType::Q4_1,
-            m,
-            n,
-            k,
-            16,
-            64,
-        )],
-        dispatches: vec![Dispatch {
-            kernel: 0,
-            args: vec![BufRef::Param(0), BufRef::Input(0), BufRef::Output(0)],
-        }],
-    };
+    let stage = loom_testkit::matvec_rows_param_stage(DType::Q4_1, m, n, k);
     let xs: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
     let x = f32_bytes(&xs);
     let blocks = (n * k / 32) as usize;

@@ -781,11 +781,11 @@ pub(crate) fn matmul_rows(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A xorshift64 sequence from `seed`.
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    /// A xorshift64 sequence from `seed` (the generator of this crate's unit tests).
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
         move || {
             s ^= s << 13;

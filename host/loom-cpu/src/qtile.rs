@@ -655,16 +655,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
+    use crate::qdotf::tests::xorshift;
 
     /// `n` rows of `nb` random blocks with normal scales (and Q4_1 minimums).
     fn random_matrix(next: &mut impl FnMut() -> u64, dtype: DType, n: usize, nb: usize) -> Vec<u8> {

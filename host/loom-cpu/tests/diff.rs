@@ -1174,28 +1174,7 @@ fn grouped_row_products_equal_the_products_alone() {
 fn quantised_row_products_keep_derived_weights_in_the_param_cache() {
     let mut rng = Rng::new(31);
     let (m, n, k) = (2u64, 48u64, 256u64);
-    let mut kern = matvec_rows_kernel(DType::Q4_1, m, n, k, 16, 64);
-    kern.name = "rows".into();
-    let st = loom_ir::kernel::Stage {
-        name: "s".into(),
-        inputs: vec![buf("x", DType::F32, &[m, k])],
-        outputs: vec![buf("y", DType::F32, &[m, n])],
-        workspace: vec![],
-        param_domain: None,
-        params: vec![loom_ir::kernel::ParamBinding {
-            name: "w".into(),
-            dtype: DType::Q4_1,
-            shape: vec![n, k],
-            input: 0,
-            key: "w".into(),
-            layout: None,
-        }],
-        kernels: vec![kern],
-        dispatches: vec![loom_ir::kernel::Dispatch {
-            kernel: 0,
-            args: vec![BufRef::Param(0), BufRef::Input(0), BufRef::Output(0)],
-        }],
-    };
+    let st = matvec_rows_param_stage(DType::Q4_1, m, n, k);
     let cs = loom_cpu::compile_stage(&st).unwrap();
     assert_eq!(cs.compile_report().kernels[0].path, "qmatvec");
     let xs = f32_bytes(&rng.f32s((m * k) as usize, -2.0, 2.0));

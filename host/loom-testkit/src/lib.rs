@@ -503,3 +503,28 @@ pub fn matvec_rows_kernel(wdt: DType, m: u64, n: u64, k: u64, bn: u32, bk: u32) 
     kb.store(y, vec![row, rn], out);
     kb.finish()
 }
+
+/// A stage of one [`matvec_rows_kernel`] dispatch whose weights `w: [n, k]` of `wdt` are the stage's parameter 0
+/// (as a model's weights are), `x: [m, k]` input 0 and `y: [m, n]` output 0.
+pub fn matvec_rows_param_stage(wdt: DType, m: u64, n: u64, k: u64) -> Stage {
+    Stage {
+        name: "rows".into(),
+        inputs: vec![buf("x", DType::F32, &[m, k])],
+        outputs: vec![buf("y", DType::F32, &[m, n])],
+        workspace: vec![],
+        param_domain: None,
+        params: vec![loom_ir::kernel::ParamBinding {
+            name: "w".into(),
+            dtype: wdt,
+            shape: vec![n, k],
+            input: 0,
+            key: "w".into(),
+            layout: None,
+        }],
+        kernels: vec![matvec_rows_kernel(wdt, m, n, k, 16, 64)],
+        dispatches: vec![Dispatch {
+            kernel: 0,
+            args: vec![BufRef::Param(0), BufRef::Input(0), BufRef::Output(0)],
+        }],
+    }
+}
