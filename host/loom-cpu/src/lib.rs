@@ -176,19 +176,20 @@ impl ParamCache {
         t.iter().map(|p| p.bytes()).sum()
     }
 
-    /// The tiles of `w` read as `[n, k]` of `dtype`, made on first use.
+    /// The tiles of `w` read as `[n, k]` of `dtype`, made on first use (on up to `threads` threads).
     pub(crate) fn tiles(
         &self,
         dtype: DType,
         n: usize,
         k: usize,
         w: &[u8],
+        threads: usize,
     ) -> std::sync::Arc<qtile::Packed> {
         let mut t = self.tiles.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = t.iter().find(|p| p.is(dtype, n, k)) {
             return p.clone();
         }
-        let p = std::sync::Arc::new(qtile::Packed::pack(dtype, n, k, w));
+        let p = std::sync::Arc::new(qtile::Packed::pack(dtype, n, k, w, threads));
         t.push(p.clone());
         p
     }
@@ -893,8 +894,10 @@ impl CpuStage {
                     std::slice::from_raw_parts(slots[sw].0 as *const u8, slots[sw].1 as usize)
                 };
                 match sw.checked_sub(param_base).and_then(|p| caches.get(p)) {
-                    Some(c) => c.tiles(mv.dtype, mv.n, mv.k, w),
-                    None => std::sync::Arc::new(qtile::Packed::pack(mv.dtype, mv.n, mv.k, w)),
+                    Some(c) => c.tiles(mv.dtype, mv.n, mv.k, w, threads),
+                    None => {
+                        std::sync::Arc::new(qtile::Packed::pack(mv.dtype, mv.n, mv.k, w, threads))
+                    }
                 }
             })
             .collect();

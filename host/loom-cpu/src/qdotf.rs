@@ -684,8 +684,8 @@ pub(crate) fn matmul_rows(
     #[cfg(target_arch = "x86_64")]
     if tiled(isa, dtype, m) {
         let p = match cache {
-            Some(c) => c.tiles(dtype, n, k, w),
-            None => std::sync::Arc::new(crate::qtile::Packed::pack(dtype, n, k, w)),
+            Some(c) => c.tiles(dtype, n, k, w, threads),
+            None => std::sync::Arc::new(crate::qtile::Packed::pack(dtype, n, k, w, threads)),
         };
         // SAFETY: `available(isa)`; y holds m * n f32 (asserted above; stores are unaligned) and is a
         // different buffer from w and x (the caller's exclusive borrow).

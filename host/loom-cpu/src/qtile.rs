@@ -48,6 +48,11 @@ const ROUNDER: f32 = 12_582_912.0;
 /// The activation quantisation's largest magnitude (21 bits).
 const QMAX: f32 = 2_097_151.0;
 
+/// The bytes `Packed::pack` writes, shared by its tasks (each writes its own tiles).
+struct OutBytes(*mut u8);
+// SAFETY: the tasks write disjoint ranges (see `Packed::pack`).
+unsafe impl Sync for OutBytes {}
+
 /// 64 bytes, 64-byte aligned: the unit of [`Packed`]'s storage.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -104,7 +109,7 @@ impl Packed {
 
     /// Repacks `w` (`n` rows of `k / 32` GGUF blocks of `dtype`, row-major) into tiles. Rows past `n` in the
     /// last tile are zero (their outputs are never written).
-    pub(crate) fn pack(dtype: DType, n: usize, k: usize, w: &[u8]) -> Packed {
+    pub(crate) fn pack(dtype: DType, n: usize, k: usize, w: &[u8], threads: usize) -> Packed {
         assert!(Self::supports(dtype) && k.is_multiple_of(QK));
         let (gb, tb, wb) = (gguf_block(dtype), tile_block(dtype), weight_bytes(dtype));
         let nb = k / QK;
@@ -113,11 +118,15 @@ impl Packed {
         let tiles = n.div_ceil(TILE);
         let bytes = tiles * nb * tb;
         let mut data = vec![Line([0; 64]); bytes / 64];
-        // SAFETY: `data` is `bytes` initialised bytes (`tb` is a multiple of 64); the u8 view is unique here.
-        let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, bytes) };
-        for t in 0..tiles {
+        let base = OutBytes(data.as_mut_ptr() as *mut u8);
+        // One tile's bytes from its rows' blocks.
+        let pack_tile = |t: usize| {
+            let base = &base;
+            // SAFETY: `data` holds `tiles * nb * tb` initialised bytes; tile `t`'s range is written by this
+            // call only (each tile is one task), and `data` outlives the tasks.
+            let out = unsafe { std::slice::from_raw_parts_mut(base.0.add(t * nb * tb), nb * tb) };
             for b in 0..nb {
-                let o = &mut out[(t * nb + b) * tb..(t * nb + b + 1) * tb];
+                let o = &mut out[b * tb..(b + 1) * tb];
                 for r in 0..TILE.min(n - t * TILE) {
                     let blk = &w[(t * TILE + r) * row + b * gb..][..gb];
                     // Scales (and minimums) after the weights: 16 f16 each.
@@ -146,6 +155,13 @@ impl Packed {
                     }
                 }
             }
+        };
+        // Large matrices on every thread (the first product after a model is loaded packs them all).
+        let threads = threads.clamp(1, tiles.max(1)).min((bytes >> 18).max(1));
+        if threads <= 1 {
+            (0..tiles).for_each(pack_tile);
+        } else {
+            crate::pool::run(tiles, threads - 1, &pack_tile);
         }
         Packed { dtype, n, k, data }
     }
@@ -754,6 +770,24 @@ mod tests {
         }
     }
 
+    /// Packing on two threads (large matrices) gives the bytes packing on one does.
+    #[test]
+    fn packing_on_threads_matches_one_thread() {
+        let mut next = xorshift(0x7a3b_91c4_55e0_d2f1);
+        for dtype in [DType::Q4_1, DType::Q8_0] {
+            let (n, nb) = (2003, 18);
+            let w = random_matrix(&mut next, dtype, n, nb);
+            let (a, b) = (
+                Packed::pack(dtype, n, nb * QK, &w, 1),
+                Packed::pack(dtype, n, nb * QK, &w, 2),
+            );
+            assert!(a.bytes() >= 1 << 19, "large enough for two threads");
+            // SAFETY: both hold `bytes()` initialised bytes.
+            let view = |p: &Packed| unsafe { std::slice::from_raw_parts(p.ptr(), p.bytes()) };
+            assert!(view(&a) == view(&b), "{dtype}");
+        }
+    }
+
     #[test]
     fn f16_conversion_is_exact() {
         for h in 0..=u16::MAX {
@@ -798,7 +832,7 @@ mod tests {
                         }
                     })
                     .collect();
-                let p = Packed::pack(dtype, n, k, &w);
+                let p = Packed::pack(dtype, n, k, &w, 2);
                 let mut want = vec![0f32; m * n];
                 matmul_scalar(&p, m, &x, &mut want);
                 for r in 0..n {
