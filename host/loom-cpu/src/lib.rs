@@ -176,8 +176,24 @@ impl ParamCache {
         t.iter().map(|p| p.bytes()).sum()
     }
 
+    /// The tiles of `w` read as `[n, k]` of `dtype`: kept in `cache` (made there on first use), or made for the
+    /// caller alone without one (on up to `threads` threads).
+    pub(crate) fn tiles_or_pack(
+        cache: Option<&ParamCache>,
+        dtype: DType,
+        n: usize,
+        k: usize,
+        w: &[u8],
+        threads: usize,
+    ) -> std::sync::Arc<qtile::Packed> {
+        match cache {
+            Some(c) => c.tiles(dtype, n, k, w, threads),
+            None => std::sync::Arc::new(qtile::Packed::pack(dtype, n, k, w, threads)),
+        }
+    }
+
     /// The tiles of `w` read as `[n, k]` of `dtype`, made on first use (on up to `threads` threads).
-    pub(crate) fn tiles(
+    fn tiles(
         &self,
         dtype: DType,
         n: usize,
@@ -872,49 +888,33 @@ impl CpuStage {
         if members.len() < 2 {
             return 0;
         }
-        // The activations as f32: in place when aligned, else a copy (as `qdotf::matmul_rows`).
-        let copies: Vec<Option<Vec<f32>>> = members
+        // SAFETY (both views): the slot table holds (pointer, length) of live buffers; these are read-only
+        // while the group runs (no member's output overlaps them, checked above).
+        let view = |s: usize| unsafe {
+            std::slice::from_raw_parts(slots[s].0 as *const u8, slots[s].1 as usize)
+        };
+        let xs: Vec<std::borrow::Cow<'_, [f32]>> = members
             .iter()
-            .map(|&(_, _, sx, _)| {
-                let (ptr, len) = slots[sx];
-                (!(cfg!(target_endian = "little") && ptr.is_multiple_of(4))).then(|| {
-                    // SAFETY: the slot table holds (pointer, length) of live buffers.
-                    let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
-                    b.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect()
-                })
-            })
+            .map(|&(_, _, sx, _)| qdotf::f32_view(view(sx)))
             .collect();
         let tiles: Vec<std::sync::Arc<qtile::Packed>> = members
             .iter()
             .map(|&(mv, sw, _, _)| {
-                // SAFETY: as above.
-                let w = unsafe {
-                    std::slice::from_raw_parts(slots[sw].0 as *const u8, slots[sw].1 as usize)
-                };
-                match sw.checked_sub(param_base).and_then(|p| caches.get(p)) {
-                    Some(c) => c.tiles(mv.dtype, mv.n, mv.k, w, threads),
-                    None => {
-                        std::sync::Arc::new(qtile::Packed::pack(mv.dtype, mv.n, mv.k, w, threads))
-                    }
-                }
+                let cache = sw
+                    .checked_sub(param_base)
+                    .and_then(|p| caches.get(p))
+                    .copied();
+                ParamCache::tiles_or_pack(cache, mv.dtype, mv.n, mv.k, view(sw), threads)
             })
             .collect();
         let products: Vec<qtile::Product<'_>> = members
             .iter()
-            .zip(&copies)
+            .zip(&xs)
             .zip(&tiles)
-            .map(|((&(mv, _, sx, sy), copy), p)| qtile::Product {
+            .map(|((&(mv, _, _, sy), x), p)| qtile::Product {
                 p,
                 m: mv.m,
-                x: match copy {
-                    Some(c) => c.as_slice(),
-                    // SAFETY: 4-byte aligned, 4 m k bytes (checked when the group was formed), little-endian f32.
-                    None => unsafe {
-                        std::slice::from_raw_parts(slots[sx].0 as *const f32, mv.m * mv.k)
-                    },
-                },
+                x,
                 y: slots[sy].0 as *mut f32,
             })
             .collect();

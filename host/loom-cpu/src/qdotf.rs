@@ -20,7 +20,7 @@ use crate::qdot::Isa;
 
 const QK: usize = 32;
 
-fn block_bytes(dtype: DType) -> usize {
+pub(crate) fn block_bytes(dtype: DType) -> usize {
     match dtype {
         DType::Q8_0 => 34,
         DType::Q4_0 => 18,
@@ -613,6 +613,23 @@ unsafe fn amx_product(
     unsafe { crate::amx::sgemm_with(m, n, k, y, xf.as_ptr(), &fill, threads) };
 }
 
+/// Little-endian f32 bytes as f32: in place when aligned (little-endian targets), else a copy.
+pub(crate) fn f32_view(x: &[u8]) -> std::borrow::Cow<'_, [f32]> {
+    if cfg!(target_endian = "little") && (x.as_ptr() as usize).is_multiple_of(4) {
+        // SAFETY: 4-byte aligned, `x.len() / 4` whole f32, every bit pattern is an f32; little-endian, so the
+        // bytes are the values.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len() / 4)
+        })
+    } else {
+        std::borrow::Cow::Owned(
+            x.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        )
+    }
+}
+
 /// Whether [`matmul_rows`] of `m` activation rows runs on weight tiles (`qtile.rs`): fewer than
 /// `qtile::MAX_ROWS` rows, AVX-512 VNNI, a block type with a tiled form.
 pub(crate) fn tiled(isa: Isa, dtype: DType, m: usize) -> bool {
@@ -644,18 +661,8 @@ pub(crate) fn matmul_rows(
         k.is_multiple_of(QK) && w.len() == n * row && x.len() == 4 * m * k && y.len() == 4 * m * n
     );
     // The activations as f32: in place when aligned (little-endian targets), else a copy.
-    let copied: Vec<f32>;
-    let xf: &[f32] = if cfg!(target_endian = "little") && (x.as_ptr() as usize).is_multiple_of(4) {
-        // SAFETY: 4-byte aligned, 4 m k bytes, every bit pattern is an f32; little-endian, so the bytes are the
-        // values.
-        unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, m * k) }
-    } else {
-        copied = x
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        &copied
-    };
+    let xf = f32_view(x);
+    let xf: &[f32] = &xf;
     #[cfg(target_arch = "x86_64")]
     if m >= AMX_MIN_ROWS
         && isa != Isa::Scalar
@@ -683,10 +690,7 @@ pub(crate) fn matmul_rows(
     // (`qtile.rs`).
     #[cfg(target_arch = "x86_64")]
     if tiled(isa, dtype, m) {
-        let p = match cache {
-            Some(c) => c.tiles(dtype, n, k, w, threads),
-            None => std::sync::Arc::new(crate::qtile::Packed::pack(dtype, n, k, w, threads)),
-        };
+        let p = crate::ParamCache::tiles_or_pack(cache, dtype, n, k, w, threads);
         // SAFETY: `available(isa)`; y holds m * n f32 (asserted above; stores are unaligned) and is a
         // different buffer from w and x (the caller's exclusive borrow).
         unsafe { crate::qtile::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };
@@ -797,7 +801,11 @@ pub(crate) mod tests {
 
     /// `nb` random blocks of `dtype` with normal f16 scales (0x3000..0x3bff: ~0.125..1) and, for Q4_1,
     /// minimums (~-0.125..-1).
-    fn random_blocks(next: &mut impl FnMut() -> u64, dtype: DType, nb: usize) -> Vec<u8> {
+    pub(crate) fn random_blocks(
+        next: &mut impl FnMut() -> u64,
+        dtype: DType,
+        nb: usize,
+    ) -> Vec<u8> {
         let bs = block_bytes(dtype);
         let mut w: Vec<u8> = (0..nb * bs).map(|_| next() as u8).collect();
         for b in 0..nb {

@@ -72,16 +72,6 @@ impl std::fmt::Debug for Packed {
     }
 }
 
-/// Bytes of one GGUF block of `dtype`.
-fn gguf_block(dtype: DType) -> usize {
-    match dtype {
-        DType::Q8_0 => 34,
-        DType::Q4_0 => 18,
-        DType::Q4_1 => 20,
-        _ => unreachable!("qtile: {dtype} is not a block type"),
-    }
-}
-
 /// Bytes of one tile-block: the 16 rows' weights of a block, their scales and minimums (or padding).
 fn tile_block(dtype: DType) -> usize {
     if dtype == DType::Q8_0 { 576 } else { 320 }
@@ -111,7 +101,11 @@ impl Packed {
     /// last tile are zero (their outputs are never written).
     pub(crate) fn pack(dtype: DType, n: usize, k: usize, w: &[u8], threads: usize) -> Packed {
         assert!(Self::supports(dtype) && k.is_multiple_of(QK));
-        let (gb, tb, wb) = (gguf_block(dtype), tile_block(dtype), weight_bytes(dtype));
+        let (gb, tb, wb) = (
+            crate::qdotf::block_bytes(dtype),
+            tile_block(dtype),
+            weight_bytes(dtype),
+        );
         let nb = k / QK;
         let row = nb * gb;
         assert_eq!(w.len(), n * row, "qtile: {n} rows of {k} {dtype} weights");
@@ -289,25 +283,7 @@ fn quantise_block(c: &[f32; QK], out: [&mut [i8; QK]; 3]) -> (f32, [i32; 3], f32
 #[cfg(test)]
 /// The f32 of the little-endian f16 at `p[0..2]`.
 fn half(p: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([p[0], p[1]]))
-}
-
-#[cfg(test)]
-/// IEEE binary16 to f32, exactly.
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let man = u32::from(h & 0x3ff);
-    let bits = if exp == 0 {
-        // Zero, or subnormal: `man * 2^-24` (exact in f32).
-        let v = man as f32 * (1.0 / 16_777_216.0);
-        return if sign != 0 { -v } else { v };
-    } else if exp == 31 {
-        sign | 0x7f80_0000 | (man << 13)
-    } else {
-        sign | ((exp + 112) << 23) | (man << 13)
-    };
-    f32::from_bits(bits)
+    crate::rt::f16_to_f32(u16::from_le_bytes([p[0], p[1]]))
 }
 
 #[cfg(test)]
@@ -671,26 +647,11 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qdotf::tests::xorshift;
-
-    /// `n` rows of `nb` random blocks with normal scales (and Q4_1 minimums).
-    fn random_matrix(next: &mut impl FnMut() -> u64, dtype: DType, n: usize, nb: usize) -> Vec<u8> {
-        let bs = gguf_block(dtype);
-        let mut w: Vec<u8> = (0..n * nb * bs).map(|_| next() as u8).collect();
-        for b in 0..n * nb {
-            let d = 0x3000u16 + (next() % 0xbff) as u16;
-            w[b * bs..b * bs + 2].copy_from_slice(&d.to_le_bytes());
-            if dtype == DType::Q4_1 {
-                let m = 0xb000u16 + (next() % 0xbff) as u16;
-                w[b * bs + 2..b * bs + 4].copy_from_slice(&m.to_le_bytes());
-            }
-        }
-        w
-    }
+    use crate::qdotf::tests::{random_blocks, xorshift};
 
     /// Row `r`'s dequantised weights, in f64.
     fn dequant(dtype: DType, w: &[u8], k: usize, r: usize) -> Vec<f64> {
-        let bs = gguf_block(dtype);
+        let bs = crate::qdotf::block_bytes(dtype);
         let nb = k / QK;
         let mut out = vec![0f64; k];
         for b in 0..nb {
@@ -776,7 +737,7 @@ mod tests {
         let mut next = xorshift(0x7a3b_91c4_55e0_d2f1);
         for dtype in [DType::Q4_1, DType::Q8_0] {
             let (n, nb) = (2003, 18);
-            let w = random_matrix(&mut next, dtype, n, nb);
+            let w = random_blocks(&mut next, dtype, n * nb);
             let (a, b) = (
                 Packed::pack(dtype, n, nb * QK, &w, 1),
                 Packed::pack(dtype, n, nb * QK, &w, 2),
@@ -785,29 +746,6 @@ mod tests {
             // SAFETY: both hold `bytes()` initialised bytes.
             let view = |p: &Packed| unsafe { std::slice::from_raw_parts(p.ptr(), p.bytes()) };
             assert!(view(&a) == view(&b), "{dtype}");
-        }
-    }
-
-    #[test]
-    fn f16_conversion_is_exact() {
-        for h in 0..=u16::MAX {
-            let e = (h >> 10) & 0x1f;
-            if e == 31 {
-                continue;
-            }
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("f16c") {
-                // SAFETY: f16c detected.
-                let want = unsafe {
-                    use std::arch::x86_64::*;
-                    #[target_feature(enable = "f16c")]
-                    unsafe fn cvt(h: u16) -> f32 {
-                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-                    }
-                    cvt(h)
-                };
-                assert_eq!(f16_to_f32(h).to_bits(), want.to_bits(), "{h:#06x}");
-            }
         }
     }
 
@@ -820,7 +758,7 @@ mod tests {
         for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
             for (n, nb, m) in [(16, 1, 1), (37, 3, 2), (48, 18, 5), (5, 2, 4), (64, 48, 9)] {
                 let k = nb * QK;
-                let w = random_matrix(&mut next, dtype, n, nb);
+                let w = random_blocks(&mut next, dtype, n * nb);
                 let x: Vec<f32> = (0..m * k)
                     .map(|i| {
                         let v = ((next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;

@@ -657,3 +657,32 @@ pub(crate) extern "C" fn loom_dequant(dtype: u32, base: *const u8, g: u64) -> f3
     let blk = unsafe { std::slice::from_raw_parts(base.add(g / per * size), size) };
     crate::quant::dequant_in_block(dtype, blk, g % per)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `f16_to_f32` against the CPU's F16C conversion for every finite f16.
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let e = (h >> 10) & 0x1f;
+            if e == 31 {
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("f16c") {
+                // SAFETY: f16c detected.
+                let want = unsafe {
+                    use std::arch::x86_64::*;
+                    #[target_feature(enable = "f16c")]
+                    unsafe fn cvt(h: u16) -> f32 {
+                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+                    }
+                    cvt(h)
+                };
+                assert_eq!(f16_to_f32(h).to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+    }
+}
