@@ -229,6 +229,11 @@ fn main() {
     if on("decode") {
         decode_products(&mut rng);
     }
+    // SmolLM2's paged attention (`packages/smollm2/kernel.loom`'s @attend) for one decode token, as the
+    // epoch stage runs it: 30 dispatches, one per layer, over the pool's pages in a shuffled order.
+    if on("attend") {
+        decode_attention(&mut rng);
+    }
     // An integer-to-float cast over a [T, D] tile (token ids or positions to f32), JIT path; no target,
     // reported against memcpy for scale (8 bytes in, 4 out per element).
     if on("cast") {
@@ -384,6 +389,90 @@ fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
     let o = kb.add(o, bv);
     kb.store(y, vec![rr, rc], o);
     kb.finish()
+}
+
+/// The `attend` group (see `main`): the package's own kernel, at three context lengths, against a plain read
+/// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f32).
+fn decode_attention(rng: &mut Rng) {
+    use loom_ir::TValue;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
+    let mut cat = loom_compiler::Catalog::new();
+    for f in [
+        "motifs/rope.loom",
+        "motifs/attention.loom",
+        "smollm2/kernel.loom",
+    ] {
+        let text = std::fs::read_to_string(root.join(f)).expect(f);
+        cat.add_source(f, &text)
+            .unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let bench = "module @bench.attend {
+  export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
+      (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,
+       %pool: buffer<f32, [P, L * 2 * KV * PT, HD]> input, %o: buffer<f32, [T, NH * HD]> output)
+  {
+    static.for %l = 0 to L {
+      dispatch @smollm2.kernel.attend<X = X, S = S, T = T, PT = PT, P = P, L = L, LI = %l, NH = NH, KV = KV,
+                                      HD = HD, BQ = BQ>(%x, %q, %pool, %o)
+    }
+  }
+}";
+    cat.add_source("bench.loom", bench).expect("bench module");
+    let (s, t, pt, l, nh, kv, hd) = (16i64, 1i64, 16i64, 30i64, 9i64, 3i64, 64i64);
+    for ctx in [64i64, 160, 320] {
+        let p = (ctx + pt - 1) / pt;
+        let g = p;
+        let x_len = 7 * s + 3 * t + g;
+        let cfg: Vec<(String, TValue)> = [
+            ("X", x_len),
+            ("S", s),
+            ("T", t),
+            ("PT", pt),
+            ("P", p),
+            ("L", l),
+            ("NH", nh),
+            ("KV", kv),
+            ("HD", hd),
+            ("BQ", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), TValue::I64(v)))
+        .collect();
+        let mi = cat.find("bench.attend").expect("module");
+        let st = loom_kernel::specialize_stage(&cat, mi, "s", &cfg)
+            .unwrap_or_else(|e| panic!("{}", e.join("")));
+        let mut x = vec![0i32; x_len as usize];
+        for u in 0..s as usize {
+            x[u * 7 + 5] = -1;
+        }
+        x[..7].copy_from_slice(&[ctx as i32 - 1, 1, 0, 0, p as i32, 0, 1]);
+        let base = 7 * s as usize;
+        x[base + t as usize] = ctx as i32 - 1;
+        // Pages in a shuffled order (a pool's pages are not contiguous).
+        let mut pages: Vec<i32> = (0..p as i32).collect();
+        for i in (1..pages.len()).rev() {
+            pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        x[base + 3 * t as usize..].copy_from_slice(&pages);
+        let ins = vec![
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            rand_f32(rng, (t * nh * hd) as usize, -1.0, 1.0),
+            rand_f32(rng, (p * l * 2 * kv * pt * hd) as usize, -1.0, 1.0),
+        ];
+        // The reference: one thread copying the bytes the kernel must read.
+        let touched = (l * kv * 2 * ctx * hd * 4) as usize;
+        let copy = 2.0 * touched as f64 / memcpy_gbs(touched) / 1e9;
+        for threads in [1usize, 2] {
+            let t = run_stage_best(&st, &ins, threads, 30);
+            println!(
+                "| attend, one decode token, context {ctx}, 30 layers | {threads} | {:.1} us | {:.2} us a layer | memcpy of its keys and values {:.1} us | {:.1}x | - |",
+                t * 1e6,
+                t * 1e6 / l as f64,
+                copy * 1e6,
+                t / copy
+            );
+        }
+    }
 }
 
 /// The `decode` group (see `main`).
