@@ -15,7 +15,9 @@
 //! * Loads and stores: every buffer access is either checked per element or proven in range. A checked load
 //!   first validates every index, dimension by dimension (the same order as the reference, so the reported
 //!   index matches), and then runs unchecked; a masked access whose index tiles all come from `tile.range`
-//!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element.
+//!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element. A
+//!   range moved by a scalar (`add`, `sub`) or scaled by a positive constant (`mul`) stays a range, with a
+//!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -427,8 +429,24 @@ struct TileV {
     off: u32,
     shape: Vec<u32>,
     dtype: DType,
-    /// For tiles made by `tile.range`: the variable holding the start (the tile is start, start+1, ...).
-    range: Option<Variable>,
+    /// For tiles made by `tile.range`, or from one by adding or subtracting a scalar or multiplying by a
+    /// positive constant: the element values start, start + step, start + 2 step, ...
+    range: Option<RangeV>,
+}
+
+/// The values of a range tile: element j is `start + j * step` (i64, wrapping like the tile's own
+/// arithmetic, so the two always agree).
+#[derive(Clone, Copy, Debug)]
+struct RangeV {
+    start: Variable,
+    step: i64,
+}
+
+impl TileV {
+    /// The range of a one-dimensional range tile with unit step (whole rows can be moved along it).
+    fn unit_range(&self) -> Option<Variable> {
+        self.range.filter(|r| r.step == 1).map(|r| r.start)
+    }
 }
 
 impl TileV {
@@ -875,9 +893,19 @@ impl<'k, 'f> Lower<'k, 'f> {
                     .ok_or_else(|| bad!("program_id axis {axis} (0..3)"))?;
                 self.def_scalar(one(op)?, p, DType::I64)
             }
-            K::Binary { op: bop, a, b } => {
-                let (a, b) = (self.operand(a)?, self.operand(b)?);
-                self.binary(one(op)?, *bop, a, b)
+            K::Binary {
+                op: bop,
+                a: ka,
+                b: kb,
+            } => {
+                let (a, b) = (self.operand(ka)?, self.operand(kb)?);
+                let moved = self.moved_range(*bop, &a, &b, kb);
+                let res = one(op)?;
+                self.binary(res, *bop, a, b)?;
+                if let (Some(r), Some(Val::Tile(t))) = (moved, self.env[res.0 as usize].as_mut()) {
+                    t.range = Some(r);
+                }
+                Ok(())
             }
             K::Unary { op: uop, a } => {
                 let a = self.operand(a)?;
@@ -924,7 +952,10 @@ impl<'k, 'f> Lower<'k, 'f> {
                 self.def_tile(
                     one(op)?,
                     TileV {
-                        range: Some(var),
+                        range: Some(RangeV {
+                            start: var,
+                            step: 1,
+                        }),
                         ..t
                     },
                 )
@@ -1269,6 +1300,36 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.call(H::RoundTile, &args);
         }
         self.def_tile(res, t)
+    }
+
+    /// The range of `a op b` when it is one: a one-dimensional i64 range tile plus or minus a scalar (either
+    /// order for `add`), or times a positive immediate (`kb`, the operand as written). The elements are
+    /// still computed into the result tile as usual; the range only lets accesses skip reading them.
+    fn moved_range(&mut self, op: BinOp, a: &Opnd, b: &Opnd, kb: &KOperand) -> Option<RangeV> {
+        let (t, x, tile_first) = match (a, b) {
+            (Opnd::T(t), Opnd::S(x, DType::I64)) => (t, *x, true),
+            (Opnd::S(x, DType::I64), Opnd::T(t)) => (t, *x, false),
+            _ => return None,
+        };
+        let r = t
+            .range
+            .filter(|_| t.dtype == DType::I64 && t.shape.len() == 1)?;
+        let s = self.b.use_var(r.start);
+        let (start, step) = match op {
+            BinOp::Add => (self.b.ins().iadd(s, x), r.step),
+            BinOp::Sub if tile_first => (self.b.ins().isub(s, x), r.step),
+            BinOp::Mul if tile_first => {
+                let c = match kb {
+                    KOperand::Imm(KImm::I64(c), DType::I64) if *c > 0 => *c,
+                    _ => return None,
+                };
+                (self.b.ins().imul(s, x), r.step.checked_mul(c)?)
+            }
+            _ => return None,
+        };
+        let var = self.b.declare_var(I64);
+        self.b.def_var(var, start);
+        Some(RangeV { start: var, step })
     }
 
     fn binary(&mut self, res: KValue, op: BinOp, a: Opnd, b: Opnd) -> R<()> {
@@ -1950,13 +2011,13 @@ impl<'k, 'f> Lower<'k, 'f> {
                 let t = t.clone();
                 let len = t.shape[0];
                 let start = if mode == 1 {
-                    t.range.map(|v| self.b.use_var(v))
+                    t.range.map(|r| (self.b.use_var(r.start), r.step))
                 } else {
                     None
                 };
                 self.for_n(len, &mut |l, j| {
                     let v = match start {
-                        Some(s) => l.b.ins().iadd(s, j),
+                        Some((s, step)) => l.range_at(s, step, j),
                         None => l.ld(I64, t.off, j),
                     };
                     let (g, ok) = step(l, v, g, ok);
@@ -1975,7 +2036,7 @@ impl<'k, 'f> Lower<'k, 'f> {
         let p = &self.k.params[param as usize];
         p.dtype == DType::F32
             && strides.last() == Some(&1)
-            && matches!(ixs.last(), Some(Ix::T(t)) if t.range.is_some())
+            && matches!(ixs.last(), Some(Ix::T(t)) if t.unit_range().is_some())
             && ixs
                 .iter()
                 .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()))
@@ -1991,7 +2052,7 @@ impl<'k, 'f> Lower<'k, 'f> {
         };
         p.dtype == DType::F32
             && strides.last() == Some(&1)
-            && matches!(last, Ix::T(t) if t.range.is_some())
+            && matches!(last, Ix::T(t) if t.unit_range().is_some())
             && outer
                 .iter()
                 .any(|ix| matches!(ix, Ix::T(t) if t.range.is_none()))
@@ -2040,6 +2101,16 @@ impl<'k, 'f> Lower<'k, 'f> {
     ) -> R<()> {
         let z = self.iconst(0);
         self.rows_at(ixs, strides, extents, 0, z, None, z, ptr, off, load, None)
+    }
+
+    /// Element `j` of a range tile: `start + j * step`.
+    fn range_at(&mut self, start: Value, step: i64, j: Value) -> Value {
+        let o = if step == 1 {
+            j
+        } else {
+            self.b.ins().imul_imm_s(j, step)
+        };
+        self.b.ins().iadd(start, o)
     }
 
     /// Emits `body(true)` where `cond` (an i8 flag) holds and `body(false)` where it does not.
@@ -2102,7 +2173,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             };
             let len = t.shape[0];
             let s = self.b.use_var(
-                t.range
+                t.unit_range()
                     .unwrap_or_else(|| unreachable!("checked by row_gatherable")),
             );
             let g = self.b.ins().iadd(g, s);
@@ -2174,12 +2245,12 @@ impl<'k, 'f> Lower<'k, 'f> {
             Ix::T(t) => {
                 let t = t.clone();
                 let len = t.shape[0];
-                let start = t.range.map(|v| self.b.use_var(v));
+                let start = t.range.map(|r| (self.b.use_var(r.start), r.step));
                 // Rows contiguous in the buffer (the last index covers whole rows of its dimension) and, as
                 // always, in the tile: the block of `len` rows is one move.
-                if let (Some(s), None, true, Some(Ix::T(last))) =
+                if let (Some((s, 1)), None, true, Some(Ix::T(last))) =
                     (start, ok, d + 2 == ixs.len(), ixs.get(d + 1))
-                    && last.range.is_some()
+                    && last.unit_range().is_some()
                     && strides[d + 1] == 1
                     && st == i64::from(last.shape[0])
                     && u64::from(len) * u64::from(last.shape[0]) >= u64::from(COPY_CALL)
@@ -2187,9 +2258,10 @@ impl<'k, 'f> Lower<'k, 'f> {
                     let row = i64::from(last.shape[0]);
                     let c = self.b.ins().imul_imm_s(s, st);
                     let g = self.b.ins().iadd(g, c);
-                    let s1 = self
-                        .b
-                        .use_var(last.range.unwrap_or_else(|| unreachable!("checked above")));
+                    let s1 = self.b.use_var(
+                        last.unit_range()
+                            .unwrap_or_else(|| unreachable!("checked above")),
+                    );
                     let g = self.b.ins().iadd(g, s1);
                     let ba = self.buf_addr(ptr, g, 4);
                     let r0 = self.b.ins().imul_imm_s(r, i64::from(len) * row * 4);
@@ -2202,7 +2274,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 self.for_n(len, &mut |l, j| {
                     let v = match start {
-                        Some(s) => l.b.ins().iadd(s, j),
+                        Some((s, step)) => l.range_at(s, step, j),
                         None => l.ld(I64, t.off, j),
                     };
                     let (g, ok) = step(l, v, g, ok);
@@ -2248,13 +2320,20 @@ impl<'k, 'f> Lower<'k, 'f> {
                     self.b.ins().icmp(IntCC::UnsignedLessThan, *v, e)
                 }
                 Ix::T(t) => {
-                    let len = i64::from(t.shape[0]);
-                    if len > ext {
+                    let r = t
+                        .range
+                        .unwrap_or_else(|| unreachable!("checked by all_ranged"));
+                    // The elements span (len - 1) * step + 1 indices (step >= 1).
+                    let span = (i64::from(t.shape[0]) - 1)
+                        .checked_mul(r.step)
+                        .and_then(|x| x.checked_add(1))
+                        .unwrap_or(i64::MAX);
+                    if span > ext {
                         self.b.ins().iconst(types::I8, 0)
                     } else {
-                        // 0 <= start <= ext - len  <=>  start <=u ext - len
-                        let s = self.b.use_var(t.range.unwrap_or_else(|| unreachable!()));
-                        let lim = self.iconst(ext - len);
+                        // 0 <= start <= ext - span  <=>  start <=u ext - span
+                        let s = self.b.use_var(r.start);
+                        let lim = self.iconst(ext - span);
                         self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, s, lim)
                     }
                 }

@@ -200,6 +200,80 @@ fn checked_ranged_loads_copy_rows_and_report_the_first_index_out_of_range() {
     }
 }
 
+/// Columns `off + step * (c0 + j)` of rows `pid * b ..` of a `[r, c]` matrix (a range scaled and moved:
+/// strided), loaded with or without a fill, stored into the odd columns of `y` (also a strided range). With
+/// `scalar_first` the offset is added as `off + range`, the other order.
+#[allow(clippy::too_many_arguments)]
+fn strided_copy(
+    r: u64,
+    c: u64,
+    b: u32,
+    c0: i64,
+    w: u32,
+    step: i64,
+    off: i64,
+    programs: u64,
+    fill: bool,
+    scalar_first: bool,
+) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("strided_copy", [programs, 1, 1]);
+    let x = kb.param("x", F32, &[r, c], READ);
+    let y = kb.param("y", F32, &[programs * b as u64, 2 * w as u64], WRITE);
+    let p = kb.pid(0);
+    let r0 = kb.mul(p, i(b as i64));
+    let rr = kb.range(r0, b);
+    let rc = kb.range(i(c0), w);
+    let rc = kb.mul(rc, i(step));
+    let rc = if scalar_first {
+        kb.add(i(off), rc)
+    } else if off < 0 {
+        kb.sub(rc, i(-off))
+    } else {
+        kb.add(rc, i(off))
+    };
+    let t = kb.load(x, vec![rr.clone(), rc], fill.then(|| f(7.5)));
+    let ry = kb.range(i(0), w);
+    let ry = kb.mul(ry, i(2));
+    let ry = kb.add(ry, i(1));
+    kb.store(y, vec![rr, ry], t);
+    kb.finish()
+}
+
+#[test]
+fn strided_ranges_load_and_store_like_the_reference() {
+    let mut rng = Rng::new(37);
+    let (r, c, b, programs) = (12u64, 40u64, 4u32, 3u64);
+    let x = rand_f32(&mut rng, (r * c) as usize, -1.0, 1.0);
+    // Inside: every column and row in range (odd and even columns, a step of 3, a moved start).
+    for (c0, w, step, off, first) in [
+        (0i64, 20u32, 2i64, 0i64, false),
+        (0, 20, 2, 1, true),
+        (1, 12, 3, -2, false),
+        (0, 5, 8, 3, false),
+        (0, 1, 39, 0, false),
+    ] {
+        for fill in [true, false] {
+            let st = one_kernel_stage(strided_copy(
+                r, c, b, c0, w, step, off, programs, fill, first,
+            ));
+            same_bytes_as_reference(&st, &[&x]);
+        }
+    }
+    // Partly outside: the last columns past the end (20 of step 2 from 1 reach 39; from 2, 41), or the first
+    // before the start (-1): masked with a fill, the element outside reads 7.5; without one, the error names
+    // the first index outside, as the reference does.
+    for (c0, w, step, off) in [(1i64, 20u32, 2i64, 1i64), (0, 7, 3, -1), (0, 3, 1 << 40, 0)] {
+        let st = one_kernel_stage(strided_copy(
+            r, c, b, c0, w, step, off, programs, true, false,
+        ));
+        same_bytes_as_reference(&st, &[&x]);
+        let st = one_kernel_stage(strided_copy(
+            r, c, b, c0, w, step, off, programs, false, false,
+        ));
+        fails_like_the_reference(&st, &[&x]);
+    }
+}
+
 /// Runs `st` on the reference and on the CPU backend (one and two threads), all expected to fail: each CPU
 /// error reads like the reference's, and on one thread the outputs (starting as the same poison) equal the
 /// reference's, the rows stored before the failing program included. Returns the CPU's errors.
