@@ -219,3 +219,184 @@ mod tests {
         }
     }
 }
+
+/// Products of at most this many rows of `a` may take [`small_dot`].
+pub(crate) const SMALL_DOT_ROWS: usize = 8;
+
+/// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`]) on an AVX-512 CPU,
+/// all operands contiguous: `b` is `[k, n]`, or `[n, k]` read transposed (`bt`). This is attention's shape at
+/// decode (a token's query heads against a page of keys, then its weights against the page's values), where
+/// the gemm crate's per-call setup (dispatch, packing buffers) costs several times the arithmetic. Returns
+/// false, doing nothing, where it does not apply (more rows, or no AVX-512): the caller uses the gemm crate.
+///
+/// Numerics: each output is one f32 fused multiply-add chain (sixteen lanes, summed in a fixed tree for the
+/// transposed form), deterministic for the shape, within the documented f32 dot tolerance.
+pub(crate) fn small_dot(
+    m: usize,
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    bt: bool,
+    accumulate: bool,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if m <= SMALL_DOT_ROWS && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the features were detected above; the caller's contract covers the extents (a: m*k, b:
+        // k*n, out: m*n f32, out not overlapping a or b).
+        unsafe {
+            if bt {
+                x86::dot_bt(m, n, k, out, a, b, accumulate)
+            } else {
+                x86::dot_bn(m, n, k, out, a, b, accumulate)
+            }
+        }
+        return true;
+    }
+    let _ = (m, n, k, out, a, b, bt, accumulate);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The lane mask of `len` (< 16) elements, or all sixteen.
+    #[inline(always)]
+    fn tail(len: usize) -> __mmask16 {
+        if len >= 16 {
+            0xffff
+        } else {
+            ((1u32 << len) - 1) as __mmask16
+        }
+    }
+
+    /// Sixteen vectors to one: lane j of the result is the sum of the lanes of `v[j]` (a fixed tree: pairs
+    /// within 128-bit lanes, then across them).
+    #[target_feature(enable = "avx512f")]
+    fn sum16(v: &[__m512; 16]) -> __m512 {
+        // Lanes within each 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] for a pair (a, b) ...
+        let pair = |a: __m512, b: __m512| {
+            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+        };
+        // ... then [a, b, c, d] partial sums per 128-bit lane for two pairs ...
+        let quad = |ab: __m512, cd: __m512| {
+            let (ab, cd) = (_mm512_castps_pd(ab), _mm512_castps_pd(cd));
+            _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(ab, cd)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(ab, cd)),
+            )
+        };
+        // ... then across the four 128-bit lanes: [x.l0 + x.l1, x.l2 + x.l3, y.l0 + y.l1, y.l2 + y.l3].
+        let lanes = |x: __m512, y: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+            )
+        };
+        let q = |o: usize| quad(pair(v[o], v[o + 1]), pair(v[o + 2], v[o + 3]));
+        let (x, y, z, w) = (q(0), q(4), q(8), q(12));
+        lanes(lanes(x, y), lanes(z, w))
+    }
+
+    /// `out[i, j] (+)= sum_k a[i, k] * b[j, k]` (`b` is `[n, k]`): sixteen columns at a time, each a
+    /// sixteen-lane chain over k, then [`sum16`].
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn dot_bt(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        accumulate: bool,
+    ) {
+        // SAFETY (whole body): every access stays within the caller's extents: row i of a at a + i * k and
+        // row j of b at b + j * k (j < n) hold k elements, loaded sixteen at a time with the tail masked;
+        // out + i * n + j for i < m and j < n (the last group's store masked).
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let cols = (n - j0).min(16);
+                for i in 0..m {
+                    let ai = a.add(i * k);
+                    let mut acc = [_mm512_setzero_ps(); 16];
+                    let mut kk = 0;
+                    while kk < k {
+                        let mk = tail(k - kk);
+                        let x = _mm512_maskz_loadu_ps(mk, ai.add(kk));
+                        // A constant trip count, so that the sixteen accumulators stay in registers; the
+                        // columns past n (the last group) load nothing (their row pointer is never read).
+                        for (c, v) in acc.iter_mut().enumerate() {
+                            let mc = if c < cols { mk } else { 0 };
+                            let y =
+                                _mm512_maskz_loadu_ps(mc, b.add((j0 + c.min(cols - 1)) * k + kk));
+                            *v = _mm512_fmadd_ps(x, y, *v);
+                        }
+                        kk += 16;
+                    }
+                    let mut s = sum16(&acc);
+                    let o = out.add(i * n + j0);
+                    let mo = tail(cols);
+                    if accumulate {
+                        s = _mm512_add_ps(_mm512_maskz_loadu_ps(mo, o), s);
+                    }
+                    _mm512_mask_storeu_ps(o, mo, s);
+                }
+                j0 += 16;
+            }
+        }
+    }
+
+    /// `out[i, :] (+)= sum_k a[i, k] * b[k, :]` (`b` is `[k, n]`): four column vectors of a row at a time,
+    /// four independent chains over k.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn dot_bn(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        accumulate: bool,
+    ) {
+        // SAFETY (whole body): row kk of b at b + kk * n holds n elements, read sixteen at a time with the
+        // tail masked; a + i * k + kk for i < m, kk < k; row i of out at out + i * n, n elements.
+        unsafe {
+            let mut j = 0;
+            while j < n {
+                let masks: [__mmask16; 4] =
+                    std::array::from_fn(|v| tail(n.saturating_sub(j + 16 * v)));
+                for i in 0..m {
+                    let oi = out.add(i * n + j);
+                    let ai = a.add(i * k);
+                    let mut acc: [__m512; 4] = std::array::from_fn(|v| {
+                        if accumulate && masks[v] != 0 {
+                            _mm512_maskz_loadu_ps(masks[v], oi.add(16 * v))
+                        } else {
+                            _mm512_setzero_ps()
+                        }
+                    });
+                    for kk in 0..k {
+                        let x = _mm512_set1_ps(*ai.add(kk));
+                        let row = b.add(kk * n + j);
+                        for v in 0..4 {
+                            if masks[v] != 0 {
+                                let y = _mm512_maskz_loadu_ps(masks[v], row.add(16 * v));
+                                acc[v] = _mm512_fmadd_ps(x, y, acc[v]);
+                            }
+                        }
+                    }
+                    for v in 0..4 {
+                        if masks[v] != 0 {
+                            _mm512_mask_storeu_ps(oi.add(16 * v), masks[v], acc[v]);
+                        }
+                    }
+                }
+                j += 64;
+            }
+        }
+    }
+}

@@ -613,6 +613,18 @@ pub(crate) extern "C" fn loom_dot(
         }
         return;
     }
+    if crate::kernels::small_dot(
+        m,
+        n,
+        k,
+        out as *mut f32,
+        a as *const f32,
+        b as *const f32,
+        wide & 2 != 0,
+        !zero,
+    ) {
+        return;
+    }
     if wide & 2 != 0 {
         // b held transposed, as [n, k] (a transpose that only dots read).
         crate::kernels::sgemm_strided(

@@ -393,6 +393,68 @@ fn tiled_gemm_with_and_without_epilogue() {
     }
 }
 
+/// One program: `y = a @ b (+ c)` on whole tiles, `b` loaded as `[k, n]` or as `[n, k]` and transposed (a
+/// transpose only the dot reads), the accumulator zeros or loaded.
+fn whole_tile_dot(m: u64, n: u64, k: u64, bt: bool, acc: bool) -> loom_ir::kernel::Kernel {
+    let mut kb = KB::new("whole_tile_dot", [1, 1, 1]);
+    let a = kb.param("a", F32, &[m, k], READ);
+    let b = kb.param("b", F32, if bt { [n, k] } else { [k, n] }.as_slice(), READ);
+    let c = kb.param("c", F32, &[m, n], READ);
+    let y = kb.param("y", F32, &[m, n], WRITE);
+    let (rm, rn, rk) = (
+        kb.range(i(0), m as u32),
+        kb.range(i(0), n as u32),
+        kb.range(i(0), k as u32),
+    );
+    let at = kb.load(a, vec![rm.clone(), rk.clone()], None);
+    let bt_ = if bt {
+        let t = kb.load(b, vec![rn.clone(), rk], None);
+        kb.transpose(t)
+    } else {
+        kb.load(b, vec![rk, rn.clone()], None)
+    };
+    let ct = if acc {
+        kb.load(c, vec![rm.clone(), rn.clone()], None)
+    } else {
+        kb.full(f(0.0), &[m as u32, n as u32], F32)
+    };
+    let d = kb.dot(at, bt_, ct);
+    kb.store(y, vec![rm, rn], d);
+    kb.finish()
+}
+
+#[test]
+fn dots_of_a_few_rows_at_ragged_shapes() {
+    // Up to 8 rows take the crate's own AVX-512 loops where the CPU has them (attention at decode: a
+    // token's query heads against a page of keys, then against its values), the gemm crate otherwise:
+    // columns and depths that are and are not multiples of 16, both layouts of b, with and without an
+    // accumulator.
+    let mut rng = Rng::new(41);
+    for (m, n, k) in [
+        (1u64, 16u64, 64u64),
+        (3, 16, 64),
+        (3, 64, 16),
+        (8, 17, 33),
+        (5, 70, 3),
+        (2, 1, 1),
+        (8, 48, 100),
+        (9, 20, 20),
+    ] {
+        for bt in [false, true] {
+            for acc in [false, true] {
+                let st = one_kernel_stage(whole_tile_dot(m, n, k, bt, acc));
+                let ins = vec![
+                    rand_f32(&mut rng, (m * k) as usize, 0.5, 1.5),
+                    rand_f32(&mut rng, (k * n) as usize, 0.5, 1.5),
+                    rand_f32(&mut rng, (m * n) as usize, 0.5, 1.5),
+                ];
+                // Relative 1e-5: f32 dot products of length <= 4096 over positive values.
+                diff(&st, &ins, Tol::Rel(1e-5, 1e-6));
+            }
+        }
+    }
+}
+
 /// Row-wise softmax: one program per `br` rows, the full row in one tile (masked to -inf past `c`).
 fn softmax(r: u64, c: u64, br: u32, bc: u32) -> loom_ir::kernel::Kernel {
     let mut kb = KB::new("softmax", [cdiv(r, br as u64), 1, 1]);
