@@ -67,6 +67,11 @@ const MAX_DEPTH: u32 = 64;
 /// Rows of at least this many f32 elements are moved between buffers and scratch by one call (`rt::loom_copy`)
 /// instead of an inline loop of 128-bit moves.
 const COPY_CALL: u32 = 16;
+
+/// [`Lower::for_lanes`]: loops of at most this many iterations are emitted without a loop ...
+const UNROLL_ALL: i64 = 8;
+/// ... and longer ones with this many bodies an iteration.
+const UNROLL: i64 = 4;
 /// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
 const MAX_SCRATCH: u32 = 1 << 30;
 
@@ -701,6 +706,50 @@ impl<'k, 'f> Lower<'k, 'f> {
         Ok(())
     }
 
+    /// `body(i)` for `i = lo, lo + step, ... < hi`, a count known here: the vector loops over a tile's
+    /// elements. Up to [`UNROLL_ALL`] iterations are emitted straight (constant offsets); more run as a loop
+    /// with [`UNROLL`] bodies an iteration and the rest straight. (Cranelift reloads spilled values at every
+    /// loop head, which cost more than a short body: a 48-iteration multiply of a `[3, 64]` tile spent half
+    /// its instructions on reloads.)
+    fn for_lanes(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        step: i64,
+        body: &mut dyn FnMut(&mut Self, Value) -> R<()>,
+    ) -> R<()> {
+        let count = if hi > lo {
+            (hi - lo + step - 1) / step
+        } else {
+            0
+        };
+        if count <= UNROLL_ALL {
+            for it in 0..count {
+                let i = self.iconst(lo + it * step);
+                body(self, i)?;
+            }
+            return Ok(());
+        }
+        let looped = count / UNROLL * UNROLL;
+        let end = self.iconst(lo + looped * step);
+        self.for_range(lo, end, UNROLL * step, &mut |l, i| {
+            for u in 0..UNROLL {
+                let iu = if u == 0 {
+                    i
+                } else {
+                    l.b.ins().iadd_imm_s(i, u * step)
+                };
+                body(l, iu)?;
+            }
+            Ok(())
+        })?;
+        for it in looped..count {
+            let i = self.iconst(lo + it * step);
+            body(self, i)?;
+        }
+        Ok(())
+    }
+
     fn for_n(&mut self, n: u32, body: &mut dyn FnMut(&mut Self, Value) -> R<()>) -> R<()> {
         let hi = self.iconst(i64::from(n));
         self.for_range(0, hi, 1, body)
@@ -1185,9 +1234,8 @@ impl<'k, 'f> Lower<'k, 'f> {
             // Sixteen bytes at a time.
             let vt = ty.by(lanes).unwrap_or(types::I8X16);
             let v = self.b.ins().splat(vt, x);
-            let hi = self.iconst(i64::from(nv));
             let size = i64::from(ty.bytes());
-            self.for_range(0, hi, i64::from(lanes), &mut |l, i| {
+            self.for_lanes(0, i64::from(nv), i64::from(lanes), &mut |l, i| {
                 let bo = l.b.ins().imul_imm_s(i, size);
                 let a = l.b.ins().iadd(l.base, bo);
                 l.b.ins().store(f, v, a, off as i32);
@@ -1392,9 +1440,8 @@ impl<'k, 'f> Lower<'k, 'f> {
             BinOp::Mul => l.b.ins().fmul(x, y),
             _ => l.b.ins().fdiv(x, y),
         };
-        let hi = self.iconst(i64::from(n4));
         // `i` counts elements; a vector is 16 bytes, so the byte offset is i * 4.
-        self.for_range(0, hi, 4, &mut |l, i| {
+        self.for_lanes(0, i64::from(n4), 4, &mut |l, i| {
             let get = |l: &mut Self, o: &Opnd, s: Option<Value>| match (o, s) {
                 (_, Some(s)) => s,
                 (Opnd::T(t), None) => l.ldv(v4, t.off, i),
@@ -1409,8 +1456,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             Ok(())
         })?;
         if n4 < n {
-            let hi = self.iconst(i64::from(n));
-            self.for_range(i64::from(n4), hi, 1, &mut |l, i| {
+            self.for_lanes(i64::from(n4), i64::from(n), 1, &mut |l, i| {
                 let get = |l: &mut Self, o: &Opnd| match o {
                     Opnd::S(x, _) => *x,
                     Opnd::T(t) => l.ld(F32, t.off, i),
@@ -1775,8 +1821,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                     } else {
                         None
                     };
-                    let hi = l.iconst(i64::from(nv));
-                    l.for_range(0, hi, i64::from(lanes), &mut |l, j| {
+                    l.for_lanes(0, i64::from(nv), i64::from(lanes), &mut |l, j| {
                         let v = match one {
                             Some((_, v)) => v,
                             None => {
@@ -1821,8 +1866,7 @@ impl<'k, 'f> Lower<'k, 'f> {
         let bytes = n * ty.bytes();
         let (v16, f) = (bytes / 16 * 16, flags_buf());
         if v16 > 0 {
-            let hi = self.iconst(i64::from(v16));
-            self.for_range(0, hi, 16, &mut |l, b| {
+            self.for_lanes(0, i64::from(v16), 16, &mut |l, b| {
                 let a = l.b.ins().iadd(l.base, b);
                 let x = l.b.ins().load(types::I8X16, f, a, from as i32);
                 l.b.ins().store(f, x, a, to as i32);
@@ -2134,8 +2178,7 @@ impl<'k, 'f> Lower<'k, 'f> {
     fn row_lanes(&mut self, len: u32, f: &mut dyn FnMut(&mut Self, Value, Type)) -> R<()> {
         let n4 = len / 4 * 4;
         if n4 > 0 {
-            let hi = self.iconst(i64::from(n4));
-            self.for_range(0, hi, 4, &mut |l, j| {
+            self.for_lanes(0, i64::from(n4), 4, &mut |l, j| {
                 f(l, j, types::F32X4);
                 Ok(())
             })?;
