@@ -320,10 +320,23 @@ mod x86 {
             let mut j0 = 0;
             while j0 < n {
                 let cols = (n - j0).min(16);
+                // Column c's row of b (the last real one again past n: those lanes load nothing).
+                let rows: [*const f32; 16] =
+                    std::array::from_fn(|c| b.add((j0 + c.min(cols - 1)) * k));
                 for i in 0..m {
                     let ai = a.add(i * k);
                     let mut acc = [_mm512_setzero_ps(); 16];
                     let mut kk = 0;
+                    if cols == 16 {
+                        // Whole groups of sixteen columns and depths: no masks.
+                        while kk + 16 <= k {
+                            let x = _mm512_loadu_ps(ai.add(kk));
+                            for (v, r) in acc.iter_mut().zip(&rows) {
+                                *v = _mm512_fmadd_ps(x, _mm512_loadu_ps(r.add(kk)), *v);
+                            }
+                            kk += 16;
+                        }
+                    }
                     while kk < k {
                         let mk = tail(k - kk);
                         let x = _mm512_maskz_loadu_ps(mk, ai.add(kk));
@@ -331,8 +344,7 @@ mod x86 {
                         // columns past n (the last group) load nothing (their row pointer is never read).
                         for (c, v) in acc.iter_mut().enumerate() {
                             let mc = if c < cols { mk } else { 0 };
-                            let y =
-                                _mm512_maskz_loadu_ps(mc, b.add((j0 + c.min(cols - 1)) * k + kk));
+                            let y = _mm512_maskz_loadu_ps(mc, rows[c].add(kk));
                             *v = _mm512_fmadd_ps(x, y, *v);
                         }
                         kk += 16;
