@@ -17,7 +17,10 @@
 //!   index matches), and then runs unchecked; a masked access whose index tiles all come from `tile.range`
 //!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element. A
 //!   range moved by a scalar (`add`, `sub`) or scaled by a positive constant (`mul`) stays a range, with a
-//!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too.
+//!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too. A load of
+//!   f32 rows that only dots read, soon after and with no store between (`dot_views`: attention's key and
+//!   value blocks), is not copied where its bounds test passes: the dot helper reads the buffer's rows in
+//!   place, at their stride.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -179,7 +182,7 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
         (
             "loom_dot",
             rt::loom_dot as *const u8,
-            vec![I32, I64, I64, I64, I64, I64, I64, I64],
+            vec![I32, I64, I64, I64, I64, I64, I64, I64, I64, I64],
             vec![],
         ),
         (
@@ -344,6 +347,7 @@ impl Jit {
                 depth: 0,
                 fuel: None,
                 dot_b_only: dot_b_only(kernel),
+                views: dot_views(kernel),
                 transposed: std::collections::HashSet::new(),
                 zero_tiles: std::collections::HashSet::new(),
             };
@@ -437,6 +441,16 @@ struct TileV {
     /// For tiles made by `tile.range`, or from one by adding or subtracting a scalar or multiplying by a
     /// positive constant: the element values start, start + step, start + 2 step, ...
     range: Option<RangeV>,
+    /// For tiles loaded as a view (see [`dot_views`]): where the rows are (the buffer's rows in place on the
+    /// fast path, the tile's scratch otherwise) and their stride in elements. Only dots read such a tile.
+    view: Option<ViewV>,
+}
+
+/// The rows of a view tile: element (r, c) at `ptr + (r * ld + c) * 4`.
+#[derive(Clone, Copy, Debug)]
+struct ViewV {
+    ptr: Variable,
+    ld: Variable,
 }
 
 /// The values of a range tile: element j is `start + j * step` (i64, wrapping like the tile's own
@@ -506,6 +520,8 @@ struct Lower<'k, 'f> {
     fuel: Option<Variable>,
     /// Values whose every use is as the `b` operand of a `dot` (see [`dot_b_only`]).
     dot_b_only: Vec<bool>,
+    /// Loads that may be views (see [`dot_views`]).
+    views: Vec<bool>,
     /// Transposes left unmaterialised (`dot_b_only`): their ids.
     transposed: std::collections::HashSet<u32>,
     /// f32 tiles made by `full` of +0.0: a dot accumulating onto one need not read it.
@@ -596,6 +612,137 @@ fn dot_b_only(k: &Kernel) -> Vec<bool> {
         .zip(&dot_b)
         .map(|(&u, &d)| u > 0 && u == d)
         .collect()
+}
+
+/// For every value of `k`: whether it is a `load` of f32 rows that only dots read, in the same region soon
+/// after, as their `a` or `b` operand (directly, or through a transpose that only dots read), with no store
+/// in between (a store could change the rows the dots would read in place). Such a load may hand the dots
+/// the buffer's rows in place (a view) instead of copying them into scratch: attention's key and value pages.
+fn dot_views(k: &Kernel) -> Vec<bool> {
+    let b_only = dot_b_only(k);
+    let n = k.values.len();
+    let mut uses = vec![0u32; n];
+    fn count(r: &KRegion, uses: &mut [u32]) {
+        for op in &r.ops {
+            for o in op_operands(&op.kind) {
+                if let KOperand::Value(v) = o
+                    && let Some(u) = uses.get_mut(v.0 as usize)
+                {
+                    *u += 1;
+                }
+            }
+            for r in op_regions(&op.kind) {
+                count(r, uses);
+            }
+        }
+    }
+    count(&k.body, &mut uses);
+    fn stores(op: &KOp) -> bool {
+        matches!(op.kind, KOpKind::Store { .. })
+            || op_regions(&op.kind)
+                .iter()
+                .any(|r| r.ops.iter().any(stores))
+    }
+    let is = |o: &KOperand, v: KValue| matches!(o, KOperand::Value(x) if *x == v);
+    let mut views = vec![false; n];
+    fn walk(
+        r: &KRegion,
+        uses: &[u32],
+        b_only: &[bool],
+        views: &mut [bool],
+        is: &dyn Fn(&KOperand, KValue) -> bool,
+    ) {
+        for (i, op) in r.ops.iter().enumerate() {
+            for r in op_regions(&op.kind) {
+                walk(r, uses, b_only, views, is);
+            }
+            let (KOpKind::Load { .. }, [v]) = (&op.kind, &op.results[..]) else {
+                continue;
+            };
+            // Its uses in this region after it: dots (not as the accumulator), or transposes whose own uses are
+            // all dots' b here.
+            let (mut found, mut last, mut ok) = (0u32, i, true);
+            for (j, o) in r.ops.iter().enumerate().skip(i + 1) {
+                match &o.kind {
+                    KOpKind::Dot { a, b, acc } => {
+                        let here = u32::from(is(a, *v)) + u32::from(is(b, *v));
+                        if here > 0 {
+                            found += here;
+                            last = j;
+                        }
+                        ok &= !is(acc, *v);
+                    }
+                    KOpKind::Transpose { a } if is(a, *v) => {
+                        let t = o.results[0];
+                        let tdots: Vec<usize> = r
+                            .ops
+                            .iter()
+                            .enumerate()
+                            .skip(j + 1)
+                            .filter(|(_, d)| matches!(&d.kind, KOpKind::Dot { b, .. } if is(b, t)))
+                            .map(|(e, _)| e)
+                            .collect();
+                        ok &= b_only.get(t.0 as usize) == Some(&true)
+                            && tdots.len() as u32 == uses[t.0 as usize];
+                        found += 1;
+                        last = last.max(tdots.last().copied().unwrap_or(j));
+                    }
+                    _ => {}
+                }
+            }
+            views[v.0 as usize] = ok
+                && found > 0
+                && found == uses[v.0 as usize]
+                && !r.ops[i + 1..=last].iter().any(stores);
+        }
+    }
+    walk(&k.body, &uses, &b_only, &mut views, &is);
+    views
+}
+
+/// The operands an operation reads (not those of its nested regions).
+fn op_operands(kind: &KOpKind) -> Vec<&KOperand> {
+    match kind {
+        KOpKind::ProgramId { .. } => vec![],
+        KOpKind::Binary { a, b, .. } | KOpKind::Cmp { a, b, .. } => vec![a, b],
+        KOpKind::Unary { a, .. }
+        | KOpKind::Cast { a, .. }
+        | KOpKind::Broadcast { a, .. }
+        | KOpKind::ExpandDims { a, .. }
+        | KOpKind::Reshape { a, .. }
+        | KOpKind::Transpose { a }
+        | KOpKind::Reduce { a, .. } => vec![a],
+        KOpKind::Select { cond, a, b } => vec![cond, a, b],
+        KOpKind::Range { start, .. } => vec![start],
+        KOpKind::Full { value, .. } => vec![value],
+        KOpKind::Dot { a, b, acc } => vec![a, b, acc],
+        KOpKind::Load { indices, fill, .. } => indices.iter().chain(fill.iter()).collect(),
+        KOpKind::Store { indices, value, .. } => {
+            indices.iter().chain(std::iter::once(value)).collect()
+        }
+        KOpKind::For {
+            lo,
+            hi,
+            step,
+            inits,
+            ..
+        } => [lo, hi, step].into_iter().chain(inits.iter()).collect(),
+        KOpKind::If { cond, .. } => vec![cond],
+        KOpKind::Yield(vs) => vs.iter().collect(),
+    }
+}
+
+/// The regions nested in an operation.
+fn op_regions(kind: &KOpKind) -> Vec<&KRegion> {
+    match kind {
+        KOpKind::For { body, .. } => vec![body],
+        KOpKind::If {
+            then_region,
+            else_region,
+            ..
+        } => vec![then_region, else_region],
+        _ => vec![],
+    }
 }
 
 fn flags_buf() -> MemFlagsData {
@@ -798,6 +945,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             shape: shape.to_vec(),
             dtype,
             range: None,
+            view: None,
         })
     }
 
@@ -1159,19 +1307,28 @@ impl<'k, 'f> Lower<'k, 'f> {
                     return Err(bad!("dot shapes or types do not line up"));
                 }
                 let o = self.alloc(&[m, n], DType::F32)?;
+                // An operand's rows and their stride: a view's (see `load`), or the tile's own.
+                let rows = |l: &mut Self, t: &TileV, cols: u32| match t.view {
+                    Some(v) => (l.b.use_var(v.ptr), l.b.use_var(v.ld)),
+                    None => (l.sptr(t.off), l.iconst(i64::from(cols))),
+                };
+                let (ap, lda) = rows(self, &a, k);
+                let (bp, ldb) = rows(self, &b, if bt { k } else { n });
                 let args = [
                     self.i32c(
                         u32::from(a.dtype == DType::F64)
                             | (u32::from(bt) << 1)
                             | (u32::from(acc_zero) << 2),
                     ),
-                    self.sptr(a.off),
-                    self.sptr(b.off),
+                    ap,
+                    bp,
                     self.sptr(c.off),
                     self.sptr(o.off),
                     self.iconst(i64::from(m)),
                     self.iconst(i64::from(k)),
                     self.iconst(i64::from(n)),
+                    lda,
+                    ldb,
                 ];
                 self.call(H::Dot, &args);
                 self.def_tile(one(op)?, o)
@@ -2086,6 +2243,24 @@ impl<'k, 'f> Lower<'k, 'f> {
                 .all(|ix| matches!(ix, Ix::S(_)) || matches!(ix, Ix::T(t) if t.range.is_some()))
     }
 
+    /// The dimension of the rows when a load of `param` can be a view: f32 elements, every index a scalar or a
+    /// unit range, exactly two ranges, the last over a unit-stride dimension (the tile's rows are then rows of
+    /// the buffer at that dimension's stride).
+    fn view_rows(&self, param: u32, ixs: &[Ix], strides: &[i64]) -> Option<usize> {
+        let p = &self.k.params[param as usize];
+        let tiles: Vec<usize> = (0..ixs.len())
+            .filter(|&d| matches!(ixs[d], Ix::T(_)))
+            .collect();
+        let unit = |d: usize| matches!(&ixs[d], Ix::T(t) if t.unit_range().is_some());
+        (p.dtype == DType::F32
+            && strides.last() == Some(&1)
+            && tiles.len() == 2
+            && tiles[1] == ixs.len() - 1
+            && unit(tiles[0])
+            && unit(tiles[1]))
+        .then(|| tiles[0])
+    }
+
     /// Whether an access to `param` can move whole rows with its other indices gathered: f32 elements, the
     /// last index a range over a unit-stride dimension, and at least one other index a tile that is not a
     /// range (which [`row_copyable`](Self::row_copyable) does not take).
@@ -2464,6 +2639,46 @@ impl<'k, 'f> Lower<'k, 'f> {
             Some(t) if self.row_copyable(param, &ixs, &strides) => Some(t.off),
             _ => None,
         };
+        // A view (only dots read the tile, see `dot_views`): where every index is inside, the dots read the
+        // buffer's rows in place; otherwise the tile is filled as below (masked, or checked) and read there.
+        if let (Some(t), Some(row_dim), true) = (
+            &out,
+            self.view_rows(param, &ixs, &strides),
+            self.views.get(res.0 as usize) == Some(&true),
+        ) {
+            let (off, cols) = (t.off, t.shape[1]);
+            let (vptr, vld) = (self.b.declare_var(I64), self.b.declare_var(I64));
+            let all = self.ranges_inside(&ixs, &extents);
+            self.branch(all, &mut |l, fast| {
+                let (at, ld) = if fast {
+                    let mut g = l.iconst(0);
+                    for (d, ix) in ixs.iter().enumerate() {
+                        let v = match ix {
+                            Ix::S(v) => *v,
+                            Ix::T(t) => {
+                                let r = t.range.unwrap_or_else(|| unreachable!("view_rows"));
+                                l.b.use_var(r.start)
+                            }
+                        };
+                        let c = l.b.ins().imul_imm_s(v, strides[d]);
+                        g = l.b.ins().iadd(g, c);
+                    }
+                    (l.buf_addr(ptr, g, 4), strides[row_dim])
+                } else {
+                    match fill {
+                        Some(_) => l.visit(&ixs, &strides, &extents, 2, &mut leaf)?,
+                        None => l.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?,
+                    }
+                    (l.sptr(off), i64::from(cols))
+                };
+                l.b.def_var(vptr, at);
+                let ld = l.iconst(ld);
+                l.b.def_var(vld, ld);
+                Ok(())
+            })?;
+            let view = Some(ViewV { ptr: vptr, ld: vld });
+            return self.def_tile(res, TileV { view, ..t.clone() });
+        }
         if fill.is_none() && self.all_ranged(&ixs) {
             // Checked, with every tile index a range: one test of the ranges' bounds takes the fast path
             // (whole rows where they are contiguous); otherwise the per-element check below finds and
@@ -2839,5 +3054,82 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.bind(*v, &cv)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dot_views;
+    use loom_ir::kernel::{Access, DType, KOperand, ReduceOp};
+    use loom_testkit::{KB, f, i};
+
+    /// The tile loaded from `w` (a `[k, n]` block, or `[n, k]` transposed with `bt`) in a kernel built by
+    /// `body`, which gets the loaded tile and the other operand and returns whatever it wants stored.
+    fn views_of(
+        bt: bool,
+        body: impl FnOnce(&mut KB, KOperand, KOperand, u32, u32) -> KOperand,
+    ) -> bool {
+        let mut kb = KB::new("v", [1, 1, 1]);
+        let a = kb.param("a", DType::F32, &[4, 8], Access::Read);
+        let w = kb.param("w", DType::F32, &[8, 8], Access::Read);
+        let y = kb.param("y", DType::F32, &[4, 8], Access::Write);
+        let (r4, r8) = (kb.range(i(0), 4), kb.range(i(0), 8));
+        let at = kb.load(a, vec![r4.clone(), r8.clone()], None);
+        let wt = kb.load(w, vec![r8.clone(), r8.clone()], None);
+        let wt = if bt { kb.transpose(wt) } else { wt };
+        let out = body(&mut kb, at, wt, y, 0);
+        kb.store(y, vec![r4, r8], out);
+        let k = kb.finish();
+        // The second load's result (the first defines `at`).
+        let loads: Vec<usize> = k
+            .body
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, loom_ir::kernel::KOpKind::Load { .. }))
+            .map(|o| o.results[0].0 as usize)
+            .collect();
+        dot_views(&k)[loads[1]]
+    }
+
+    #[test]
+    fn loads_that_only_dots_read_soon_after_are_views() {
+        let dot = |kb: &mut KB, a: KOperand, b: KOperand| {
+            let z = kb.full(f(0.0), &[4, 8], DType::F32);
+            kb.dot(a, b, z)
+        };
+        // Read by a dot directly, or through a transpose that only dots read.
+        assert!(views_of(false, |kb, a, b, _, _| dot(kb, a, b)));
+        assert!(views_of(true, |kb, a, b, _, _| dot(kb, a, b)));
+        // Read by a dot and by something else: not a view.
+        assert!(!views_of(false, |kb, a, b, _, _| {
+            let d = dot(kb, a, b.clone());
+            let s = kb.reduce(ReduceOp::Sum, b, 0);
+            let s = kb.expand_dims(s, 0);
+            let s = kb.broadcast(s, &[4, 8]);
+            kb.add(d, s)
+        }));
+        // A store between the load and the dot: not a view.
+        assert!(!views_of(false, |kb, a, b, y, _| {
+            let r4 = kb.range(i(0), 4);
+            let r8 = kb.range(i(0), 8);
+            let z = kb.full(f(1.0), &[4, 8], DType::F32);
+            kb.store(y, vec![r4, r8], z);
+            dot(kb, a, b)
+        }));
+        // The accumulator of a dot: not a view.
+        assert!(!views_of(false, |kb, a, b, _, _| {
+            let sq = kb.full(f(0.0), &[8, 8], DType::F32);
+            let bb = kb.dot(b.clone(), sq, b);
+            let z = kb.full(f(0.0), &[4, 8], DType::F32);
+            kb.dot(a, bb, z)
+        }));
+        // Read by a dot inside a loop (another region): not a view.
+        assert!(!views_of(false, |kb, a, b, _, _| {
+            let z = kb.full(f(0.0), &[4, 8], DType::F32);
+            kb.for_(i(0), i(2), i(1), vec![z], |kb, _, it| {
+                vec![kb.dot(a.clone(), b.clone(), it[0].clone())]
+            })
+            .remove(0)
+        }));
     }
 }

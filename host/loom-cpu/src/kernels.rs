@@ -223,8 +223,9 @@ mod tests {
 /// Products of at most this many rows of `a` may take [`small_dot`].
 pub(crate) const SMALL_DOT_ROWS: usize = 8;
 
-/// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`]) on an AVX-512 CPU,
-/// all operands contiguous: `b` is `[k, n]`, or `[n, k]` read transposed (`bt`). This is attention's shape at
+/// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`]) on an AVX-512 CPU:
+/// `b` is `[k, n]`, or `[n, k]` read transposed (`bt`); the rows of `a` and `b` are `lda` and `ldb` elements
+/// apart, those of `out` `n`. This is attention's shape at
 /// decode (a token's query heads against a page of keys, then its weights against the page's values), where
 /// the gemm crate's per-call setup (dispatch, packing buffers) costs several times the arithmetic. Returns
 /// false, doing nothing, where it does not apply (more rows, or no AVX-512): the caller uses the gemm crate.
@@ -237,25 +238,27 @@ pub(crate) fn small_dot(
     k: usize,
     out: *mut f32,
     a: *const f32,
+    lda: usize,
     b: *const f32,
+    ldb: usize,
     bt: bool,
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if m <= SMALL_DOT_ROWS && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
     {
-        // SAFETY: the features were detected above; the caller's contract covers the extents (a: m*k, b:
-        // k*n, out: m*n f32, out not overlapping a or b).
+        // SAFETY: the features were detected above; the caller's contract covers the extents (a: m rows of k
+        // at stride lda, b: k rows of n or n rows of k at stride ldb, out: m*n f32, not overlapping a or b).
         unsafe {
             if bt {
-                x86::dot_bt(m, n, k, out, a, b, accumulate)
+                x86::dot_bt(m, n, k, out, a, lda, b, ldb, accumulate)
             } else {
-                x86::dot_bn(m, n, k, out, a, b, accumulate)
+                x86::dot_bn(m, n, k, out, a, lda, b, ldb, accumulate)
             }
         }
         return true;
     }
-    let _ = (m, n, k, out, a, b, bt, accumulate);
+    let _ = (m, n, k, out, a, lda, b, ldb, bt, accumulate);
     false
 }
 
@@ -310,11 +313,13 @@ mod x86 {
         k: usize,
         out: *mut f32,
         a: *const f32,
+        lda: usize,
         b: *const f32,
+        ldb: usize,
         accumulate: bool,
     ) {
-        // SAFETY (whole body): every access stays within the caller's extents: row i of a at a + i * k and
-        // row j of b at b + j * k (j < n) hold k elements, loaded sixteen at a time with the tail masked;
+        // SAFETY (whole body): every access stays within the caller's extents: row i of a at a + i * lda and
+        // row j of b at b + j * ldb (j < n) hold k elements, loaded sixteen at a time with the tail masked;
         // out + i * n + j for i < m and j < n (the last group's store masked).
         unsafe {
             let mut j0 = 0;
@@ -322,9 +327,9 @@ mod x86 {
                 let cols = (n - j0).min(16);
                 // Column c's row of b (the last real one again past n: those lanes load nothing).
                 let rows: [*const f32; 16] =
-                    std::array::from_fn(|c| b.add((j0 + c.min(cols - 1)) * k));
+                    std::array::from_fn(|c| b.add((j0 + c.min(cols - 1)) * ldb));
                 for i in 0..m {
-                    let ai = a.add(i * k);
+                    let ai = a.add(i * lda);
                     let mut acc = [_mm512_setzero_ps(); 16];
                     let mut kk = 0;
                     if cols == 16 {
@@ -371,11 +376,13 @@ mod x86 {
         k: usize,
         out: *mut f32,
         a: *const f32,
+        lda: usize,
         b: *const f32,
+        ldb: usize,
         accumulate: bool,
     ) {
-        // SAFETY (whole body): row kk of b at b + kk * n holds n elements, read sixteen at a time with the
-        // tail masked; a + i * k + kk for i < m, kk < k; row i of out at out + i * n, n elements.
+        // SAFETY (whole body): row kk of b at b + kk * ldb holds n elements, read sixteen at a time with the
+        // tail masked; a + i * lda + kk for i < m, kk < k; row i of out at out + i * n, n elements.
         unsafe {
             let mut j = 0;
             while j < n {
@@ -383,7 +390,7 @@ mod x86 {
                     std::array::from_fn(|v| tail(n.saturating_sub(j + 16 * v)));
                 for i in 0..m {
                     let oi = out.add(i * n + j);
-                    let ai = a.add(i * k);
+                    let ai = a.add(i * lda);
                     let mut acc: [__m512; 4] = std::array::from_fn(|v| {
                         if accumulate && masks[v] != 0 {
                             _mm512_maskz_loadu_ps(masks[v], oi.add(16 * v))
@@ -393,7 +400,7 @@ mod x86 {
                     });
                     for kk in 0..k {
                         let x = _mm512_set1_ps(*ai.add(kk));
-                        let row = b.add(kk * n + j);
+                        let row = b.add(kk * ldb + j);
                         for v in 0..4 {
                             if masks[v] != 0 {
                                 let y = _mm512_maskz_loadu_ps(masks[v], row.add(16 * v));

@@ -575,7 +575,10 @@ pub(crate) extern "C" fn loom_reduce(
 
 /// `out = acc + a @ b` on scratch tiles: `a` `[m, k]`, `b` `[k, n]` in f32 storage (f32/f16/bf16 values) or
 /// f64 storage (`wide` bit 0), `acc`/`out` `[m, n]` f32. `wide` bit 1: `b` is held transposed, as `[n, k]`
-/// (f32 only); bit 2: `acc` is all +0.0, so `out` is the product alone (f32 only). The f32 case runs the `gemm` crate's microkernels.
+/// (f32 only); bit 2: `acc` is all +0.0, so `out` is the product alone (f32 only). `lda`/`ldb`: the
+/// elements between rows of `a` and of `b` as held (f32 only; a view's rows lie in a buffer, in place; f64
+/// operands are always contiguous). The f32 case runs [`crate::kernels::small_dot`] for a few rows, the
+/// `gemm` crate's microkernels otherwise.
 pub(crate) extern "C" fn loom_dot(
     wide: u32,
     a: *const u8,
@@ -585,8 +588,16 @@ pub(crate) extern "C" fn loom_dot(
     m: u64,
     k: u64,
     n: u64,
+    lda: u64,
+    ldb: u64,
 ) {
-    let (m, k, n) = (m as usize, k as usize, n as usize);
+    let (m, k, n, lda, ldb) = (
+        m as usize,
+        k as usize,
+        n as usize,
+        lda as usize,
+        ldb as usize,
+    );
     // Bit 2: `acc` is a tile of +0.0 (f32): the product is written, not accumulated.
     let zero = wide & 4 != 0 && wide & 1 == 0;
     if !zero && !std::ptr::eq(acc, out) {
@@ -619,7 +630,9 @@ pub(crate) extern "C" fn loom_dot(
         k,
         out as *mut f32,
         a as *const f32,
+        lda,
         b as *const f32,
+        ldb,
         wide & 2 != 0,
         !zero,
     ) {
@@ -634,9 +647,9 @@ pub(crate) extern "C" fn loom_dot(
             out as *mut f32,
             n,
             a as *const f32,
-            k,
+            lda,
             b as *const f32,
-            k as isize,
+            ldb as isize,
             1,
             !zero,
         );
@@ -649,9 +662,9 @@ pub(crate) extern "C" fn loom_dot(
         out as *mut f32,
         n,
         a as *const f32,
-        k,
+        lda,
         b as *const f32,
-        n,
+        ldb,
         !zero,
     );
 }
