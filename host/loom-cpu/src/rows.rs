@@ -89,6 +89,9 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 /// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
 /// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::exp_tile;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -127,6 +130,29 @@ mod x86 {
     #[inline]
     fn tail(n: usize) -> __mmask16 {
         ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// `dst[i] = e^src[i]` for `i < n` by [`exp16`], sixteen at a time, the tail masked (the JIT's `exp` of a
+    /// tile, `vmath::tile`). `src` and `dst` may be the same region.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `n` f32 values.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn exp_tile(src: *const f32, dst: *mut f32, n: usize) {
+        let mut i = 0;
+        // SAFETY (both loops): i + 16 <= n, or the tail's mask covers the n - i < 16 elements left.
+        unsafe {
+            while i + 16 <= n {
+                let x = _mm512_loadu_ps(src.add(i));
+                _mm512_storeu_ps(dst.add(i), exp16::<true>(x));
+                i += 16;
+            }
+            if i < n {
+                let k = tail(n - i);
+                let x = _mm512_maskz_loadu_ps(k, src.add(i));
+                _mm512_mask_storeu_ps(dst.add(i), k, exp16::<true>(x));
+            }
+        }
     }
 
     /// The f64 widening of 16 f32 lanes added to two f64 accumulators.

@@ -110,6 +110,12 @@ pub(crate) unsafe fn tile(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx512f") && has!("fma") {
+            if let Fun::Exp = f {
+                // The hand-written 16-lane exp (`vscalefps` scaling, Estrin's polynomial), about half the
+                // instructions of the vectorised portable one; the same 1 ulp bound (both unit-tested).
+                // SAFETY: the feature is present; the pointers as the caller promised.
+                return unsafe { crate::rows::exp_tile(src, dst, n) };
+            }
             // SAFETY: the features are present; the pointers as the caller promised.
             return unsafe { tile_avx512(f, src, dst, n) };
         }
