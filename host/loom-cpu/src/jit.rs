@@ -531,97 +531,32 @@ struct Lower<'k, 'f> {
 /// For every value of `k`: whether it is used, and only as the `b` operand of `dot`s (a transpose feeding
 /// only dots is then passed to the dot helper as a transposed operand instead of being copied).
 fn dot_b_only(k: &Kernel) -> Vec<bool> {
-    let n = k.values.len();
-    let (mut uses, mut dot_b) = (vec![0u32; n], vec![0u32; n]);
-    fn walk(r: &KRegion, uses: &mut [u32], dot_b: &mut [u32]) {
-        let count = |o: &KOperand, uses: &mut [u32]| {
-            if let KOperand::Value(v) = o {
-                if let Some(u) = uses.get_mut(v.0 as usize) {
-                    *u += 1;
-                }
-            }
-        };
+    let uses = use_counts(k);
+    let mut dot_b = vec![0u32; uses.len()];
+    fn walk(r: &KRegion, dot_b: &mut [u32]) {
         for op in &r.ops {
-            match &op.kind {
-                KOpKind::ProgramId { .. } => {}
-                KOpKind::Binary { a, b, .. } | KOpKind::Cmp { a, b, .. } => {
-                    count(a, uses);
-                    count(b, uses);
-                }
-                KOpKind::Unary { a, .. }
-                | KOpKind::Cast { a, .. }
-                | KOpKind::Broadcast { a, .. }
-                | KOpKind::ExpandDims { a, .. }
-                | KOpKind::Reshape { a, .. }
-                | KOpKind::Transpose { a }
-                | KOpKind::Reduce { a, .. } => count(a, uses),
-                KOpKind::Select { cond, a, b } => {
-                    count(cond, uses);
-                    count(a, uses);
-                    count(b, uses);
-                }
-                KOpKind::Range { start, .. } => count(start, uses),
-                KOpKind::Full { value, .. } => count(value, uses),
-                KOpKind::Dot { a, b, acc } => {
-                    count(a, uses);
-                    count(b, uses);
-                    count(acc, uses);
-                    if let KOperand::Value(v) = b {
-                        if let Some(d) = dot_b.get_mut(v.0 as usize) {
-                            *d += 1;
-                        }
-                    }
-                }
-                KOpKind::Load { indices, fill, .. } => {
-                    indices.iter().for_each(|i| count(i, uses));
-                    if let Some(f) = fill {
-                        count(f, uses);
-                    }
-                }
-                KOpKind::Store { indices, value, .. } => {
-                    indices.iter().for_each(|i| count(i, uses));
-                    count(value, uses);
-                }
-                KOpKind::For {
-                    lo,
-                    hi,
-                    step,
-                    inits,
-                    body,
-                    ..
-                } => {
-                    [lo, hi, step].into_iter().for_each(|o| count(o, uses));
-                    inits.iter().for_each(|o| count(o, uses));
-                    walk(body, uses, dot_b);
-                }
-                KOpKind::If {
-                    cond,
-                    then_region,
-                    else_region,
-                } => {
-                    count(cond, uses);
-                    walk(then_region, uses, dot_b);
-                    walk(else_region, uses, dot_b);
-                }
-                KOpKind::Yield(vs) => vs.iter().for_each(|o| count(o, uses)),
+            if let KOpKind::Dot {
+                b: KOperand::Value(v),
+                ..
+            } = &op.kind
+                && let Some(d) = dot_b.get_mut(v.0 as usize)
+            {
+                *d += 1;
+            }
+            for r in op_regions(&op.kind) {
+                walk(r, dot_b);
             }
         }
     }
-    walk(&k.body, &mut uses, &mut dot_b);
+    walk(&k.body, &mut dot_b);
     uses.iter()
         .zip(&dot_b)
         .map(|(&u, &d)| u > 0 && u == d)
         .collect()
 }
 
-/// For every value of `k`: whether it is a `load` of f32 rows that only dots read, in the same region soon
-/// after, as their `a` or `b` operand (directly, or through a transpose that only dots read), with no store
-/// in between (a store could change the rows the dots would read in place). Such a load may hand the dots
-/// the buffer's rows in place (a view) instead of copying them into scratch: attention's key and value pages.
-fn dot_views(k: &Kernel) -> Vec<bool> {
-    let b_only = dot_b_only(k);
-    let n = k.values.len();
-    let mut uses = vec![0u32; n];
+/// How many times each value of `k` is read, in every region.
+fn use_counts(k: &Kernel) -> Vec<u32> {
     fn count(r: &KRegion, uses: &mut [u32]) {
         for op in &r.ops {
             for o in op_operands(&op.kind) {
@@ -636,7 +571,19 @@ fn dot_views(k: &Kernel) -> Vec<bool> {
             }
         }
     }
+    let mut uses = vec![0u32; k.values.len()];
     count(&k.body, &mut uses);
+    uses
+}
+
+/// For every value of `k`: whether it is a `load` of f32 rows that only dots read, in the same region soon
+/// after, as their `a` or `b` operand (directly, or through a transpose that only dots read), with no store
+/// in between (a store could change the rows the dots would read in place). Such a load may hand the dots
+/// the buffer's rows in place (a view) instead of copying them into scratch: attention's key and value pages.
+fn dot_views(k: &Kernel) -> Vec<bool> {
+    let b_only = dot_b_only(k);
+    let uses = use_counts(k);
+    let n = uses.len();
     fn stores(op: &KOp) -> bool {
         matches!(op.kind, KOpKind::Store { .. })
             || op_regions(&op.kind)
