@@ -18,8 +18,8 @@
 //!   tests the range bounds once and takes an unchecked fast path, otherwise it masks every element. A
 //!   range moved by a scalar (`add`, `sub`) or scaled by a positive constant (`mul`) stays a range, with a
 //!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too. A load of
-//!   f32 rows that only dots read, soon after and with no store between (`dot_views`: attention's key and
-//!   value blocks), is not copied where its bounds test passes: the dot helper reads the buffer's rows in
+//!   f32 rows that only dots read, soon after and with no store between, from a parameter the kernel never
+//!   stores to (`dot_views`: attention's key and value blocks), is not copied where its bounds test passes: the dot helper reads the buffer's rows in
 //!   place, at their stride.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
@@ -578,7 +578,8 @@ fn use_counts(k: &Kernel) -> Vec<u32> {
 
 /// For every value of `k`: whether it is a `load` of f32 rows that only dots read, in the same region soon
 /// after, as their `a` or `b` operand (directly, or through a transpose that only dots read), with no store
-/// in between (a store could change the rows the dots would read in place). Such a load may hand the dots
+/// in between, from a parameter the kernel never stores to (a store, by this instance or a concurrent one,
+/// could change the rows the dots would read in place). Such a load may hand the dots
 /// the buffer's rows in place (a view) instead of copying them into scratch: attention's key and value pages.
 fn dot_views(k: &Kernel) -> Vec<bool> {
     let b_only = dot_b_only(k);
@@ -591,21 +592,38 @@ fn dot_views(k: &Kernel) -> Vec<bool> {
                 .any(|r| r.ops.iter().any(stores))
     }
     let is = |o: &KOperand, v: KValue| matches!(o, KOperand::Value(x) if *x == v);
+    // Parameters some instance stores to: another instance's store could land between a load and its dot.
+    fn stored(r: &KRegion, out: &mut Vec<u32>) {
+        for op in &r.ops {
+            if let KOpKind::Store { param, .. } = op.kind {
+                out.push(param);
+            }
+            for r in op_regions(&op.kind) {
+                stored(r, out);
+            }
+        }
+    }
+    let mut written = Vec::new();
+    stored(&k.body, &mut written);
     let mut views = vec![false; n];
     fn walk(
         r: &KRegion,
         uses: &[u32],
         b_only: &[bool],
+        written: &[u32],
         views: &mut [bool],
         is: &dyn Fn(&KOperand, KValue) -> bool,
     ) {
         for (i, op) in r.ops.iter().enumerate() {
             for r in op_regions(&op.kind) {
-                walk(r, uses, b_only, views, is);
+                walk(r, uses, b_only, written, views, is);
             }
-            let (KOpKind::Load { .. }, [v]) = (&op.kind, &op.results[..]) else {
+            let (KOpKind::Load { param, .. }, [v]) = (&op.kind, &op.results[..]) else {
                 continue;
             };
+            if written.contains(param) {
+                continue;
+            }
             // Its uses in this region after it: dots (not as the accumulator), or transposes whose own uses are
             // all dots' b here.
             let (mut found, mut last, mut ok) = (0u32, i, true);
@@ -643,7 +661,7 @@ fn dot_views(k: &Kernel) -> Vec<bool> {
                 && !r.ops[i + 1..=last].iter().any(stores);
         }
     }
-    walk(&k.body, &uses, &b_only, &mut views, &is);
+    walk(&k.body, &uses, &b_only, &written, &mut views, &is);
     views
 }
 
@@ -3024,7 +3042,7 @@ mod tests {
         let at = kb.load(a, vec![r4.clone(), r8.clone()], None);
         let wt = kb.load(w, vec![r8.clone(), r8.clone()], None);
         let wt = if bt { kb.transpose(wt) } else { wt };
-        let out = body(&mut kb, at, wt, y, 0);
+        let out = body(&mut kb, at, wt, y, w);
         kb.store(y, vec![r4, r8], out);
         let k = kb.finish();
         // The second load's result (the first defines `at`).
@@ -3062,6 +3080,15 @@ mod tests {
             let z = kb.full(f(1.0), &[4, 8], DType::F32);
             kb.store(y, vec![r4, r8], z);
             dot(kb, a, b)
+        }));
+        // From a parameter the kernel also stores to (after the dot here; another instance's store could
+        // come at any time): not a view.
+        assert!(!views_of(false, |kb, a, b, _, w| {
+            let d = dot(kb, a, b);
+            let r8 = kb.range(i(0), 8);
+            let z = kb.full(f(0.0), &[8, 8], DType::F32);
+            kb.store(w, vec![r8.clone(), r8], z);
+            d
         }));
         // The accumulator of a dot: not a view.
         assert!(!views_of(false, |kb, a, b, _, _| {
