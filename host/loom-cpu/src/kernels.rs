@@ -263,6 +263,9 @@ pub(crate) fn small_dot(
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::sum16;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -277,9 +280,11 @@ mod x86 {
     }
 
     /// Sixteen vectors to one: lane j of the result is the sum of the lanes of `v[j]` (a fixed tree: pairs
-    /// within 128-bit lanes, then across them).
+    /// within 128-bit lanes, then across them; about 45 instructions against about 8 dependent ones each for
+    /// 16 separate reductions). Also the blocked quantised dot's reduction (`qdotf`).
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    fn sum16(v: &[__m512; 16]) -> __m512 {
+    pub(crate) fn sum16(v: &[__m512; 16]) -> __m512 {
         // Lanes within each 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] for a pair (a, b) ...
         let pair = |a: __m512, b: __m512| {
             _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))

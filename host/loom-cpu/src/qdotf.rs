@@ -389,37 +389,11 @@ mod x86 {
         std::array::from_fn(|a| std::array::from_fn(|b| sums[4 * a + b]))
     }
 
-    /// The lane sums of 16 vectors, `out[i] = sum(v[i])`, by a tree of interleaves and adds (45 instructions,
-    /// against about 8 dependent ones each for 16 separate reductions): pairs of vectors, then pairs of those,
-    /// leave four sums per 128-bit lane; two rounds of 128-bit shuffles add the four lanes.
+    /// The lane sums of 16 vectors, `out[i] = sum(v[i])`, by [`crate::kernels::sum16`]'s tree.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn sums16(v: [__m512; 16]) -> [f32; 16] {
-        // Per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
-        let s: [__m512; 8] = std::array::from_fn(|i| {
-            let (a, b) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-        });
-        // Per 128-bit lane: that lane's sums of vectors 4i .. 4i + 4.
-        let u: [__m512; 4] = std::array::from_fn(|i| {
-            let (a, b) = (_mm512_castps_pd(s[2 * i]), _mm512_castps_pd(s[2 * i + 1]));
-            _mm512_add_ps(
-                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-            )
-        });
-        // Lanes of 128 bits: (u[2i] lanes 0 + 1, u[2i] 2 + 3, u[2i + 1] 0 + 1, u[2i + 1] 2 + 3).
-        let w: [__m512; 2] = std::array::from_fn(|i| {
-            let (a, b) = (u[2 * i], u[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-            )
-        });
-        let t = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(w[0], w[1]),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(w[0], w[1]),
-        );
+        let t = crate::kernels::sum16(&v);
         let mut out = [0f32; 16];
         // SAFETY: `out` has room for 16 f32.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), t) };
