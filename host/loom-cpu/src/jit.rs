@@ -19,8 +19,8 @@
 //!   range moved by a scalar (`add`, `sub`) or scaled by a positive constant (`mul`) stays a range, with a
 //!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too. A load of
 //!   f32 rows that only dots read, soon after and with no store between, from a parameter the kernel never
-//!   stores to (`dot_views`: attention's key and value blocks), is not copied where its bounds test passes: the dot helper reads the buffer's rows in
-//!   place, at their stride.
+//!   stores to (`dot_views`: attention's key and value blocks), is not copied where its bounds test passes:
+//!   the dot helper reads the buffer's rows in place, at their stride.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -75,6 +75,7 @@ const COPY_CALL: u32 = 16;
 const UNROLL_ALL: i64 = 8;
 /// ... and longer ones with this many bodies an iteration.
 const UNROLL: i64 = 4;
+
 /// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
 const MAX_SCRATCH: u32 = 1 << 30;
 
@@ -332,6 +333,9 @@ impl Jit {
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
             let p = b.block_params(entry).to_vec();
+            let uses = use_counts(kernel);
+            let b_only = dot_b_only(kernel, &uses);
+            let views = dot_views(kernel, &uses, &b_only);
             let mut l = Lower {
                 k: kernel,
                 b,
@@ -346,8 +350,8 @@ impl Jit {
                 opts,
                 depth: 0,
                 fuel: None,
-                dot_b_only: dot_b_only(kernel),
-                views: dot_views(kernel),
+                dot_b_only: b_only,
+                views,
                 transposed: std::collections::HashSet::new(),
                 zero_tiles: std::collections::HashSet::new(),
             };
@@ -466,9 +470,7 @@ impl TileV {
     fn unit_range(&self) -> Option<Variable> {
         self.range.filter(|r| r.step == 1).map(|r| r.start)
     }
-}
 
-impl TileV {
     fn n(&self) -> u32 {
         self.shape.iter().product()
     }
@@ -530,8 +532,8 @@ struct Lower<'k, 'f> {
 
 /// For every value of `k`: whether it is used, and only as the `b` operand of `dot`s (a transpose feeding
 /// only dots is then passed to the dot helper as a transposed operand instead of being copied).
-fn dot_b_only(k: &Kernel) -> Vec<bool> {
-    let uses = use_counts(k);
+/// `uses` is [`use_counts`] of `k`.
+fn dot_b_only(k: &Kernel, uses: &[u32]) -> Vec<bool> {
     let mut dot_b = vec![0u32; uses.len()];
     fn walk(r: &KRegion, dot_b: &mut [u32]) {
         for op in &r.ops {
@@ -581,9 +583,8 @@ fn use_counts(k: &Kernel) -> Vec<u32> {
 /// in between, from a parameter the kernel never stores to (a store, by this instance or a concurrent one,
 /// could change the rows the dots would read in place). Such a load may hand the dots
 /// the buffer's rows in place (a view) instead of copying them into scratch: attention's key and value pages.
-fn dot_views(k: &Kernel) -> Vec<bool> {
-    let b_only = dot_b_only(k);
-    let uses = use_counts(k);
+/// `uses` and `b_only` are [`use_counts`] and [`dot_b_only`] of `k`.
+fn dot_views(k: &Kernel, uses: &[u32], b_only: &[bool]) -> Vec<bool> {
     let n = uses.len();
     fn stores(op: &KOp) -> bool {
         matches!(op.kind, KOpKind::Store { .. })
@@ -661,7 +662,7 @@ fn dot_views(k: &Kernel) -> Vec<bool> {
                 && !r.ops[i + 1..=last].iter().any(stores);
         }
     }
-    walk(&k.body, &uses, &b_only, &written, &mut views, &is);
+    walk(&k.body, uses, b_only, &written, &mut views, &is);
     views
 }
 
@@ -3024,7 +3025,7 @@ impl<'k, 'f> Lower<'k, 'f> {
 
 #[cfg(test)]
 mod tests {
-    use super::dot_views;
+    use super::{dot_b_only, dot_views, use_counts};
     use loom_ir::kernel::{Access, DType, KOperand, ReduceOp};
     use loom_testkit::{KB, f, i};
 
@@ -3053,7 +3054,8 @@ mod tests {
             .filter(|o| matches!(o.kind, loom_ir::kernel::KOpKind::Load { .. }))
             .map(|o| o.results[0].0 as usize)
             .collect();
-        dot_views(&k)[loads[1]]
+        let uses = use_counts(&k);
+        dot_views(&k, &uses, &dot_b_only(&k, &uses))[loads[1]]
     }
 
     #[test]

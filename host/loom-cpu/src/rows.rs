@@ -86,11 +86,11 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
     if x.is_nan() { x } else { e }
 }
 
-/// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
-/// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::exp_tile;
 
+/// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
+/// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
