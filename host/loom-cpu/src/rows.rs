@@ -100,10 +100,22 @@ mod x86 {
     /// for subnormal results). The clamps to [-105, 89] keep NaN (`vmaxps`/`vminps` return the second
     /// operand when either is NaN), which then propagates through every step. Without `HI` the upper clamp
     /// is left out (one instruction of ~16): only for `x <= 0` (or NaN), as softmax's `x - max` is.
+    ///
+    /// Subnormal results are avoided where they are not the answer: an instruction whose result is
+    /// subnormal takes a microcode assist on Intel cores (on the order of a hundred cycles a vector), and
+    /// masked attention scores (`-3e38`) put every lane of a vector there. Lanes below `ZERO` (`e^x <
+    /// 2^-150`, whose correctly rounded result is +0) give +0 directly; when no lane lies between `ZERO` and
+    /// `-87` (`e^-87 > 2^-126`: normal results), the rest are computed clamped at -87 and nothing is
+    /// subnormal. Otherwise (a result that is really subnormal) the clamp is -105 as before.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) fn exp16<const HI: bool>(x: __m512) -> __m512 {
-        let xc = _mm512_max_ps(_mm512_set1_ps(-105.0), x);
+        const ZERO: f32 = -103.98;
+        // NaN compares false in both: it takes the normal path and propagates.
+        let zero = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(ZERO));
+        let low = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
+        let floor = if low & !zero == 0 { -87.0 } else { -105.0 };
+        let xc = _mm512_max_ps(_mm512_set1_ps(floor), x);
         let xc = if HI {
             _mm512_min_ps(_mm512_set1_ps(89.0), xc)
         } else {
@@ -124,7 +136,7 @@ mod x86 {
         let p = _mm512_fmadd_ps(d, r4, _mm512_fmadd_ps(b, r2, a));
         let y = _mm512_fmadd_ps(p, r2, r);
         let y = _mm512_add_ps(y, _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(y, n)
+        _mm512_maskz_mov_ps(!zero, _mm512_scalef_ps(y, n))
     }
 
     #[inline]
@@ -736,6 +748,20 @@ mod tests {
         let r = exp16(&sp);
         assert_eq!(&r[..5], &[1.0, 0.0, 0.0, f32::INFINITY, f32::INFINITY]);
         assert!(r[5].is_nan() && r[6].is_nan());
+        // Masked scores (-3e38) beside normal, subnormal and zero results, in one vector and alone: both
+        // paths of the subnormal test, each lane against f64.
+        let mixes: [[f32; 16]; 3] = [
+            [-3e38; 16],
+            std::array::from_fn(|i| if i % 2 == 0 { -3e38 } else { -(i as f32) * 5.0 }),
+            std::array::from_fn(|i| [-3e38, -1.0, -95.0, -103.97, -103.99, -87.0, -86.9, 0.5][i % 8]),
+        ];
+        for v in &mixes {
+            for (&x, &g) in v.iter().zip(&exp16(v)) {
+                let want = f64::from(x).exp() as f32;
+                assert!(ulps(g, want) <= 1, "exp16({x}) = {g}, want {want}");
+                assert!(g.to_bits() != (-0.0f32).to_bits(), "exp16({x}) is -0");
+            }
+        }
     }
 
     /// The streamed (non-temporal) output path: rows that start off a 64-byte boundary, heads longer than
