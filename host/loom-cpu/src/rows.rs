@@ -87,7 +87,7 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::exp_tile;
+pub(crate) use x86::{exp_tile, reduce_rows};
 
 /// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
 /// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
@@ -163,6 +163,56 @@ mod x86 {
                 let k = tail(n - i);
                 let x = _mm512_maskz_loadu_ps(k, src.add(i));
                 _mm512_mask_storeu_ps(dst.add(i), k, exp16::<true>(x));
+            }
+        }
+    }
+
+    /// `rt::loom_reduce`'s f32 sum or max along contiguous rows (`dst[o]` of `src[o * len..][..len]`), bit for
+    /// bit: the sum adds eight f64 lanes in index order, then the lanes in order, then the remainder in order,
+    /// exactly as the portable loop does, and rounds once; the max ignores NaN (`vmaxps` returns its second
+    /// operand, the accumulator, when the element is NaN), as `f32::max` does, and is exact in any order.
+    ///
+    /// # Safety
+    /// `src` is readable for `outer * len` f32 values and `dst` writable for `outer`.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn reduce_rows(max: bool, src: *const f32, dst: *mut f32, outer: usize, len: usize) {
+        // SAFETY (whole body): row o is src[o * len..(o + 1) * len]; loads stay inside it (eight at a time, or
+        // sixteen with the tail masked); dst[o] for o < outer.
+        unsafe {
+            for o in 0..outer {
+                let row = src.add(o * len);
+                if max {
+                    let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+                    let mut i = 0;
+                    while i + 16 <= len {
+                        acc = _mm512_max_ps(_mm512_loadu_ps(row.add(i)), acc);
+                        i += 16;
+                    }
+                    if i < len {
+                        let x = _mm512_mask_loadu_ps(
+                            _mm512_set1_ps(f32::NEG_INFINITY),
+                            tail(len - i),
+                            row.add(i),
+                        );
+                        acc = _mm512_max_ps(x, acc);
+                    }
+                    *dst.add(o) = _mm512_reduce_max_ps(acc);
+                } else {
+                    let mut acc = _mm512_setzero_pd();
+                    let mut i = 0;
+                    while i + 8 <= len {
+                        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(row.add(i))));
+                        i += 8;
+                    }
+                    let mut lanes = [0f64; 8];
+                    _mm512_storeu_pd(lanes.as_mut_ptr(), acc);
+                    let mut t: f64 = lanes.iter().sum();
+                    while i < len {
+                        t += f64::from(*row.add(i));
+                        i += 1;
+                    }
+                    *dst.add(o) = t as f32;
+                }
             }
         }
     }
@@ -760,6 +810,58 @@ mod tests {
                 let want = f64::from(x).exp() as f32;
                 assert!(ulps(g, want) <= 1, "exp16({x}) = {g}, want {want}");
                 assert!(g.to_bits() != (-0.0f32).to_bits(), "exp16({x}) is -0");
+            }
+        }
+    }
+
+    /// The AVX-512 row sums and maxima of `rt::loom_reduce` against the portable loop's order (written out
+    /// here), bit for bit: ragged lengths, a NaN (ignored by max), values whose f64 sum order matters.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn reduce_rows_match_the_portable_order() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        for len in [0usize, 1, 7, 8, 9, 16, 31, 32, 33, 100] {
+            let outer = 5;
+            let mut x: Vec<f32> = (0..outer * len)
+                .map(|i| ((i * 7919) % 1009) as f32 * 1.37e-3 * if i % 3 == 0 { -1e4 } else { 1.0 })
+                .collect();
+            if len > 2 {
+                x[len + 1] = f32::NAN;
+            }
+            for max in [false, true] {
+                let mut got = vec![0f32; outer];
+                // SAFETY: AVX-512F was detected; x holds outer rows of len, got outer values.
+                unsafe { x86::reduce_rows(max, x.as_ptr(), got.as_mut_ptr(), outer, len) };
+                for o in 0..outer {
+                    let row = &x[o * len..(o + 1) * len];
+                    let want = if max {
+                        row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+                    } else {
+                        let mut acc = [0f64; 8];
+                        let chunks = row.chunks_exact(8);
+                        let rest = chunks.remainder();
+                        for c in chunks {
+                            for j in 0..8 {
+                                acc[j] += f64::from(c[j]);
+                            }
+                        }
+                        let mut t: f64 = acc.iter().sum();
+                        for &v in rest {
+                            t += f64::from(v);
+                        }
+                        t as f32
+                    };
+                    if max && o == 1 && len > 2 {
+                        assert!(!got[o].is_nan(), "max of a row with a NaN");
+                    }
+                    assert_eq!(
+                        got[o].to_bits(),
+                        want.to_bits(),
+                        "len {len} row {o} max {max}"
+                    );
+                }
             }
         }
     }

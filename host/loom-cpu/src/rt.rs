@@ -503,6 +503,18 @@ pub(crate) extern "C" fn loom_reduce(
                     std::slice::from_raw_parts_mut(dst as *mut f32, outer * inner),
                 )
             };
+            #[cfg(target_arch = "x86_64")]
+            if inner == 1
+                && (sum || max)
+                && dtype == DType::F32
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                // SAFETY: AVX-512F is present; the regions are as above (outer rows of len f32, outer f32).
+                unsafe {
+                    crate::rows::reduce_rows(max, src as *const f32, dst as *mut f32, outer, len)
+                };
+                return;
+            }
             for o in 0..outer {
                 if inner == 1 && sum {
                     // Contiguous rows: eight f64 lanes keep the exact-ish f64 sum fast. The reference adds in
