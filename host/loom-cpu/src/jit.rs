@@ -425,6 +425,16 @@ pub(crate) fn perf_map(f: KernelFn, bytes: usize, name: &str) {
         use std::io::Write;
         if let Ok(mut f2) = m.lock() {
             let _ = writeln!(f2, "{:x} {bytes:x} loom:{name}", f as usize);
+            // With LOOM_JIT_DUMP=<dir>, also the machine code, as <dir>/<address>.bin: a profile's sample
+            // addresses then map to instructions (`objdump -D -b binary -m i386:x86-64` on the file).
+            if let Some(dir) = std::env::var_os("LOOM_JIT_DUMP") {
+                // SAFETY: `f` is a finalised function of `bytes` bytes of code (the caller's contract).
+                let code = unsafe { std::slice::from_raw_parts(f as usize as *const u8, bytes) };
+                let _ = std::fs::write(
+                    std::path::Path::new(&dir).join(format!("{:x}.bin", f as usize)),
+                    code,
+                );
+            }
         }
     }
 }

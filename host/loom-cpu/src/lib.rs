@@ -1069,6 +1069,7 @@ impl CpuStage {
                         g.trans_b,
                         threads,
                     );
+                    mark(&plan.kernel, "gemm");
                     let native = g.native.as_ref().filter(|e| {
                         e.params().all(|p| {
                             map.get(p as usize)
@@ -1081,7 +1082,7 @@ impl CpuStage {
                         run_grid(ef, ek.grid, &desc, threads, bounds)
                             .map_err(|f| failure_error(stage, bounds, ek, ef, f))?;
                     }
-                    mark(&plan.kernel, "gemm");
+                    mark(&plan.kernel, "epilogue");
                     continue;
                 }
             }
