@@ -401,7 +401,11 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
     use loom_ir::TValue;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
     let mut cat = loom_compiler::Catalog::new();
-    for f in ["motifs/gemm.loom", "motifs/attention.loom", "minilm/kernel.loom"] {
+    for f in [
+        "motifs/gemm.loom",
+        "motifs/attention.loom",
+        "minilm/kernel.loom",
+    ] {
         let text = std::fs::read_to_string(root.join(f)).expect(f);
         cat.add_source(f, &text)
             .unwrap_or_else(|e| panic!("{f}: {e}"));
@@ -417,7 +421,9 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
 }";
     cat.add_source("bench.loom", bench).expect("bench module");
     let (b, nh, d) = (64usize, 12usize, 32usize);
-    let lens: Vec<usize> = (0..32).map(|_| 20 + (rng.next_u64() % 37) as usize).collect();
+    let lens: Vec<usize> = (0..32)
+        .map(|_| 20 + (rng.next_u64() % 37) as usize)
+        .collect();
     let total: usize = lens.iter().sum();
     let nt = total.div_ceil(256) * 256;
     let cfg: Vec<(String, TValue)> = [("B", b), ("NT", nt), ("NH", nh), ("D", d), ("TMAX", 256)]

@@ -250,13 +250,20 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
             .map_or(std::ptr::null_mut(), |(_, a)| *a as *mut f32)
     };
     let per = m.div_ceil(threads);
+    let wide = wide();
     let work = |t: usize| {
         let (lo, hi) = (t * per, ((t + 1) * per).min(m));
-        let mut regs = vec![0f32; e.ops.len().max(1) * n];
+        let mut regs = vec![0f32; e.ops.len().max(1) * CHUNK];
         for row in lo..hi {
-            // SAFETY: every Mat parameter is [M, N] f32 and every Row parameter [N] f32 (checked by the matcher
-            // against the kernel's parameters, and by `run` against the buffers), row < M.
-            unsafe { run_row(e, &addr, row, &mut regs) };
+            let mut c0 = 0;
+            while c0 < n {
+                let c1 = (c0 + CHUNK).min(n);
+                // SAFETY: every Mat parameter is [M, N] f32 and every Row parameter [N] f32 (checked by the
+                // matcher against the kernel's parameters, and by `run` against the buffers), row < M,
+                // c0 < c1 <= N.
+                unsafe { run_row(e, &addr, row, c0, c1, &mut regs, wide) };
+                c0 = c1;
+            }
         }
     };
     if threads == 1 {
@@ -266,35 +273,76 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
     }
 }
 
-/// One output row: each op over the row into its register, then the store.
+/// Columns an epilogue runs all its ops over before the next columns of the row: the registers stay in L1
+/// and the row of C is read once (the ops are elementwise, so the bits do not depend on it).
+const CHUNK: usize = 256;
+
+/// Whether the binary loops may run on 16 lanes (AVX-512F): the same IEEE operations on each element.
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Columns `c0..c1` of one output row: each op over them into its register, then the store.
 ///
 /// # Safety
-/// `addr(p)` points to `[M, N]` f32 for Mat parameters and to `[N]` f32 for Row parameters; `row < M`; the
-/// stored parameter's row is written by this call only (threads own disjoint rows).
-unsafe fn run_row(e: &Epilogue, addr: &dyn Fn(u32) -> *mut f32, row: usize, regs: &mut [f32]) {
-    let n = e.n;
+/// `addr(p)` points to `[M, N]` f32 for Mat parameters and to `[N]` f32 for Row parameters; `row < M`,
+/// `c0 < c1 <= N`, `c1 - c0 <= CHUNK`; the stored parameter's row is written by this call only (threads own
+/// disjoint rows); `wide` only where AVX-512F is present.
+unsafe fn run_row(
+    e: &Epilogue,
+    addr: &dyn Fn(u32) -> *mut f32,
+    row: usize,
+    c0: usize,
+    c1: usize,
+    regs: &mut [f32],
+    wide: bool,
+) {
+    let (n, w) = (e.n, c1 - c0);
     let (regs_ptr, regs_len) = (regs.as_mut_ptr(), regs.len());
-    // A source as a pointer to its n elements (or a constant).
+    // A source as a pointer to its w elements (or a constant).
     let src = |s: Src| -> Result<*const f32, f32> {
         match s {
-            // SAFETY: row < M, so row * n + n <= M * n elements.
-            Src::Mat(p) => Ok(unsafe { addr(p).add(row * n) } as *const f32),
-            Src::Row(p) => Ok(addr(p) as *const f32),
-            // SAFETY: i < ops.len(), regs holds ops.len() * n elements.
-            Src::Reg(i) => Ok(unsafe { regs_ptr.add(i * n) } as *const f32),
+            // SAFETY: row < M and c1 <= n, so row * n + c1 <= M * n elements.
+            Src::Mat(p) => Ok(unsafe { addr(p).add(row * n + c0) } as *const f32),
+            // SAFETY: c1 <= n.
+            Src::Row(p) => Ok(unsafe { addr(p).add(c0) } as *const f32),
+            // SAFETY: i < ops.len(), regs holds ops.len() * CHUNK elements.
+            Src::Reg(i) => Ok(unsafe { regs_ptr.add(i * CHUNK) } as *const f32),
             Src::Const(c) => Err(c),
         }
     };
     for (i, op) in e.ops.iter().enumerate() {
-        debug_assert!((i + 1) * n <= regs_len);
-        // SAFETY: register i is n elements inside regs, written only by op i; sources are other registers
+        debug_assert!(i * CHUNK + w <= regs_len);
+        // SAFETY: register i is w elements inside regs, written only by op i; sources are other registers
         // (earlier ops) or parameter rows, never register i.
-        let dst = unsafe { std::slice::from_raw_parts_mut(regs_ptr.add(i * n), n) };
+        let dst = unsafe { std::slice::from_raw_parts_mut(regs_ptr.add(i * CHUNK), w) };
         match *op {
             EOp::Bin { op, a, b } => {
-                // SAFETY: each Ok pointer addresses n readable f32 (see `src`).
-                let sl = |p: *const f32| unsafe { std::slice::from_raw_parts(p, n) };
-                match (src(a), src(b)) {
+                // SAFETY: each Ok pointer addresses w readable f32 (see `src`).
+                let sl = |p: *const f32| unsafe { std::slice::from_raw_parts(p, w) };
+                let (a, b) = (src(a), src(b));
+                #[cfg(target_arch = "x86_64")]
+                if wide {
+                    // SAFETY: `wide` only where AVX-512F is present (the caller's contract).
+                    unsafe {
+                        match (a, b) {
+                            (Ok(x), Ok(y)) => bin_vv_512(op, sl(x), sl(y), dst),
+                            (Ok(x), Err(c)) => bin_vs_512(op, sl(x), c, dst),
+                            (Err(c), Ok(y)) => bin_sv_512(op, c, sl(y), dst),
+                            (Err(_), Err(_)) => {
+                                unreachable!("constant folding is refused by the matcher")
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let _ = wide;
+                match (a, b) {
                     (Ok(x), Ok(y)) => bin_vv(op, sl(x), sl(y), dst),
                     (Ok(x), Err(c)) => bin_vs(op, sl(x), c, dst),
                     (Err(c), Ok(y)) => bin_sv(op, c, sl(y), dst),
@@ -310,7 +358,7 @@ unsafe fn run_row(e: &Epilogue, addr: &dyn Fn(u32) -> *mut f32, row: usize, regs
                     crate::rt::dtype_code(DType::F32),
                     x as *const u8,
                     dst.as_mut_ptr() as *mut u8,
-                    n as u64,
+                    w as u64,
                 );
             }
         }
@@ -319,13 +367,14 @@ unsafe fn run_row(e: &Epilogue, addr: &dyn Fn(u32) -> *mut f32, row: usize, regs
         Ok(p) => p,
         Err(_) => return,
     };
-    // SAFETY: the stored parameter is [M, N]; `out` may be that very row (an in-place store), so copy through
-    // pointers.
-    unsafe { std::ptr::copy(out, addr(e.store).add(row * n), n) };
+    // SAFETY: the stored parameter is [M, N]; `out` may be that very span (an in-place store), so copy
+    // through pointers.
+    unsafe { std::ptr::copy(out, addr(e.store).add(row * n + c0), w) };
 }
 
 macro_rules! bin_loops {
     ($name:ident, $a:ty, $b:ty, $zip:ident) => {
+        #[inline(always)]
         fn $name(op: BinOp, a: $a, b: $b, o: &mut [f32]) {
             match op {
                 BinOp::Add => $zip(o, a, b, |x, y| x + y),
@@ -361,3 +410,22 @@ fn zip_sv(o: &mut [f32], c: f32, b: &[f32], f: impl Fn(f32, f32) -> f32) {
 bin_loops!(bin_vv, &[f32], &[f32], zip_vv);
 bin_loops!(bin_vs, &[f32], f32, zip_vs);
 bin_loops!(bin_sv, f32, &[f32], zip_sv);
+
+/// The binary loops compiled for 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn bin_vv_512(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+    bin_vv(op, a, b, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn bin_vs_512(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
+    bin_vs(op, a, c, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn bin_sv_512(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
+    bin_sv(op, c, b, o)
+}

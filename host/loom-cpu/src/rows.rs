@@ -175,7 +175,13 @@ mod x86 {
     /// # Safety
     /// `src` is readable for `outer * len` f32 values and `dst` writable for `outer`.
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn reduce_rows(max: bool, src: *const f32, dst: *mut f32, outer: usize, len: usize) {
+    pub(crate) unsafe fn reduce_rows(
+        max: bool,
+        src: *const f32,
+        dst: *mut f32,
+        outer: usize,
+        len: usize,
+    ) {
         // SAFETY (whole body): row o is src[o * len..(o + 1) * len]; loads stay inside it (eight at a time, or
         // sixteen with the tail masked); dst[o] for o < outer.
         unsafe {
@@ -803,7 +809,9 @@ mod tests {
         let mixes: [[f32; 16]; 3] = [
             [-3e38; 16],
             std::array::from_fn(|i| if i % 2 == 0 { -3e38 } else { -(i as f32) * 5.0 }),
-            std::array::from_fn(|i| [-3e38, -1.0, -95.0, -103.97, -103.99, -87.0, -86.9, 0.5][i % 8]),
+            std::array::from_fn(|i| {
+                [-3e38, -1.0, -95.0, -103.97, -103.99, -87.0, -86.9, 0.5][i % 8]
+            }),
         ];
         for v in &mixes {
             for (&x, &g) in v.iter().zip(&exp16(v)) {

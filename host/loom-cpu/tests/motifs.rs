@@ -407,8 +407,9 @@ fn check_cases(tag: &str, cases: Vec<Case>, seed: u64) {
 #[test]
 fn gemm_bias_epilogues() {
     let mut cases = vec![];
-    // Tile 32 x 32 x 32: 64^3 is tile-aligned, the others are not; 1 x 3 x 129 has a single ragged row.
-    for (m, n, k) in [(64, 64, 64), (37, 45, 70), (1, 3, 129)] {
+    // Tile 32 x 32 x 32: 64^3 is tile-aligned, the others are not; 1 x 3 x 129 has a single ragged row;
+    // 5 x 600 x 16 rows wider than the native epilogue's column chunk (256), the last chunk ragged.
+    for (m, n, k) in [(64, 64, 64), (37, 45, 70), (1, 3, 129), (5, 600, 16)] {
         for act in ["none", "gelu_erf", "gelu_tanh", "silu"] {
             cases.push(case(
                 "motifs.gemm.dense",
