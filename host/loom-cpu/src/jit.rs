@@ -351,6 +351,7 @@ impl Jit {
                 depth: 0,
                 fuel: None,
                 dot_b_only: b_only,
+                dot_acc_only: dot_acc_only(kernel, &uses),
                 views,
                 transposed: std::collections::HashSet::new(),
                 zero_tiles: std::collections::HashSet::new(),
@@ -532,6 +533,8 @@ struct Lower<'k, 'f> {
     fuel: Option<Variable>,
     /// Values whose every use is as the `b` operand of a `dot` (see [`dot_b_only`]).
     dot_b_only: Vec<bool>,
+    /// Values read only as f32 dots' accumulators (see [`dot_acc_only`]).
+    dot_acc_only: Vec<bool>,
     /// Loads that may be views (see [`dot_views`]).
     views: Vec<bool>,
     /// Transposes left unmaterialised (`dot_b_only`): their ids.
@@ -563,6 +566,47 @@ fn dot_b_only(k: &Kernel, uses: &[u32]) -> Vec<bool> {
     walk(&k.body, &mut dot_b);
     uses.iter()
         .zip(&dot_b)
+        .map(|(&u, &d)| u > 0 && u == d)
+        .collect()
+}
+
+/// For every value of `k`: whether it is read, and only as the accumulator of dots over f32 storage (`a` not
+/// f64). A tile of +0.0 read only so is never filled: the dot helper writes such a product instead of adding
+/// it to its accumulator (bit 2 of its flags), so the zeros are never read (attention's `tile.zeros` score
+/// accumulators, 4 KiB of stores a step at 32 x 32).
+fn dot_acc_only(k: &Kernel, uses: &[u32]) -> Vec<bool> {
+    let mut acc = vec![0u32; uses.len()];
+    fn walk(k: &Kernel, r: &KRegion, acc: &mut [u32]) {
+        for op in &r.ops {
+            if let KOpKind::Dot {
+                a,
+                acc: KOperand::Value(v),
+                ..
+            } = &op.kind
+            {
+                let f64_a = match a {
+                    KOperand::Value(a) => matches!(
+                        k.values.get(a.0 as usize).map(|d| &d.ty),
+                        Some(KType::Tile {
+                            dtype: DType::F64,
+                            ..
+                        })
+                    ),
+                    KOperand::Imm(_, d) => *d == DType::F64,
+                };
+                if let Some(n) = acc.get_mut(v.0 as usize) {
+                    // A dot over f64 reads its accumulator: never counted, so the value is not skipped.
+                    *n += u32::from(!f64_a);
+                }
+            }
+            for r in op_regions(&op.kind) {
+                walk(k, r, acc);
+            }
+        }
+    }
+    walk(k, &k.body, &mut acc);
+    uses.iter()
+        .zip(&acc)
         .map(|(&u, &d)| u > 0 && u == d)
         .collect()
 }
@@ -1143,13 +1187,19 @@ impl<'k, 'f> Lower<'k, 'f> {
                     _ => return Err(bad!("full value must be a {dtype} scalar")),
                 };
                 let t = self.alloc(shape, *dtype)?;
-                self.fill(&t, x)?;
                 let zero = match value {
                     KOperand::Imm(KImm::F64(z), _) => *z == 0.0 && z.is_sign_positive(),
                     KOperand::Imm(KImm::I64(z), _) => *z == 0,
                     _ => false,
                 };
                 let res = one(op)?;
+                // Zeros that only f32 dots' accumulators read are never read (see `dot_acc_only`).
+                let unread = zero
+                    && *dtype == DType::F32
+                    && self.dot_acc_only.get(res.0 as usize) == Some(&true);
+                if !unread {
+                    self.fill(&t, x)?;
+                }
                 if zero && *dtype == DType::F32 {
                     self.zero_tiles.insert(res.0);
                 }
@@ -3035,7 +3085,7 @@ impl<'k, 'f> Lower<'k, 'f> {
 
 #[cfg(test)]
 mod tests {
-    use super::{dot_b_only, dot_views, use_counts};
+    use super::{dot_acc_only, dot_b_only, dot_views, use_counts};
     use loom_ir::kernel::{Access, DType, KOperand, ReduceOp};
     use loom_testkit::{KB, f, i};
 
@@ -3066,6 +3116,39 @@ mod tests {
             .collect();
         let uses = use_counts(&k);
         dot_views(&k, &uses, &dot_b_only(&k, &uses))[loads[1]]
+    }
+
+    /// Zeros read only as f32 dots' accumulators are found; read otherwise too (here: a loop's initial
+    /// value, the sum after the dot), or by a dot over f64, they are not.
+    #[test]
+    fn zeros_read_only_as_f32_dot_accumulators() {
+        let only = |f64_a: bool, extra: &dyn Fn(&mut KB, KOperand, KOperand) -> KOperand| {
+            let mut kb = KB::new("z", [1, 1, 1]);
+            let d = if f64_a { DType::F64 } else { DType::F32 };
+            let a = kb.param("a", d, &[4, 8], Access::Read);
+            let y = kb.param("y", DType::F32, &[4, 4], Access::Write);
+            let (r4, r8) = (kb.range(i(0), 4), kb.range(i(0), 8));
+            let at = kb.load(a, vec![r4.clone(), r8.clone()], None);
+            let bt = kb.transpose(at.clone());
+            let z = kb.full(f(0.0), &[4, 4], DType::F32);
+            let p = kb.dot(at, bt, z.clone());
+            let out = extra(&mut kb, p, z.clone());
+            kb.store(y, vec![r4.clone(), r4], out);
+            let k = kb.finish();
+            let KOperand::Value(zv) = z else {
+                panic!("z is a value")
+            };
+            let uses = use_counts(&k);
+            dot_acc_only(&k, &uses)[zv.0 as usize]
+        };
+        assert!(only(false, &|_, p, _| p));
+        assert!(!only(true, &|_, p, _| p));
+        assert!(!only(false, &|kb, p, z| kb.add(p, z)));
+        assert!(!only(false, &|kb, p, z| {
+            kb.for_(i(0), i(2), i(1), vec![z], |_, _, it| vec![it[0].clone()])
+                .remove(0);
+            p
+        }));
     }
 
     #[test]
