@@ -394,22 +394,28 @@ fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
     kb.finish()
 }
 
+/// A catalog of the repository's package sources `files` (paths under `packages/`).
+fn package_catalog(files: &[&str]) -> loom_compiler::Catalog {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
+    let mut cat = loom_compiler::Catalog::new();
+    for f in files {
+        let text = std::fs::read_to_string(root.join(f)).expect(f);
+        cat.add_source(f, &text)
+            .unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    cat
+}
+
 /// The `encattn` group (see `main`): MiniLM's own packed attention (`packages/minilm/kernel.loom`) over a cohort
 /// of 32 sequences of 20-56 tokens (mean ~37, like `benches/candle-bert/short.jsonl`), 12 heads of 32, against
 /// the FMA peak: the rate counts only the real work (2 x 2 x len^2 x 32 per sequence and head, no padding).
 fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
     use loom_ir::TValue;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
-    let mut cat = loom_compiler::Catalog::new();
-    for f in [
+    let mut cat = package_catalog(&[
         "motifs/gemm.loom",
         "motifs/attention.loom",
         "minilm/kernel.loom",
-    ] {
-        let text = std::fs::read_to_string(root.join(f)).expect(f);
-        cat.add_source(f, &text)
-            .unwrap_or_else(|e| panic!("{f}: {e}"));
-    }
+    ]);
     let bench = "module @bench.encattn {
   export stage @s<B: i64, NT: i64, NH: i64, D: i64, TMAX: i64>
       (%q: buffer<f32, [NT, NH * D]> input, %k: buffer<f32, [NT, NH * D]> input,
@@ -464,17 +470,11 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
 /// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f32).
 fn decode_attention(rng: &mut Rng) {
     use loom_ir::TValue;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
-    let mut cat = loom_compiler::Catalog::new();
-    for f in [
+    let mut cat = package_catalog(&[
         "motifs/rope.loom",
         "motifs/attention.loom",
         "smollm2/kernel.loom",
-    ] {
-        let text = std::fs::read_to_string(root.join(f)).expect(f);
-        cat.add_source(f, &text)
-            .unwrap_or_else(|e| panic!("{f}: {e}"));
-    }
+    ]);
     let bench = "module @bench.attend {
   export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
       (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,

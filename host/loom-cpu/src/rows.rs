@@ -822,8 +822,8 @@ mod tests {
         }
     }
 
-    /// The AVX-512 row sums and maxima of `rt::loom_reduce` against the portable loop's order (written out
-    /// here), bit for bit: ragged lengths, a NaN (ignored by max), values whose f64 sum order matters.
+    /// The AVX-512 row sums and maxima of `rt::loom_reduce` against its portable loops (`rt::sum_row_f64`,
+    /// `f32::max`), bit for bit: ragged lengths, a NaN (ignored by max), values whose f64 sum order matters.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn reduce_rows_match_the_portable_order() {
@@ -847,19 +847,7 @@ mod tests {
                     let want = if max {
                         row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
                     } else {
-                        let mut acc = [0f64; 8];
-                        let chunks = row.chunks_exact(8);
-                        let rest = chunks.remainder();
-                        for c in chunks {
-                            for j in 0..8 {
-                                acc[j] += f64::from(c[j]);
-                            }
-                        }
-                        let mut t: f64 = acc.iter().sum();
-                        for &v in rest {
-                            t += f64::from(v);
-                        }
-                        t as f32
+                        crate::rt::sum_row_f64(row) as f32
                     };
                     if max && o == 1 && len > 2 {
                         assert!(!got[o].is_nan(), "max of a row with a NaN");

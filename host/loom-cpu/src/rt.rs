@@ -458,6 +458,24 @@ fn fold8(row: &[f32], init: f32, f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
         .fold(acc.iter().copied().fold(init, f), |a, &x| f(a, x))
 }
 
+/// The portable f32 row sum: eight f64 lanes in index order, then the lanes in order, then the remainder in
+/// order (`rows::reduce_rows` adds in this order too, bit for bit).
+pub(crate) fn sum_row_f64(row: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += f64::from(c[j]);
+        }
+    }
+    let mut t: f64 = acc.iter().sum();
+    for &x in rest {
+        t += f64::from(x);
+    }
+    t
+}
+
 /// Reduction over the middle axis of `[outer, len, inner]`; float sums accumulate in f64 in index order and
 /// round once (as the reference does), so they match it bit for bit.
 pub(crate) extern "C" fn loom_reduce(
@@ -520,20 +538,7 @@ pub(crate) extern "C" fn loom_reduce(
                     // Contiguous rows: eight f64 lanes keep the exact-ish f64 sum fast. The reference adds in
                     // index order; with 2^29 headroom of f64 over f32 products this reordering changes the
                     // f64 sum by far less than an f32 ulp for realistic lengths.
-                    let row = &s[o * len..(o + 1) * len];
-                    let mut acc = [0f64; 8];
-                    let chunks = row.chunks_exact(8);
-                    let rest = chunks.remainder();
-                    for c in chunks {
-                        for j in 0..8 {
-                            acc[j] += f64::from(c[j]);
-                        }
-                    }
-                    let mut t: f64 = acc.iter().sum();
-                    for &x in rest {
-                        t += f64::from(x);
-                    }
-                    d[o] = round_to(dtype, t) as f32;
+                    d[o] = round_to(dtype, sum_row_f64(&s[o * len..(o + 1) * len])) as f32;
                     continue;
                 }
                 if inner == 1 {
