@@ -220,10 +220,14 @@ mod tests {
     }
 }
 
-/// Products of at most this many rows of `a` may take [`small_dot`].
+/// Products of at most this many rows of `a` may take [`small_dot`] with `b` transposed ...
 pub(crate) const SMALL_DOT_ROWS: usize = 8;
+/// ... and at most this many with `b` as it is (its register blocks of rows share each row of `b`: faster than
+/// the gemm crate's call at MiniLM's 32 x 32 x 32 attention blocks).
+pub(crate) const SMALL_DOT_ROWS_BN: usize = 32;
 
-/// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`]) on an AVX-512 CPU:
+/// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`], or
+/// [`SMALL_DOT_ROWS_BN`] with `b` not transposed) on an AVX-512 CPU:
 /// `b` is `[k, n]`, or `[n, k]` read transposed (`bt`); the rows of `a` and `b` are `lda` and `ldb` elements
 /// apart, those of `out` `n`. This is attention's shape at
 /// decode (a token's query heads against a page of keys, then its weights against the page's values), where
@@ -245,7 +249,12 @@ pub(crate) fn small_dot(
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if m <= SMALL_DOT_ROWS && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+    if m <= if bt {
+        SMALL_DOT_ROWS
+    } else {
+        SMALL_DOT_ROWS_BN
+    } && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("fma")
     {
         // SAFETY: the features were detected above; the caller's contract covers the extents (a: m rows of k
         // at stride lda, b: k rows of n or n rows of k at stride ldb, out: m*n f32, not overlapping a or b).
@@ -372,8 +381,10 @@ mod x86 {
         }
     }
 
-    /// `out[i, :] (+)= sum_k a[i, k] * b[k, :]` (`b` is `[k, n]`): four column vectors of a row at a time,
-    /// four independent chains over k.
+    /// `out[i, :] (+)= sum_k a[i, k] * b[k, :]` (`b` is `[k, n]`): blocks of up to [`BN_ROWS`] rows by 32
+    /// columns, 2 x rows accumulators in registers, each `k` loading `b`'s two vectors once for all the rows.
+    /// Each output is one fused multiply-add chain over `k` in order, from its `out` value or +0: the bits do
+    /// not depend on the blocking (nor on `m`).
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn dot_bn(
         m: usize,
@@ -386,40 +397,82 @@ mod x86 {
         ldb: usize,
         accumulate: bool,
     ) {
-        // SAFETY (whole body): row kk of b at b + kk * ldb holds n elements, read sixteen at a time with the
-        // tail masked; a + i * lda + kk for i < m, kk < k; row i of out at out + i * n, n elements.
-        unsafe {
-            let mut j = 0;
-            while j < n {
-                let masks: [__mmask16; 4] =
-                    std::array::from_fn(|v| tail(n.saturating_sub(j + 16 * v)));
-                for i in 0..m {
-                    let oi = out.add(i * n + j);
-                    let ai = a.add(i * lda);
-                    let mut acc: [__m512; 4] = std::array::from_fn(|v| {
-                        if accumulate && masks[v] != 0 {
-                            _mm512_maskz_loadu_ps(masks[v], oi.add(16 * v))
-                        } else {
-                            _mm512_setzero_ps()
-                        }
-                    });
-                    for kk in 0..k {
-                        let x = _mm512_set1_ps(*ai.add(kk));
-                        let row = b.add(kk * ldb + j);
-                        for v in 0..4 {
-                            if masks[v] != 0 {
-                                let y = _mm512_maskz_loadu_ps(masks[v], row.add(16 * v));
-                                acc[v] = _mm512_fmadd_ps(x, y, acc[v]);
-                            }
-                        }
-                    }
-                    for v in 0..4 {
-                        if masks[v] != 0 {
-                            _mm512_mask_storeu_ps(oi.add(16 * v), masks[v], acc[v]);
-                        }
+        let mut j = 0;
+        while j < n {
+            let cols = (n - j).min(32);
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(BN_ROWS);
+                // SAFETY: rows i..i + rows of a (k each, at lda), columns j..j + cols of b's k rows (at ldb) and
+                // of out's rows (at n) lie inside the caller's extents.
+                unsafe {
+                    let (ai, bj, oi) = (a.add(i * lda), b.add(j), out.add(i * n + j));
+                    match rows {
+                        1 => bn_block::<1>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        2 => bn_block::<2>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        3 => bn_block::<3>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        4 => bn_block::<4>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        5 => bn_block::<5>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        6 => bn_block::<6>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        7 => bn_block::<7>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        8 => bn_block::<8>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        9 => bn_block::<9>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        10 => bn_block::<10>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        11 => bn_block::<11>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        _ => bn_block::<BN_ROWS>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
                     }
                 }
-                j += 64;
+                i += rows;
+            }
+            j += 32;
+        }
+    }
+
+    /// Rows of one [`dot_bn`] block: 2 x 12 accumulators, two `b` vectors and a broadcast fit the 32 registers.
+    const BN_ROWS: usize = 12;
+
+    /// `R` rows by `cols` (<= 32) columns of [`dot_bn`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn bn_block<const R: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        out: *mut f32,
+        ldo: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let m0 = tail(cols);
+        let m1 = tail(cols.saturating_sub(16));
+        // SAFETY (whole body): a + r * lda + kk (r < R, kk < k); b + kk * ldb + c for c < cols (masked loads);
+        // out + r * ldo + c for c < cols (masked loads and stores).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            if accumulate {
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let o = out.add(r * ldo);
+                    v[0] = _mm512_maskz_loadu_ps(m0, o);
+                    v[1] = _mm512_maskz_loadu_ps(m1, o.add(16));
+                }
+            }
+            for kk in 0..k {
+                let row = b.add(kk * ldb);
+                let y0 = _mm512_maskz_loadu_ps(m0, row);
+                let y1 = _mm512_maskz_loadu_ps(m1, row.add(16));
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*a.add(r * lda + kk));
+                    v[0] = _mm512_fmadd_ps(x, y0, v[0]);
+                    v[1] = _mm512_fmadd_ps(x, y1, v[1]);
+                }
+            }
+            for (r, v) in acc.iter().enumerate() {
+                let o = out.add(r * ldo);
+                _mm512_mask_storeu_ps(o, m0, v[0]);
+                _mm512_mask_storeu_ps(o.add(16), m1, v[1]);
             }
         }
     }

@@ -425,10 +425,11 @@ fn whole_tile_dot(m: u64, n: u64, k: u64, bt: bool, acc: bool) -> loom_ir::kerne
 
 #[test]
 fn dots_of_a_few_rows_at_ragged_shapes() {
-    // Up to 8 rows take the crate's own AVX-512 loops where the CPU has them (attention at decode: a
-    // token's query heads against a page of keys, then against its values), the gemm crate otherwise:
-    // columns and depths that are and are not multiples of 16, both layouts of b, with and without an
-    // accumulator.
+    // Up to 8 rows (32 with b as it is) take the crate's own AVX-512 loops where the CPU has them
+    // (attention: a token's query heads against a page of keys, then against its values; MiniLM's 32-row
+    // weights against a block of values), the gemm crate otherwise: columns and depths that are and are not
+    // multiples of 16, column spans past 32, row blocks past 12 with ragged tails, both layouts of b, with
+    // and without an accumulator.
     let mut rng = Rng::new(41);
     for (m, n, k) in [
         (1u64, 16u64, 64u64),
@@ -439,6 +440,10 @@ fn dots_of_a_few_rows_at_ragged_shapes() {
         (2, 1, 1),
         (8, 48, 100),
         (9, 20, 20),
+        (13, 40, 33),
+        (32, 32, 32),
+        (25, 70, 7),
+        (33, 20, 5),
     ] {
         for bt in [false, true] {
             for acc in [false, true] {
