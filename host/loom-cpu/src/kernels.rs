@@ -222,12 +222,20 @@ mod tests {
 
 /// Products of at most this many rows of `a` may take [`small_dot`] with `b` transposed ...
 pub(crate) const SMALL_DOT_ROWS: usize = 8;
-/// ... and at most this many with `b` as it is (its register blocks of rows share each row of `b`: faster than
-/// the gemm crate's call at MiniLM's 32 x 32 x 32 attention blocks).
+/// ... and at most this many with `b` as it is, or transposed into a copy of at most [`BT_COPY_MAX`] values
+/// (the register blocks of rows share each row of `b`: faster than the gemm crate's call at MiniLM's 32 x 32 x
+/// 32 attention blocks).
 pub(crate) const SMALL_DOT_ROWS_BN: usize = 32;
+/// The largest transposed `b` (values) copied for [`small_dot`] (16 KiB).
+const BT_COPY_MAX: usize = 4096;
+
+thread_local! {
+    /// Each thread's copy of a transposed `b` for [`small_dot`], kept between calls.
+    static BT_COPY: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`], or
-/// [`SMALL_DOT_ROWS_BN`] with `b` not transposed) on an AVX-512 CPU:
+/// [`SMALL_DOT_ROWS_BN`]) on an AVX-512 CPU:
 /// `b` is `[k, n]`, or `[n, k]` read transposed (`bt`); the rows of `a` and `b` are `lda` and `ldb` elements
 /// apart, those of `out` `n`. This is attention's shape at
 /// decode (a token's query heads against a page of keys, then its weights against the page's values), where
@@ -235,7 +243,8 @@ pub(crate) const SMALL_DOT_ROWS_BN: usize = 32;
 /// false, doing nothing, where it does not apply (more rows, or no AVX-512): the caller uses the gemm crate.
 ///
 /// Numerics: each output is one f32 fused multiply-add chain (sixteen lanes, summed in a fixed tree for the
-/// transposed form), deterministic for the shape, within the documented f32 dot tolerance.
+/// transposed form of up to 8 rows; over k in order otherwise), deterministic for the shape, within the
+/// documented f32 dot tolerance.
 pub(crate) fn small_dot(
     m: usize,
     n: usize,
@@ -249,13 +258,34 @@ pub(crate) fn small_dot(
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if m <= if bt {
-        SMALL_DOT_ROWS
-    } else {
-        SMALL_DOT_ROWS_BN
-    } && is_x86_feature_detected!("avx512f")
+    if m <= SMALL_DOT_ROWS_BN
+        && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("fma")
     {
+        if bt && m > SMALL_DOT_ROWS {
+            if n * k > BT_COPY_MAX {
+                return false;
+            }
+            // More rows against a transposed b (attention's scores at 32 query rows): b copied as [k, n] so
+            // the rows share its vectors in `dot_bn`'s register blocks.
+            BT_COPY.with(|cell| {
+                let mut t = cell.take();
+                t.clear();
+                t.resize(n * k, 0.0);
+                for j in 0..n {
+                    // SAFETY: row j of b (n rows of k at stride ldb: the caller's contract).
+                    let row = unsafe { std::slice::from_raw_parts(b.add(j * ldb), k) };
+                    for (d, &x) in row.iter().enumerate() {
+                        t[d * n + j] = x;
+                    }
+                }
+                // SAFETY: the features were detected above; t holds k rows of n; the caller's contract
+                // covers a and out.
+                unsafe { x86::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate) };
+                cell.set(t);
+            });
+            return true;
+        }
         // SAFETY: the features were detected above; the caller's contract covers the extents (a: m rows of k
         // at stride lda, b: k rows of n or n rows of k at stride ldb, out: m*n f32, not overlapping a or b).
         unsafe {
