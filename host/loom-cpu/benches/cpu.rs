@@ -229,11 +229,13 @@ fn main() {
     if on("decode") {
         decode_products(&mut rng);
     }
-    // SmolLM2's paged attention (`packages/smollm2/kernel.loom`'s @attend) for one decode token, as the
-    // epoch stage runs it: 30 dispatches, one per layer, over the pool's pages in a shuffled order.
+    // MiniLM's packed attention (`packages/minilm/kernel.loom`'s @attention_packed) over a cohort of short
+    // sentences.
     if on("encattn") {
         encoder_attention(&mut rng, peak);
     }
+    // SmolLM2's paged attention (`packages/smollm2/kernel.loom`'s @attend) for one decode token, as the
+    // epoch stage runs it: 30 dispatches, one per layer, over the pool's pages in a shuffled order.
     if on("attend") {
         decode_attention(&mut rng);
     }

@@ -75,7 +75,6 @@ const COPY_CALL: u32 = 16;
 const UNROLL_ALL: i64 = 8;
 /// ... and longer ones with this many bodies an iteration.
 const UNROLL: i64 = 4;
-
 /// Scratch per instance is capped so that offsets fit Cranelift's 32-bit immediates with room to spare.
 const MAX_SCRATCH: u32 = 1 << 30;
 

@@ -106,7 +106,7 @@ mod x86 {
     /// masked attention scores (`-3e38`) put every lane of a vector there. Lanes below `ZERO` (`e^x <
     /// 2^-150`, whose correctly rounded result is +0) give +0 directly; when no lane lies between `ZERO` and
     /// `-87` (`e^-87 > 2^-126`: normal results), the rest are computed clamped at -87 and nothing is
-    /// subnormal. Otherwise (a result that is really subnormal) the clamp is -105 as before.
+    /// subnormal. Otherwise (a result that is really subnormal) the clamp is -105.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) fn exp16<const HI: bool>(x: __m512) -> __m512 {
