@@ -465,6 +465,8 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 .count()
         })
         .collect();
+    let total = t0.elapsed();
+    timing::compiled(&stage.name, &reports, total);
     Ok(CpuStage {
         stage: stage.clone(),
         plans,
@@ -474,7 +476,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         tiled_run,
         report: CompileReport {
             kernels: reports,
-            total: t0.elapsed(),
+            total,
         },
         _code: std::sync::Mutex::new(Code::new(module)),
     })

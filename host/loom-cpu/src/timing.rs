@@ -83,3 +83,26 @@ pub(crate) fn stage(name: &str, ns: u64) {
     s.runs = 0;
     s.stage_ns = 0;
 }
+
+/// A stage was compiled: its kernels' compile times (name, path, time), the slowest first, and the total.
+pub(crate) fn compiled(stage: &str, kernels: &[crate::KernelReport], total: std::time::Duration) {
+    if sums().is_none() {
+        return;
+    }
+    let mut rows: Vec<&crate::KernelReport> = kernels.iter().collect();
+    rows.sort_by_key(|k| std::cmp::Reverse(k.compile_time));
+    let mut out = format!(
+        "loom-cpu compile: stage {stage}, {} kernels in {:.1} ms\n",
+        kernels.len(),
+        total.as_secs_f64() * 1e3
+    );
+    for k in rows {
+        out.push_str(&format!(
+            "  {:>7.1} ms  {} [{}]\n",
+            k.compile_time.as_secs_f64() * 1e3,
+            k.name,
+            k.path
+        ));
+    }
+    eprint!("{out}");
+}
