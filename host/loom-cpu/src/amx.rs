@@ -95,9 +95,10 @@ fn request_tile_state() -> bool {
     false
 }
 
-/// The tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.
+/// A tile configuration (64 bytes, `ldtilecfg`'s layout). This module's: palette 1, all eight tiles 16 rows
+/// of 64 bytes.
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(crate) struct TileConfig(pub(crate) [u8; 64]);
 
 static CONFIG: TileConfig = {
     let mut c = [0u8; 64];
@@ -113,16 +114,31 @@ static CONFIG: TileConfig = {
 
 /// Loads the tile configuration on this thread and releases the tiles when dropped (so a thread that stops
 /// using them does not keep the tile state live in every context switch).
-struct Tiles;
+pub(crate) struct Tiles;
 
 impl Tiles {
     /// # Safety
     /// [`hardware`] returned true.
     unsafe fn config() -> Tiles {
-        // SAFETY: AMX is present and permitted (caller); `CONFIG` is a valid 64-byte palette-1 configuration.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
+        // SAFETY: the caller's contract.
+        unsafe { Tiles::with(&CONFIG) }
+    }
+
+    /// Loads `config`.
+    ///
+    /// # Safety
+    /// [`hardware`] returned true and `config` is a valid palette-1 configuration.
+    pub(crate) unsafe fn with(config: &TileConfig) -> Tiles {
+        // SAFETY: AMX is present and permitted, the configuration valid (caller).
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
         Tiles
     }
+}
+
+/// Whether the CPU also has AMX-INT8 (CPUID leaf 7, EDX bit 25), besides [`hardware`]'s requirements.
+pub(crate) fn int8() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| __cpuid_count(7, 0).edx & (1 << 25) != 0 && hardware())
 }
 
 impl Drop for Tiles {
@@ -515,23 +531,12 @@ pub(crate) unsafe fn sgemm(
     unsafe { sgemm_with(m, n, k, c, a, &fill, threads) }
 }
 
-/// Packs rows `0..rows` of `w` (`[rows, k]` f32, row-major: a B column block given as its transpose, the
-/// layout of a dequantised weight row block) into one block's units `out`, columns past `rows` as zeros.
-///
-/// # Safety
-/// [`hardware`] returned true; `w` holds `rows * k` f32 with `rows <= 32`.
-pub(crate) unsafe fn pack_rows(w: &[f32], rows: usize, k: usize, out: &mut [u16]) {
-    assert!(rows <= 32 && w.len() >= rows * k);
-    // SAFETY: column j < rows of the block reads w[j * k .. j * k + k] (b_cs = k, b_rs = 1).
-    unsafe { pack_b(w.as_ptr(), k as isize, 1, rows, k, 0, 1, out) }
-}
-
 /// [`sgemm`] with B given by `fill(jb, out)`, which packs column block `jb` (columns `32 jb ..`, zeros past
-/// `n`) into `out` (`ceil(k / 32)` units), as [`pack_rows`] or `pack_b` would.
+/// `n`) into `out` (`ceil(k / 32)` units), as `pack_b` would.
 ///
 /// # Safety
 /// As [`sgemm`]; `fill` writes every element of `out`.
-pub(crate) unsafe fn sgemm_with(
+unsafe fn sgemm_with(
     m: usize,
     n: usize,
     k: usize,

@@ -61,6 +61,8 @@ mod jit;
 mod kernels;
 mod pattern;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod qamx;
 mod qdot;
 mod qdotf;
 mod qtile;

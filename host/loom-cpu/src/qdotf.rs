@@ -537,56 +537,6 @@ impl Out {
     }
 }
 
-/// Products with at least this many activation rows run on AMX tiles where the operator opted in
-/// (`LOOM_CPU_AMX=1`, `amx.rs`): prompts. At 16 rows (16 decoding streams) dequantising and splitting a block of
-/// weight rows into tiles costs more than the tiles save (16 streams measured 120-138 tok/s against 202-218).
-#[cfg(target_arch = "x86_64")]
-const AMX_MIN_ROWS: usize = 64;
-
-#[cfg(target_arch = "x86_64")]
-thread_local! {
-    /// Each thread's dequantised block of 32 weight rows for the AMX path.
-    static AMX_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// [`matmul_rows`] on AMX tiles: each block of 32 weight rows dequantised to f32 (as the other paths do), then
-/// split into bf16 tiles (`amx.rs`) by the task that multiplies it; `xf` is `[m, k]`, `y` `[m, n]`.
-///
-/// # Safety
-/// `amx::hardware()` holds; `y` is valid for `m * n` aligned f32 and overlaps neither `w` nor `xf`.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn amx_product(
-    isa: Isa,
-    dtype: DType,
-    m: usize,
-    n: usize,
-    k: usize,
-    w: &[u8],
-    xf: &[f32],
-    y: *mut f32,
-    threads: usize,
-) {
-    let row = k / QK * block_bytes(dtype);
-    assert!(w.len() == n * row && xf.len() == m * k);
-    let fill = |jb: usize, out: &mut [u16]| {
-        let r0 = jb * 32;
-        let rows = (n - r0).min(32);
-        AMX_ROWS.with(|s| {
-            let mut s = s.borrow_mut();
-            s.resize(32 * k, 0.0);
-            for j in 0..rows {
-                let at = (r0 + j) * row;
-                dequant_row(isa, dtype, &w[at..at + row], &mut s[j * k..(j + 1) * k]);
-            }
-            // SAFETY: the hardware is present (caller); `s` holds `rows <= 32` rows of `k`.
-            unsafe { crate::amx::pack_rows(&s, rows, k, out) };
-        });
-    };
-    // SAFETY: the caller's contract; xf holds m x k f32.
-    unsafe { crate::amx::sgemm_with(m, n, k, y, xf.as_ptr(), &fill, threads) };
-}
-
 /// Little-endian f32 bytes as f32: in place when aligned (little-endian targets), else a copy.
 pub(crate) fn f32_view(x: &[u8]) -> std::borrow::Cow<'_, [f32]> {
     if cfg!(target_endian = "little") && (x.as_ptr() as usize).is_multiple_of(4) {
@@ -637,26 +587,16 @@ pub(crate) fn matmul_rows(
     // The activations as f32: in place when aligned (little-endian targets), else a copy.
     let xf = f32_view(x);
     let xf: &[f32] = &xf;
+    // At least `qtile::MAX_ROWS` rows on a CPU with AMX-INT8: the tiled path's numerics on AMX tiles
+    // (`qamx.rs`), the weights as tiles of 16 rows kept in `cache` as below.
     #[cfg(target_arch = "x86_64")]
-    if m >= AMX_MIN_ROWS
-        && isa != Isa::Scalar
-        && (y.as_ptr() as usize).is_multiple_of(4)
-        && crate::amx::enabled()
+    if m >= crate::qtile::MAX_ROWS
+        && crate::qtile::Packed::supports(dtype)
+        && crate::qamx::available(isa)
     {
-        // SAFETY: `enabled` implies the AMX hardware; y is aligned (checked above).
-        unsafe {
-            amx_product(
-                isa,
-                dtype,
-                m,
-                n,
-                k,
-                w,
-                xf,
-                y.as_mut_ptr() as *mut f32,
-                threads,
-            )
-        };
+        let p = crate::ParamCache::tiles_or_pack(cache, dtype, n, k, w, threads);
+        // SAFETY: `available(isa)`; y holds m * n f32 (asserted above) and is a different buffer from w and x.
+        unsafe { crate::qamx::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };
         return;
     }
     // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI: the weights as tiles of 16 rows (kept in
@@ -870,47 +810,6 @@ pub(crate) mod tests {
                         (f64::from(d) - exact).abs() <= 1e-5 * scale,
                         "{dtype} {v} {nb} blocks: {d} vs {exact}"
                     );
-                }
-            }
-        }
-    }
-
-    /// The AMX path (where the CPU has it, opted in or not) against the exact product of the dequantised
-    /// weights: within `3 * 2^-16 sum |w x|` (bf16x3, `amx.rs`), for row counts that leave partial tiles.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn amx_products_match_the_exact_product() {
-        if !crate::amx::hardware() {
-            eprintln!("AMX not available on this host: test skipped");
-            return;
-        }
-        let isa = Isa::detect();
-        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
-        for dtype in [DType::Q8_0, DType::Q4_1] {
-            for (m, n, k) in [(16usize, 40usize, 96usize), (37, 70, 576), (600, 33, 1536)] {
-                let w = random_blocks(&mut next, dtype, n * (k / QK));
-                let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-                let mut deq = vec![0f32; n * k];
-                dequant_row_scalar(dtype, &w, &mut deq);
-                let mut y = vec![f32::NAN; m * n];
-                for threads in [1, 2] {
-                    // SAFETY: hardware checked; y is m x n f32.
-                    unsafe { amx_product(isa, dtype, m, n, k, &w, &x, y.as_mut_ptr(), threads) };
-                    for i in 0..m {
-                        for j in 0..n {
-                            let (mut want, mut mag) = (0f64, 0f64);
-                            for t in 0..k {
-                                let p = f64::from(deq[j * k + t]) * f64::from(x[i * k + t]);
-                                want += p;
-                                mag += p.abs();
-                            }
-                            let got = f64::from(y[i * n + j]);
-                            assert!(
-                                (got - want).abs() <= 3.0 * 2f64.powi(-16) * mag,
-                                "{dtype} {m}x{n}x{k} threads {threads} [{i}, {j}]: {got} vs {want}"
-                            );
-                        }
-                    }
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! Quantised weights in **tiles of 16 rows** times **22-bit activations**: the row form of the quantised
 //! matrix-vector pattern (`y[i, n] = sum_k deq(W[n, k]) * x[i, k]`, `W` Q8_0, Q4_0 or Q4_1 blocks of 32 along
 //! `K`) on CPUs with AVX-512 VNNI for fewer than [`MAX_ROWS`] activation rows (decode), the weights repacked
-//! once ([`Packed`], kept in a `ParamCache`).
+//! once ([`Packed`], kept in a `ParamCache`). From [`MAX_ROWS`] rows on, CPUs with AMX-INT8 run the same
+//! arithmetic on tiles (`qamx.rs`), over the same [`Packed`] weights.
 //!
 //! **Layout.** [`Packed`] holds the matrix as tiles of 16 weight rows; a tile holds, block by block, the 16
 //! rows' weights of that block interleaved four bytes at a time (one 64-byte vector holds four consecutive
@@ -35,7 +36,8 @@ const QK: usize = 32;
 pub(crate) const TILE: usize = 16;
 /// The row products take this path below this many activation rows (decode epochs); at more rows the f32
 /// blocked dot of `qdotf` is faster (its 4 x 4 register blocking amortises the dequantisation, and the
-/// three-part integer dots cost more instructions than two f32 multiply-adds a block: measured, BENCHMARKS.md).
+/// three-part integer dots cost more instructions than two f32 multiply-adds a block: measured, BENCHMARKS.md),
+/// unless the CPU has AMX-INT8 (`qamx.rs`).
 pub(crate) const MAX_ROWS: usize = 8;
 /// Activation rows per call of the kernel.
 const MANY: usize = 16;
@@ -60,9 +62,9 @@ struct Line([u8; 64]);
 
 /// A quantised weight matrix `[n, k]` repacked into tiles of [`TILE`] rows (see the module doc).
 pub(crate) struct Packed {
-    dtype: DType,
-    n: usize,
-    k: usize,
+    pub(crate) dtype: DType,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
     data: Vec<Line>,
 }
 
@@ -73,17 +75,17 @@ impl std::fmt::Debug for Packed {
 }
 
 /// Bytes of one tile-block: the 16 rows' weights of a block, their scales and minimums (or padding).
-fn tile_block(dtype: DType) -> usize {
+pub(crate) fn tile_block(dtype: DType) -> usize {
     if dtype == DType::Q8_0 { 576 } else { 320 }
 }
 
 /// Bytes of the weights part of a tile-block.
-fn weight_bytes(dtype: DType) -> usize {
+pub(crate) fn weight_bytes(dtype: DType) -> usize {
     if dtype == DType::Q8_0 { 512 } else { 256 }
 }
 
 /// The offset the stored weight bytes carry (`w = d (u - z) + m`).
-fn zero_point(dtype: DType) -> i32 {
+pub(crate) fn zero_point(dtype: DType) -> i32 {
     match dtype {
         DType::Q8_0 => 128,
         DType::Q4_0 => 8,
@@ -170,7 +172,7 @@ impl Packed {
         self.data.len() * 64
     }
 
-    fn ptr(&self) -> *const u8 {
+    pub(crate) fn ptr(&self) -> *const u8 {
         self.data.as_ptr() as *const u8
     }
 }
@@ -178,15 +180,15 @@ impl Packed {
 /// One activation row quantised per block (see the module doc): `q = 65536 a + 256 b + c` with `a`, `b`, `c`
 /// signed bytes (`parts[0..3]`), and per block the scale `s`, the parts' sums and the f32 sum of the block's
 /// activations.
-struct Acts {
-    parts: [Vec<i8>; 3],
-    s: Vec<f32>,
-    sums: Vec<[i32; 3]>,
-    sum: Vec<f32>,
+pub(crate) struct Acts {
+    pub(crate) parts: [Vec<i8>; 3],
+    pub(crate) s: Vec<f32>,
+    pub(crate) sums: Vec<[i32; 3]>,
+    pub(crate) sum: Vec<f32>,
 }
 
 impl Acts {
-    fn new(x: &[f32]) -> Acts {
+    pub(crate) fn new(x: &[f32]) -> Acts {
         let nb = x.len() / QK;
         let mut a = Acts {
             parts: [vec![0; nb * QK], vec![0; nb * QK], vec![0; nb * QK]],
