@@ -549,6 +549,12 @@ fn decode_attention(rng: &mut Rng) {
 /// The `decode` group (see `main`).
 fn decode_products(rng: &mut Rng) {
     let (h, i_, nh, kv, l, v) = (576u64, 1536u64, 576u64, 192u64, 30usize, 49152u64);
+    // `LOOM_BENCH_ROWS=M`: M activation rows (M streams decoding together) instead of one.
+    let m: u64 = std::env::var("LOOM_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&m| m >= 1)
+        .unwrap_or(1);
     let shapes = [
         (DType::Q4_1, nh, h),
         (DType::Q4_1, kv, h),
@@ -566,23 +572,25 @@ fn decode_products(rng: &mut Rng) {
     let mut order: Vec<(DType, u64, u64)> = (0..l).flat_map(|_| shapes).collect();
     order.push((DType::Q8_0, v, h));
     // x of each width, then one output per distinct shape.
-    inputs.push(buf("x576", DType::F32, &[1, h]));
-    bufs.push(rand_f32(rng, h as usize, -1.0, 1.0));
-    inputs.push(buf("x1536", DType::F32, &[1, i_]));
-    bufs.push(rand_f32(rng, i_ as usize, -1.0, 1.0));
+    inputs.push(buf("x576", DType::F32, &[m, h]));
+    bufs.push(rand_f32(rng, (m * h) as usize, -1.0, 1.0));
+    inputs.push(buf("x1536", DType::F32, &[m, i_]));
+    bufs.push(rand_f32(rng, (m * i_) as usize, -1.0, 1.0));
+    let mut macs = 0u64;
     let mut bytes = 0usize;
     for (j, &(dt, n, k)) in order.iter().enumerate() {
         let ki = match kernels.iter().position(|&s| s == (dt, n, k)) {
             Some(ki) => ki,
             None => {
                 kernels.push((dt, n, k));
-                outputs.push(buf(&format!("y{}", kernels.len()), DType::F32, &[1, n]));
+                outputs.push(buf(&format!("y{}", kernels.len()), DType::F32, &[m, n]));
                 kernels.len() - 1
             }
         };
         inputs.push(buf(&format!("w{j}"), dt, &[n, k]));
         let w = random_blocks(rng, dt, (n * k / 32) as usize);
         bytes += w.len();
+        macs += m * n * k;
         bufs.push(w);
         let x = if k == h { 0 } else { 1 };
         dispatches.push((
@@ -596,7 +604,7 @@ fn decode_products(rng: &mut Rng) {
     }
     let ks: Vec<_> = kernels
         .iter()
-        .map(|&(dt, n, k)| matvec_rows_kernel(dt, 1, n, k, 64, 64))
+        .map(|&(dt, n, k)| matvec_rows_kernel(dt, m, n, k, 64, 64))
         .collect();
     // The same dispatches on one matrix of each shape (the first of each): the products from cache.
     let first: Vec<u32> = kernels
@@ -698,11 +706,12 @@ fn decode_products(rng: &mut Rng) {
         );
         let t = run_params(&st, threads);
         println!(
-            "| SmolLM2 decode token: {} products, {:.1} MB | {threads} | {:.2} ms | {:.1} GB/s | 2-thread read of the same bytes {:.2} ms ({:.1} GB/s) | {:.0} % | - |",
+            "| SmolLM2 decode token x {m} rows: {} products, {:.1} MB | {threads} | {:.2} ms | {:.1} GB/s, {:.0} GFLOP/s | 2-thread read of the same bytes {:.2} ms ({:.1} GB/s) | {:.0} % | - |",
             order.len(),
             bytes as f64 / 1e6,
             t * 1e3,
             bytes as f64 / t / 1e9,
+            2.0 * macs as f64 / t / 1e9,
             read * 1e3,
             bytes as f64 / read / 1e9,
             100.0 * read / t
