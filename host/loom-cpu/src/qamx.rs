@@ -9,7 +9,8 @@
 //! One `tdpbsud` multiplies 16 activation rows by 16 weight rows over one block of 32 (8,192 exact
 //! multiply-adds of signed activation bytes and unsigned weight bytes into 32-bit sums), which moves the
 //! bottleneck to the per-block float work that every path has: the parts combined, scaled and accumulated in
-//! f32 (11 vector operations per 16 outputs).
+//! f32 (11 vector operations per 16 outputs), which the vector units do for one block while the tile unit
+//! multiplies the next (two sets of C tiles).
 //!
 //! **Layout.** The B tile (8 rows of 64 bytes: four consecutive weights of each of 16 weight rows) is exactly
 //! `qtile`'s tile-block layout: Q8_0's eight lines are loaded in place, Q4's four lines are split into low
@@ -17,7 +18,7 @@
 //! as, per 16 rows, block and part, a 16 x 32-byte A tile ([`TileActs`]). A block's three products land in
 //! three C tiles (16 activation rows x 16 weight rows of i32), stored and combined per activation row:
 //! `f = 65536 f32(A) + f32(256 B + C)`, `acc += f * (d * s)`, `acc += m * sum x` (Q4_1), in block order, as
-//! `qtile`'s kernels do. Tiles 0-2 hold C, 3-5 A, 6 B ([`CONFIG`]).
+//! `qtile`'s kernels do ([`CONFIG`] names the tiles).
 //!
 //! **Availability.** CPUs with AMX-TILE, AMX-INT8 and AMX-BF16 (Sapphire Rapids and later) where Linux grants
 //! the tile state (`amx::int8`), with AVX-512 VNNI (`qtile::available`). Nothing to opt in: the numerics are
@@ -39,18 +40,18 @@ const ROWS: usize = 16;
 /// Bytes of one A tile (16 rows of one block of one part).
 const A_TILE: usize = ROWS * QK;
 
-/// Tiles 0-2: C, 16 rows (activation rows) of 64 bytes (16 i32: weight rows). Tiles 3-5: A, 16 rows of 32
-/// bytes (one block of one activation part). Tile 6: B, 8 rows of 64 bytes (the block's 32 weights of 16
-/// weight rows, four at a time).
+/// Tiles 0-2 and 4, 5, 7: two sets of three C tiles, 16 rows (activation rows) of 64 bytes (16 i32: weight
+/// rows). Tile 3: A, 16 rows of 32 bytes (one block of one activation part). Tile 6: B, 8 rows of 64 bytes
+/// (the block's 32 weights of 16 weight rows, four at a time).
 static CONFIG: TileConfig = {
     let mut c = [0u8; 64];
     c[0] = 1;
     let mut t = 0;
-    while t < 7 {
+    while t < 8 {
         let (colsb, rows) = match t {
-            0..=2 => (64, 16),
-            3..=5 => (32, 16),
-            _ => (64, 8),
+            3 => (32, 16),
+            6 => (64, 8),
+            _ => (64, 16),
         };
         c[16 + 2 * t] = colsb;
         c[48 + t] = rows;
@@ -158,8 +159,8 @@ pub(crate) unsafe fn matmul(p: &Packed, m: usize, x: &[f32], y: *mut f32, thread
         // SAFETY: AMX is present and granted (`available`); CONFIG is a valid palette-1 configuration.
         let _tiles = unsafe { Tiles::with(&CONFIG) };
         let mut scratch = Scratch {
-            c: [Line([0; 64]); 48],
-            b: [Line([0; 64]); 8],
+            c: [Line([0; 64]); 96],
+            b: [Line([0; 64]); 16],
         };
         for t in c * per..((c + 1) * per).min(wtiles) {
             for g in 0..m.div_ceil(ROWS) {
@@ -182,13 +183,82 @@ struct Out(*mut f32);
 // SAFETY: the tasks write disjoint elements (see `matmul`).
 unsafe impl Sync for Out {}
 
-/// A thread's scratch: the three C tiles (3 KiB) and a Q4 block's B tile (512 bytes).
+/// A thread's scratch: two sets of three C tiles (3 KiB each) and two Q4 blocks' B tiles (512 bytes each),
+/// one of each for the block being multiplied and one for the block being combined.
 struct Scratch {
-    c: [Line; 48],
-    b: [Line; 8],
+    c: [Line; 96],
+    b: [Line; 16],
 }
 
-/// Weight tile `t` (rows `16 t ..`) times activation group `g` (rows `16 g ..`), into `y`.
+/// One block's three products into C tile set `SET` (0: tmm0-2, 1: tmm4, tmm5, tmm7), stored at `c` (three
+/// 1 KiB tiles): each activation part's A tile is loaded into tmm3 in turn, the weights' B tile into tmm6.
+///
+/// # Safety
+/// The tile configuration [`CONFIG`] is loaded on this thread; `bt` holds 8 rows of 64 bytes, `at` three
+/// 512-byte A tiles, `c` 3 KiB.
+#[inline(always)]
+unsafe fn products<const SET: usize>(bt: *const u8, at: *const u8, c: *mut u8) {
+    // SAFETY: the caller's contract: every tile load and store stays inside those buffers.
+    unsafe {
+        if SET == 0 {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tileloadd tmm6, [{b} + {s64}*1]",
+                "tileloadd tmm3, [{a0} + {s32}*1]",
+                "tdpbsud tmm0, tmm3, tmm6",
+                "tileloadd tmm3, [{a1} + {s32}*1]",
+                "tdpbsud tmm1, tmm3, tmm6",
+                "tileloadd tmm3, [{a2} + {s32}*1]",
+                "tdpbsud tmm2, tmm3, tmm6",
+                "tilestored [{c0} + {s64}*1], tmm0",
+                "tilestored [{c1} + {s64}*1], tmm1",
+                "tilestored [{c2} + {s64}*1], tmm2",
+                b = in(reg) bt,
+                a0 = in(reg) at,
+                a1 = in(reg) at.add(A_TILE),
+                a2 = in(reg) at.add(2 * A_TILE),
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(1024),
+                c2 = in(reg) c.add(2048),
+                s32 = in(reg) 32usize,
+                s64 = in(reg) 64usize,
+                options(nostack)
+            );
+        } else {
+            asm!(
+                "tilezero tmm4",
+                "tilezero tmm5",
+                "tilezero tmm7",
+                "tileloadd tmm6, [{b} + {s64}*1]",
+                "tileloadd tmm3, [{a0} + {s32}*1]",
+                "tdpbsud tmm4, tmm3, tmm6",
+                "tileloadd tmm3, [{a1} + {s32}*1]",
+                "tdpbsud tmm5, tmm3, tmm6",
+                "tileloadd tmm3, [{a2} + {s32}*1]",
+                "tdpbsud tmm7, tmm3, tmm6",
+                "tilestored [{c0} + {s64}*1], tmm4",
+                "tilestored [{c1} + {s64}*1], tmm5",
+                "tilestored [{c2} + {s64}*1], tmm7",
+                b = in(reg) bt,
+                a0 = in(reg) at,
+                a1 = in(reg) at.add(A_TILE),
+                a2 = in(reg) at.add(2 * A_TILE),
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(1024),
+                c2 = in(reg) c.add(2048),
+                s32 = in(reg) 32usize,
+                s64 = in(reg) 64usize,
+                options(nostack)
+            );
+        }
+    }
+}
+
+/// Weight tile `t` (rows `16 t ..`) times activation group `g` (rows `16 g ..`), into `y`. The tile unit
+/// multiplies block `b + 1` (into the other C set) while the vector units combine block `b`, so neither waits
+/// for the other's latency.
 ///
 /// # Safety
 /// The tile configuration [`CONFIG`] is loaded on this thread; AVX-512 F/BW and F16C are present; `y` is valid
@@ -214,53 +284,43 @@ unsafe fn tile(
     let bs = scratch.b.as_mut_ptr() as *mut u8;
     // SAFETY (the whole body): tile t's nb tile-blocks lie inside `p`'s data (64-byte aligned, `tb` a multiple
     // of 64); group g's A tiles (512 bytes each) and per-block values lie inside `a` (made for `m` rows over
-    // `nb` blocks); the tile loads read 16 rows of 32 bytes at stride 32 (A) and 8 rows of 64 bytes at stride
-    // 64 (B: the block's weight lines, or `scratch.b`); the stores write 16 rows of 64 bytes at stride 64 inside
-    // `scratch.c`.
+    // `nb` blocks); `products` reads 8 rows of 64 bytes of B (the block's weight lines, or a half of
+    // `scratch.b`) and writes one half of `scratch.c`.
     unsafe {
         let base = p.ptr().add(t * nb * tb);
-        for b in 0..nb {
+        // Block b's products into C set b % 2 (stored in that half of the scratch).
+        let issue = |b: usize| {
             let o = base.add(b * tb);
             let bt = if q8 {
                 o
             } else {
+                let bh = bs.add(512 * (b % 2));
                 for j in 0..4 {
                     let v = _mm512_load_si512(o.add(64 * j) as *const _);
-                    _mm512_store_si512(bs.add(64 * j) as *mut _, _mm512_and_si512(v, lo_mask));
+                    _mm512_store_si512(bh.add(64 * j) as *mut _, _mm512_and_si512(v, lo_mask));
                     _mm512_store_si512(
-                        bs.add(64 * (4 + j)) as *mut _,
+                        bh.add(64 * (4 + j)) as *mut _,
                         _mm512_and_si512(_mm512_srli_epi16(v, 4), lo_mask),
                     );
                 }
-                bs as *const u8
+                bh as *const u8
             };
+            let at = (a.tiles.as_ptr() as *const u8).add((g * nb + b) * 3 * A_TILE);
+            let ch = c.add(3072 * (b % 2));
+            if b.is_multiple_of(2) {
+                products::<0>(bt, at, ch);
+            } else {
+                products::<1>(bt, at, ch);
+            }
+        };
+        issue(0);
+        for b in 0..nb {
+            if b + 1 < nb {
+                issue(b + 1);
+            }
+            let o = base.add(b * tb);
+            let ch = c.add(3072 * (b % 2));
             let gb = g * nb + b;
-            let at = (a.tiles.as_ptr() as *const u8).add(gb * 3 * A_TILE);
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tileloadd tmm6, [{b} + {s64}*1]",
-                "tileloadd tmm3, [{a0} + {s32}*1]",
-                "tileloadd tmm4, [{a1} + {s32}*1]",
-                "tileloadd tmm5, [{a2} + {s32}*1]",
-                "tdpbsud tmm0, tmm3, tmm6",
-                "tdpbsud tmm1, tmm4, tmm6",
-                "tdpbsud tmm2, tmm5, tmm6",
-                "tilestored [{c0} + {s64}*1], tmm0",
-                "tilestored [{c1} + {s64}*1], tmm1",
-                "tilestored [{c2} + {s64}*1], tmm2",
-                b = in(reg) bt,
-                a0 = in(reg) at,
-                a1 = in(reg) at.add(A_TILE),
-                a2 = in(reg) at.add(2 * A_TILE),
-                c0 = in(reg) c,
-                c1 = in(reg) c.add(1024),
-                c2 = in(reg) c.add(2048),
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack)
-            );
             let d = _mm512_cvtph_ps(_mm256_load_si256(o.add(wb) as *const _));
             let mv = if q41 {
                 _mm512_cvtph_ps(_mm256_load_si256(o.add(wb + 32) as *const _))
@@ -272,24 +332,44 @@ unsafe fn tile(
                 a.sum.as_ptr().add(gb * ROWS),
                 a.zs.as_ptr().add(gb * 3 * ROWS),
             );
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let part = |t: usize| {
-                    let v = _mm512_load_si512(c.add(1024 * t + 64 * r) as *const _);
-                    if z != 0 {
-                        _mm512_sub_epi32(v, _mm512_set1_epi32(*zs.add(t * ROWS + r)))
-                    } else {
-                        v
+            // Row by row, unrolled so that the 16 accumulators stay in registers.
+            macro_rules! row {
+                ($r:expr) => {{
+                    let r: usize = $r;
+                    let part = |t: usize| {
+                        let v = _mm512_load_si512(ch.add(1024 * t + 64 * r) as *const _);
+                        if z != 0 {
+                            _mm512_sub_epi32(v, _mm512_set1_epi32(*zs.add(t * ROWS + r)))
+                        } else {
+                            v
+                        }
+                    };
+                    let (p0, p1, p2) = (part(0), part(1), part(2));
+                    let low = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p1, 8), p2));
+                    let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_set1_ps(65536.0), low);
+                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r)));
+                    acc[r] = _mm512_fmadd_ps(f, sc, acc[r]);
+                    if q41 {
+                        acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(*sum.add(r)), acc[r]);
                     }
-                };
-                let (p0, p1, p2) = (part(0), part(1), part(2));
-                let low = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p1, 8), p2));
-                let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_set1_ps(65536.0), low);
-                let sc = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r)));
-                *acc = _mm512_fmadd_ps(f, sc, *acc);
-                if q41 {
-                    *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*sum.add(r)), *acc);
-                }
+                }};
             }
+            row!(0);
+            row!(1);
+            row!(2);
+            row!(3);
+            row!(4);
+            row!(5);
+            row!(6);
+            row!(7);
+            row!(8);
+            row!(9);
+            row!(10);
+            row!(11);
+            row!(12);
+            row!(13);
+            row!(14);
+            row!(15);
         }
         let cols = (p.n - t * TILE).min(TILE);
         let mask: __mmask16 = if cols >= 16 {
