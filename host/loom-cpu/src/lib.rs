@@ -454,7 +454,11 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
             plans[d.kernel as usize]
                 .matvec
                 .as_ref()
-                .is_some_and(|(mv, isa)| mv.row_form && qdotf::tiled(*isa, mv.dtype, mv.m))
+                .is_some_and(|(mv, isa)| {
+                    mv.row_form
+                        && (qdotf::tiled(*isa, mv.dtype, mv.m)
+                            || qdotf::on_amx(*isa, mv.dtype, mv.m))
+                })
         })
         .collect();
     let tiled_run: Vec<usize> = (0..stage.dispatches.len())
@@ -860,10 +864,20 @@ impl CpuStage {
         let mut members: Vec<(&pattern::MatvecMatch, usize, usize, usize)> = Vec::new();
         let mut reads: Vec<(u64, u64)> = Vec::new();
         let mut writes: Vec<(u64, u64)> = Vec::new();
+        let amx = {
+            let plan = &self.plans[self.stage.dispatches[first].kernel as usize];
+            plan.matvec
+                .as_ref()
+                .is_some_and(|(mv, isa)| qdotf::on_amx(*isa, mv.dtype, mv.m))
+        };
         for j in first..first + self.tiled_run[first] {
             let d = &self.stage.dispatches[j];
             let (map, plan) = (&self.maps[j], &self.plans[d.kernel as usize]);
-            let Some((mv, _)) = &plan.matvec else { break };
+            let Some((mv, isa)) = &plan.matvec else { break };
+            // One path for the whole group: the tiled kernels below `qtile::MAX_ROWS` rows, AMX from there.
+            if j > first && qdotf::on_amx(*isa, mv.dtype, mv.m) != amx {
+                break;
+            }
             let (sw, sx, sy) = (map[mv.w as usize], map[mv.x as usize], map[mv.y as usize]);
             let (w, x, y) = (slots[sw], slots[sx], slots[sy]);
             let g = plan.kernel.grid;
@@ -922,10 +936,16 @@ impl CpuStage {
                 y: slots[sy].0 as *mut f32,
             })
             .collect();
-        // SAFETY: `tiled_run` only counts dispatches whose ISA is AVX-512 VNNI (`qdotf::tiled`); each output
-        // is m x n f32 of its buffer (the stage's shapes, checked by `check_buffers`) and overlaps no member's
-        // buffers (checked above).
-        unsafe { qtile::matmul_group(&products, threads) };
+        // SAFETY: `tiled_run` only counts dispatches whose ISA is AVX-512 VNNI (`qdotf::tiled`), and with AMX-INT8
+        // where `amx` (`qdotf::on_amx`); each output is m x n f32 of its buffer (the stage's shapes, checked by
+        // `check_buffers`) and overlaps no member's buffers (checked above).
+        unsafe {
+            if amx {
+                qamx::matmul_group(&products, threads)
+            } else {
+                qtile::matmul_group(&products, threads)
+            }
+        };
         members.len()
     }
 

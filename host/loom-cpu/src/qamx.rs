@@ -31,7 +31,7 @@ use loom_ir::kernel::DType;
 
 use crate::amx::{TileConfig, Tiles};
 use crate::qdot::Isa;
-use crate::qtile::{self, Acts, Packed, TILE};
+use crate::qtile::{self, Acts, Packed, Product, TILE};
 
 /// Weights per block (along K).
 const QK: usize = 32;
@@ -144,44 +144,68 @@ unsafe impl Sync for Shared {}
 /// # Safety
 /// [`available`] holds; `y` is valid for `m * p.n` f32 writes and overlaps neither `p` nor `x`.
 pub(crate) unsafe fn matmul(p: &Packed, m: usize, x: &[f32], y: *mut f32, threads: usize) {
-    assert!(x.len() == m * p.k && p.k.is_multiple_of(QK));
-    if m == 0 || p.n == 0 {
-        return;
+    // SAFETY: the caller's contract.
+    unsafe { matmul_group(&[Product { p, m, x, y }], threads) }
+}
+
+/// Several independent products in one parallel region (consecutive dispatches of a stage, as
+/// `qtile::matmul_group`): threads claim chunks of weight tiles across all of them, and products that read the
+/// same activation rows lay them out once. Each product's results are the bits [`matmul`] gives it alone.
+///
+/// # Safety
+/// [`available`] holds; each `y` is valid for `m * p.n` f32 writes and overlaps no product's `x`, `y` or weights.
+pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
+    let mut acts: Vec<std::rc::Rc<TileActs>> = Vec::with_capacity(products.len());
+    for (j, pr) in products.iter().enumerate() {
+        assert!(pr.x.len() == pr.m * pr.p.k && pr.p.k.is_multiple_of(QK));
+        let same = products[..j].iter().position(|q| {
+            std::ptr::eq(q.x, pr.x) && q.x.len() == pr.x.len() && q.p.dtype == pr.p.dtype
+        });
+        acts.push(match same {
+            Some(i) => acts[i].clone(),
+            None => std::rc::Rc::new(TileActs::new(pr.p.dtype, pr.m, pr.p.k, pr.x, threads)),
+        });
     }
-    let acts = TileActs::new(p.dtype, m, p.k, x, threads);
-    let wtiles = p.n.div_ceil(TILE);
-    let threads = threads.clamp(1, wtiles).min(((p.n * p.k * m) >> 17).max(1));
-    // About eight chunks a thread.
-    let per = wtiles.div_ceil(threads * 8).max(1);
-    let out = Out(y);
+    let acts: Vec<&TileActs> = acts.iter().map(|a| a.as_ref()).collect();
+    let work_total: usize = products.iter().map(|pr| pr.p.n * pr.p.k * pr.m).sum();
+    let tiles_total: usize = products.iter().map(|pr| pr.p.n.div_ceil(TILE)).sum();
+    let threads = threads
+        .clamp(1, tiles_total.max(1))
+        .min((work_total >> 17).max(1));
+    // About eight chunks a thread over all the tiles; a chunk never spans two products.
+    let per = tiles_total.div_ceil(threads * 8).max(1);
+    let chunks: Vec<(usize, usize)> = products
+        .iter()
+        .enumerate()
+        .filter(|(_, pr)| pr.m > 0)
+        .flat_map(|(j, pr)| {
+            let tiles = pr.p.n.div_ceil(TILE);
+            (0..tiles.div_ceil(per)).map(move |c| (j, c * per))
+        })
+        .collect();
     let work = |c: usize| {
-        let out = &out;
+        let (j, t0) = chunks[c];
+        let (pr, a) = (&products[j], acts[j]);
         // SAFETY: AMX is present and granted (`available`); CONFIG is a valid palette-1 configuration.
         let _tiles = unsafe { Tiles::with(&CONFIG) };
         let mut scratch = Scratch {
             c: [Line([0; 64]); 96],
             b: [Line([0; 64]); 16],
         };
-        for t in c * per..((c + 1) * per).min(wtiles) {
-            for g in 0..m.div_ceil(ROWS) {
+        for t in t0..(t0 + per).min(pr.p.n.div_ceil(TILE)) {
+            for g in 0..pr.m.div_ceil(ROWS) {
                 // SAFETY: the configuration is loaded on this thread; the outputs (rows of group g, weight rows
-                // of tile t) are this chunk's only and lie inside y (caller).
-                unsafe { tile(p, t, &acts, g, m, out.0, &mut scratch) };
+                // of tile t of product j) are this chunk's only and lie inside that product's y (caller).
+                unsafe { tile(pr.p, t, a, g, pr.m, pr.y, &mut scratch) };
             }
         }
     };
-    let chunks = wtiles.div_ceil(per);
     if threads <= 1 {
-        (0..chunks).for_each(work);
+        (0..chunks.len()).for_each(work);
     } else {
-        crate::pool::run(chunks, threads - 1, &work);
+        crate::pool::run(chunks.len(), threads - 1, &work);
     }
 }
-
-/// The output pointer, shared by the tasks (each writes its own weight rows' columns).
-struct Out(*mut f32);
-// SAFETY: the tasks write disjoint elements (see `matmul`).
-unsafe impl Sync for Out {}
 
 /// A thread's scratch: two sets of three C tiles (3 KiB each) and two Q4 blocks' B tiles (512 bytes each),
 /// one of each for the block being multiplied and one for the block being combined.

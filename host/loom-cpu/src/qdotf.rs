@@ -562,6 +562,22 @@ pub(crate) fn tiled(isa: Isa, dtype: DType, m: usize) -> bool {
         && crate::qtile::Packed::supports(dtype)
 }
 
+/// Whether [`matmul_rows`] of `m` activation rows runs on AMX-INT8 tiles (`qamx.rs`): at least
+/// `qtile::MAX_ROWS` rows, a block type with a tiled form, and the hardware.
+pub(crate) fn on_amx(isa: Isa, dtype: DType, m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        m >= crate::qtile::MAX_ROWS
+            && crate::qtile::Packed::supports(dtype)
+            && crate::qamx::available(isa)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, dtype, m);
+        false
+    }
+}
+
 /// `y [m, n] = x [m, k] @ W^T` with `W: [n, k]` quantised (`dtype`), `x` and `y` little-endian f32.
 ///
 /// The weight rows are cut into chunks (a multiple of four rows) that the threads claim one at a time, so a
@@ -590,10 +606,7 @@ pub(crate) fn matmul_rows(
     // At least `qtile::MAX_ROWS` rows on a CPU with AMX-INT8: the tiled path's numerics on AMX tiles
     // (`qamx.rs`), the weights as tiles of 16 rows kept in `cache` as below.
     #[cfg(target_arch = "x86_64")]
-    if m >= crate::qtile::MAX_ROWS
-        && crate::qtile::Packed::supports(dtype)
-        && crate::qamx::available(isa)
-    {
+    if on_amx(isa, dtype, m) {
         let p = crate::ParamCache::tiles_or_pack(cache, dtype, n, k, w, threads);
         // SAFETY: `available(isa)`; y holds m * n f32 (asserted above) and is a different buffer from w and x.
         unsafe { crate::qamx::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };

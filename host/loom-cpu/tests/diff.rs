@@ -1299,74 +1299,78 @@ fn quantised_matvec_rows_agree_with_the_reference() {
     assert_eq!(cs.compile_report().kernels[0].path, "jit");
 }
 
-/// Consecutive tiled row products run as one group (`qtile::matmul_group`): two products of the same
-/// activations give the bits each gives alone, and a third that reads the first one's output is not grouped
-/// with it (it must see the finished output). Checked against one-dispatch stages of the same kernels and
-/// against the reference.
+/// Consecutive tiled row products run as one group (`qtile::matmul_group`, `qamx::matmul_group`): two
+/// products of the same activations give the bits each gives alone, and a third that reads the first one's
+/// output is not grouped with it (it must see the finished output). Checked against one-dispatch stages of the
+/// same kernels and against the reference.
 #[test]
 fn grouped_row_products_equal_the_products_alone() {
-    let mut rng = Rng::new(37);
-    let (m, k, n, n3) = (2u64, 256u64, 64u64, 32u64);
-    let ka = matvec_rows_kernel(DType::Q4_1, m, n, k, 16, 64);
-    let mut kb = matvec_rows_kernel(DType::Q8_0, m, n3, n, 16, 64);
-    kb.name = "second".into();
-    let st = stage(
-        "s",
-        vec![
-            buf("w1", DType::Q4_1, &[n, k]),
-            buf("w2", DType::Q4_1, &[n, k]),
-            buf("w3", DType::Q8_0, &[n3, n]),
-            buf("x", DType::F32, &[m, k]),
-        ],
-        vec![
-            buf("y1", DType::F32, &[m, n]),
-            buf("y2", DType::F32, &[m, n]),
-            buf("y3", DType::F32, &[m, n3]),
-        ],
-        vec![],
-        vec![ka.clone(), kb.clone()],
-        vec![
-            (
-                0,
-                vec![BufRef::Input(0), BufRef::Input(3), BufRef::Output(0)],
-            ),
-            (
-                0,
-                vec![BufRef::Input(1), BufRef::Input(3), BufRef::Output(1)],
-            ),
-            (
-                1,
-                vec![BufRef::Input(2), BufRef::Output(0), BufRef::Output(2)],
-            ),
-        ],
-    );
-    let w1 = random_blocks(&mut rng, DType::Q4_1, (n * k / 32) as usize);
-    let w2 = random_blocks(&mut rng, DType::Q4_1, (n * k / 32) as usize);
-    let w3 = random_blocks(&mut rng, DType::Q8_0, (n3 * n / 32) as usize);
-    let xs = f32_bytes(&rng.f32s((m * k) as usize, -2.0, 2.0));
-    let cs = loom_cpu::compile_stage(&st).unwrap();
-    for threads in [1, 2] {
-        let mut got = loom_reference::alloc_outputs(&st).unwrap();
-        cs.run(&[&w1, &w2, &w3, &xs], &[], &mut got, threads)
-            .unwrap();
-        let alone = |kern: &loom_ir::kernel::Kernel, w: &[u8], x: &[u8]| {
-            let one = one_kernel_stage(kern.clone());
-            let c = loom_cpu::compile_stage(&one).unwrap();
-            let mut out = loom_reference::alloc_outputs(&one).unwrap();
-            c.run(&[w, x], &[], &mut out, threads).unwrap();
-            out.remove(0)
-        };
-        assert_eq!(got[0], alone(&ka, &w1, &xs), "{threads} threads: y1");
-        assert_eq!(got[1], alone(&ka, &w2, &xs), "{threads} threads: y2");
-        assert_eq!(got[2], alone(&kb, &w3, &got[0]), "{threads} threads: y3");
-        let mut want = loom_reference::alloc_outputs(&st).unwrap();
-        loom_reference::run_stage(&st, &[&w1, &w2, &w3, &xs], &[], &mut want).unwrap();
-        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
-            for (a, b) in f32s(g).iter().zip(f32s(w)) {
-                assert!(
-                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
-                    "output {o}: {a} vs {b}"
-                );
+    // 2 rows: the VNNI tiles; 16 rows: AMX-INT8 tiles where the CPU has them (`qamx.rs`), else f32 (not
+    // grouped).
+    for rows in [2u64, 16] {
+        let mut rng = Rng::new(37);
+        let (m, k, n, n3) = (rows, 256u64, 64u64, 32u64);
+        let ka = matvec_rows_kernel(DType::Q4_1, m, n, k, 16, 64);
+        let mut kb = matvec_rows_kernel(DType::Q8_0, m, n3, n, 16, 64);
+        kb.name = "second".into();
+        let st = stage(
+            "s",
+            vec![
+                buf("w1", DType::Q4_1, &[n, k]),
+                buf("w2", DType::Q4_1, &[n, k]),
+                buf("w3", DType::Q8_0, &[n3, n]),
+                buf("x", DType::F32, &[m, k]),
+            ],
+            vec![
+                buf("y1", DType::F32, &[m, n]),
+                buf("y2", DType::F32, &[m, n]),
+                buf("y3", DType::F32, &[m, n3]),
+            ],
+            vec![],
+            vec![ka.clone(), kb.clone()],
+            vec![
+                (
+                    0,
+                    vec![BufRef::Input(0), BufRef::Input(3), BufRef::Output(0)],
+                ),
+                (
+                    0,
+                    vec![BufRef::Input(1), BufRef::Input(3), BufRef::Output(1)],
+                ),
+                (
+                    1,
+                    vec![BufRef::Input(2), BufRef::Output(0), BufRef::Output(2)],
+                ),
+            ],
+        );
+        let w1 = random_blocks(&mut rng, DType::Q4_1, (n * k / 32) as usize);
+        let w2 = random_blocks(&mut rng, DType::Q4_1, (n * k / 32) as usize);
+        let w3 = random_blocks(&mut rng, DType::Q8_0, (n3 * n / 32) as usize);
+        let xs = f32_bytes(&rng.f32s((m * k) as usize, -2.0, 2.0));
+        let cs = loom_cpu::compile_stage(&st).unwrap();
+        for threads in [1, 2] {
+            let mut got = loom_reference::alloc_outputs(&st).unwrap();
+            cs.run(&[&w1, &w2, &w3, &xs], &[], &mut got, threads)
+                .unwrap();
+            let alone = |kern: &loom_ir::kernel::Kernel, w: &[u8], x: &[u8]| {
+                let one = one_kernel_stage(kern.clone());
+                let c = loom_cpu::compile_stage(&one).unwrap();
+                let mut out = loom_reference::alloc_outputs(&one).unwrap();
+                c.run(&[w, x], &[], &mut out, threads).unwrap();
+                out.remove(0)
+            };
+            assert_eq!(got[0], alone(&ka, &w1, &xs), "{threads} threads: y1");
+            assert_eq!(got[1], alone(&ka, &w2, &xs), "{threads} threads: y2");
+            assert_eq!(got[2], alone(&kb, &w3, &got[0]), "{threads} threads: y3");
+            let mut want = loom_reference::alloc_outputs(&st).unwrap();
+            loom_reference::run_stage(&st, &[&w1, &w2, &w3, &xs], &[], &mut want).unwrap();
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                for (a, b) in f32s(g).iter().zip(f32s(w)) {
+                    assert!(
+                        (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                        "output {o}: {a} vs {b}"
+                    );
+                }
             }
         }
     }
