@@ -547,6 +547,15 @@ impl Model {
         })
     }
 
+    /// Whether the specialization cache holds `decls`'s set (counted neither as a hit nor as a miss, and the
+    /// cache's order unchanged): for work ahead of demand, such as compiling likely epoch shapes.
+    pub fn has_stages(&self, decls: &Decls) -> bool {
+        self.spec_cache
+            .lock()
+            .map(|c| c.entries.iter().any(|(d, _)| d == decls))
+            .unwrap_or(false)
+    }
+
     /// [`stages_for`](Self::stages_for) on the shared specialization workers: returns at once, and calls
     /// `done` with the set (or the error) from a worker. The model's scheduler keeps running other cohorts
     /// meanwhile; sources are opened on the worker, never on the caller's thread.
@@ -636,6 +645,11 @@ impl Model {
             .spec_cache
             .lock()
             .map_err(|_| Error::Internal("spec cache poisoned".into()))?;
+        // Two callers that missed the same set at once (a request and compilation ahead of demand) both built
+        // it; the first one in is kept.
+        if let Some((_, set)) = c.entries.iter().find(|(d, _)| *d == decls) {
+            return Ok(set.clone());
+        }
         c.entries.push((decls, built.clone()));
         let mut evicted = std::mem::take(&mut c.release_pending);
         while c.entries.len() > self.doc.specialization_cache {
