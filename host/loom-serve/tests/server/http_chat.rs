@@ -856,3 +856,53 @@ fn echo_with_logprobs_scores_the_prompt() {
     assert_eq!(s.metric("loom_text_pages_used{model=\"chunked\"}"), 0.0);
     s.healthy();
 }
+
+/// Epoch shapes compiled ahead (`options.warm_epochs`): while the model is idle its sets appear in the
+/// specialization cache before any request; with 0 none do; either way the text is the same; bad values are
+/// refused naming the option.
+#[test]
+fn epoch_shapes_compiled_ahead_change_no_text_and_bad_values_are_refused() {
+    let s = start("chat-warm", &[]);
+    let base = s.dir.join("arith-chat").display().to_string();
+    // arith-chat's specialization_cache is 4.
+    for bad in [json!(-1), json!(5), json!(2.5), json!("4")] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": "bad", "base": base, "options": {"warm_epochs": bad}}),
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("options.warm_epochs"), "{}", r.text());
+    }
+    for (name, n) in [("ahead", 4), ("demand", 0)] {
+        let r = s.post_json(
+            "/v1/models",
+            &json!({"name": name, "base": base, "options": {"warm_epochs": n}}),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let entries = |m: &str| {
+        s.metric(&format!(
+            "loom_specialization_cache_entries{{model=\"{m}\"}}"
+        ))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while entries("ahead") < 1.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(entries("ahead") >= 1.0, "no epoch shape was compiled ahead");
+    assert_eq!(
+        entries("demand"),
+        0.0,
+        "warm_epochs 0 compiles nothing ahead"
+    );
+    let text = |m: &str| {
+        let v = complete(
+            &s,
+            json!({"model": m, "prompt": "abc 12", "max_tokens": 20, "temperature": 0}),
+        );
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(text("ahead"), text("demand"));
+    assert!(entries("demand") >= 1.0);
+    s.healthy();
+}

@@ -44,6 +44,7 @@ pub mod sampling;
 pub mod service;
 pub mod sessions;
 pub mod text;
+mod warm;
 
 pub use service::{Event, EventSink, Finish, GenRequest, RetainedService, Ticket};
 

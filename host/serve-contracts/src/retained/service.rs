@@ -391,6 +391,8 @@ pub struct RetainedService {
     pub chat: Option<super::chat::ChatTemplate>,
     /// The engine thread; drained, it hands back the sessions (for a deactivation: [`Service::kept_state`]).
     engine: EngineThread<Cmd, KeptSessions>,
+    /// Stops the compilation of epoch shapes ahead of requests ([`super::warm`]).
+    warm_stop: Arc<AtomicBool>,
 }
 
 /// Sessions kept across a deactivation: each one's id, tokens and checkpoints (name, tokens). Their pages are
@@ -499,6 +501,7 @@ impl RetainedService {
                     )
                 })? as u32,
         };
+        let warm_budget = super::warm::budget(&model)?;
         let chat = match model.asset("chat_template")? {
             Some(bytes) => {
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -571,7 +574,17 @@ impl RetainedService {
             limits.page_tokens,
             limits.page_bytes
         );
+        let warm_stop = super::warm::start(
+            &model,
+            metrics.clone(),
+            limits,
+            pool_pages,
+            speculate,
+            prefill_chunk,
+            warm_budget,
+        );
         Ok(Arc::new(RetainedService {
+            warm_stop,
             multi_row,
             model,
             limits,
@@ -738,6 +751,7 @@ impl RetainedService {
 
     /// Stops accepting requests, finishes every accepted one, and joins the engine. Idempotent.
     pub fn drain(&self) {
+        self.warm_stop.store(true, Ordering::Relaxed);
         self.engine.drain(Cmd::Drain)
     }
 }
