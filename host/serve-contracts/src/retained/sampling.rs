@@ -281,13 +281,7 @@ impl Sampler {
         self.cand.clear();
         let z = &self.z;
         if self.params.greedy() || z.len() <= 1 {
-            let mut arg = 0usize;
-            for (i, &x) in z.iter().enumerate() {
-                if x > z[arg] || z[arg].is_nan() {
-                    arg = i;
-                }
-            }
-            self.cand.push((arg as u32, 1.0));
+            self.cand.push((argmax(z) as u32, 1.0));
             return;
         }
         let inv_t = 1.0 / self.params.temperature;
@@ -417,6 +411,28 @@ fn raw_logprobs(logits: &[f32], n: usize) -> (Option<f32>, Vec<(u32, f32)>) {
         }
     }
     (Some(lse), top)
+}
+
+/// The index of the first largest value of `z`, NaN never winning (the last index when all are NaN; 0 when `z`
+/// is empty): the greedy draw. The maximum is found 16 lanes at a time (elementwise maxima, which vectorise),
+/// then its first position.
+fn argmax(z: &[f32]) -> usize {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = z.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // `f32::max` ignores a NaN operand.
+            *m = m.max(x);
+        }
+    }
+    let m = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    z.iter()
+        .position(|&x| x == m)
+        .unwrap_or(z.len().saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -606,6 +622,40 @@ mod tests {
         let mut s = Sampler::new(other, 0, &[]);
         let b: Vec<u32> = (0..64).map(|_| s.sample(&l).token).collect();
         assert_ne!(run(0), b);
+    }
+
+    #[test]
+    fn the_vectorised_argmax_is_the_first_maximum_nan_never_winning() {
+        let scalar = |z: &[f32]| {
+            let mut arg = 0usize;
+            for (i, &x) in z.iter().enumerate() {
+                if x > z[arg] || z[arg].is_nan() {
+                    arg = i;
+                }
+            }
+            arg
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [1usize, 2, 15, 16, 17, 33, 100, 49152] {
+            for case in 0..8 {
+                let mut z: Vec<f32> = (0..len).map(|_| (next() % 7) as f32 - 3.0).collect();
+                match case {
+                    1 => z.iter_mut().step_by(3).for_each(|x| *x = f32::NAN),
+                    2 => z.iter_mut().for_each(|x| *x = f32::NAN),
+                    3 => z.iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
+                    4 => z[len - 1] = f32::INFINITY,
+                    5 => z[0] = f32::NAN,
+                    _ => {}
+                }
+                assert_eq!(argmax(&z), scalar(&z), "len {len} case {case}");
+            }
+        }
     }
 
     #[test]
