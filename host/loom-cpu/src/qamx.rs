@@ -167,22 +167,7 @@ pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
         });
     }
     let acts: Vec<&TileActs> = acts.iter().map(|a| a.as_ref()).collect();
-    let work_total: usize = products.iter().map(|pr| pr.p.n * pr.p.k * pr.m).sum();
-    let tiles_total: usize = products.iter().map(|pr| pr.p.n.div_ceil(TILE)).sum();
-    let threads = threads
-        .clamp(1, tiles_total.max(1))
-        .min((work_total >> 17).max(1));
-    // About eight chunks a thread over all the tiles; a chunk never spans two products.
-    let per = tiles_total.div_ceil(threads * 8).max(1);
-    let chunks: Vec<(usize, usize)> = products
-        .iter()
-        .enumerate()
-        .filter(|(_, pr)| pr.m > 0)
-        .flat_map(|(j, pr)| {
-            let tiles = pr.p.n.div_ceil(TILE);
-            (0..tiles.div_ceil(per)).map(move |c| (j, c * per))
-        })
-        .collect();
+    let (threads, per, chunks) = qtile::chunks(products, threads);
     let work = |c: usize| {
         let (j, t0) = chunks[c];
         let (pr, a) = (&products[j], acts[j]);
@@ -222,60 +207,43 @@ struct Scratch {
 /// 512-byte A tiles, `c` 3 KiB.
 #[inline(always)]
 unsafe fn products<const SET: usize>(bt: *const u8, at: *const u8, c: *mut u8) {
+    // One block's products into the C tiles named: zeroed, each part's A tile loaded into tmm3 and multiplied
+    // by the B tile in tmm6, then stored.
+    macro_rules! block {
+        ($c0:literal, $c1:literal, $c2:literal) => {
+            asm!(
+                concat!("tilezero ", $c0),
+                concat!("tilezero ", $c1),
+                concat!("tilezero ", $c2),
+                "tileloadd tmm6, [{b} + {s64}*1]",
+                "tileloadd tmm3, [{a0} + {s32}*1]",
+                concat!("tdpbsud ", $c0, ", tmm3, tmm6"),
+                "tileloadd tmm3, [{a1} + {s32}*1]",
+                concat!("tdpbsud ", $c1, ", tmm3, tmm6"),
+                "tileloadd tmm3, [{a2} + {s32}*1]",
+                concat!("tdpbsud ", $c2, ", tmm3, tmm6"),
+                concat!("tilestored [{c0} + {s64}*1], ", $c0),
+                concat!("tilestored [{c1} + {s64}*1], ", $c1),
+                concat!("tilestored [{c2} + {s64}*1], ", $c2),
+                b = in(reg) bt,
+                a0 = in(reg) at,
+                a1 = in(reg) at.add(A_TILE),
+                a2 = in(reg) at.add(2 * A_TILE),
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(1024),
+                c2 = in(reg) c.add(2048),
+                s32 = in(reg) 32usize,
+                s64 = in(reg) 64usize,
+                options(nostack)
+            )
+        };
+    }
     // SAFETY: the caller's contract: every tile load and store stays inside those buffers.
     unsafe {
         if SET == 0 {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tileloadd tmm6, [{b} + {s64}*1]",
-                "tileloadd tmm3, [{a0} + {s32}*1]",
-                "tdpbsud tmm0, tmm3, tmm6",
-                "tileloadd tmm3, [{a1} + {s32}*1]",
-                "tdpbsud tmm1, tmm3, tmm6",
-                "tileloadd tmm3, [{a2} + {s32}*1]",
-                "tdpbsud tmm2, tmm3, tmm6",
-                "tilestored [{c0} + {s64}*1], tmm0",
-                "tilestored [{c1} + {s64}*1], tmm1",
-                "tilestored [{c2} + {s64}*1], tmm2",
-                b = in(reg) bt,
-                a0 = in(reg) at,
-                a1 = in(reg) at.add(A_TILE),
-                a2 = in(reg) at.add(2 * A_TILE),
-                c0 = in(reg) c,
-                c1 = in(reg) c.add(1024),
-                c2 = in(reg) c.add(2048),
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack)
-            );
+            block!("tmm0", "tmm1", "tmm2");
         } else {
-            asm!(
-                "tilezero tmm4",
-                "tilezero tmm5",
-                "tilezero tmm7",
-                "tileloadd tmm6, [{b} + {s64}*1]",
-                "tileloadd tmm3, [{a0} + {s32}*1]",
-                "tdpbsud tmm4, tmm3, tmm6",
-                "tileloadd tmm3, [{a1} + {s32}*1]",
-                "tdpbsud tmm5, tmm3, tmm6",
-                "tileloadd tmm3, [{a2} + {s32}*1]",
-                "tdpbsud tmm7, tmm3, tmm6",
-                "tilestored [{c0} + {s64}*1], tmm4",
-                "tilestored [{c1} + {s64}*1], tmm5",
-                "tilestored [{c2} + {s64}*1], tmm7",
-                b = in(reg) bt,
-                a0 = in(reg) at,
-                a1 = in(reg) at.add(A_TILE),
-                a2 = in(reg) at.add(2 * A_TILE),
-                c0 = in(reg) c,
-                c1 = in(reg) c.add(1024),
-                c2 = in(reg) c.add(2048),
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack)
-            );
+            block!("tmm4", "tmm5", "tmm7");
         }
     }
 }
@@ -431,16 +399,7 @@ mod tests {
             ] {
                 let k = nb * QK;
                 let w = random_blocks(&mut next, dtype, n * nb);
-                let x: Vec<f32> = (0..m * k)
-                    .map(|i| {
-                        let v = ((next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
-                        if (i / QK) % 7 == 3 {
-                            0.0
-                        } else {
-                            v * if i % 5 == 0 { 40.0 } else { 1.0 }
-                        }
-                    })
-                    .collect();
+                let x = crate::qtile::tests::activations(&mut next, m * k);
                 let p = Packed::pack(dtype, n, k, &w, 1);
                 let mut want = vec![0f32; m * n];
                 qtile::matmul_scalar(&p, m, &x, &mut want);
@@ -448,13 +407,8 @@ mod tests {
                     let mut got = vec![f32::NAN; m * n];
                     // SAFETY: available; got holds m * n f32.
                     unsafe { matmul(&p, m, &x, got.as_mut_ptr(), threads) };
-                    for (j, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{dtype} n {n} k {k} m {m} at {j}: {g} vs {e}"
-                        );
-                    }
+                    let what = format!("{dtype} n {n} k {k} m {m} threads {threads}");
+                    crate::qtile::tests::same_bits(&got, &want, &what);
                 }
             }
         }

@@ -397,24 +397,7 @@ pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
         });
     }
     let acts: Vec<&[Acts]> = acts.iter().map(|a| a.as_slice()).collect();
-    let work_total: usize = products
-        .iter()
-        .map(|pr| pr.p.n * pr.p.k * pr.m.max(1))
-        .sum();
-    let tiles_total: usize = products.iter().map(|pr| pr.p.n.div_ceil(TILE)).sum();
-    let threads = threads
-        .clamp(1, tiles_total.max(1))
-        .min((work_total >> 17).max(1));
-    // About eight chunks a thread over all the tiles; a chunk never spans two products.
-    let per = tiles_total.div_ceil(threads * 8).max(1);
-    let chunks: Vec<(usize, usize)> = products
-        .iter()
-        .enumerate()
-        .flat_map(|(j, pr)| {
-            let tiles = pr.p.n.div_ceil(TILE);
-            (0..tiles.div_ceil(per)).map(move |c| (j, c * per))
-        })
-        .collect();
+    let (threads, per, chunks) = chunks(products, threads);
     let work = |c: usize| {
         let (j, t0) = chunks[c];
         let (pr, a) = (&products[j], acts[j]);
@@ -436,6 +419,33 @@ pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
     } else {
         crate::pool::run(chunks.len(), threads - 1, &work);
     }
+}
+
+/// How a group of products is split: the threads to use (at least 128 K multiply-adds each), the tiles a chunk
+/// holds (about eight chunks a thread over all the tiles), and each chunk's (product, first tile); a chunk never
+/// spans two products. Shared by [`matmul_group`] and `qamx::matmul_group`.
+pub(crate) fn chunks(
+    products: &[Product<'_>],
+    threads: usize,
+) -> (usize, usize, Vec<(usize, usize)>) {
+    let work_total: usize = products
+        .iter()
+        .map(|pr| pr.p.n * pr.p.k * pr.m.max(1))
+        .sum();
+    let tiles_total: usize = products.iter().map(|pr| pr.p.n.div_ceil(TILE)).sum();
+    let threads = threads
+        .clamp(1, tiles_total.max(1))
+        .min((work_total >> 17).max(1));
+    let per = tiles_total.div_ceil(threads * 8).max(1);
+    let chunks = products
+        .iter()
+        .enumerate()
+        .flat_map(|(j, pr)| {
+            let tiles = pr.p.n.div_ceil(TILE);
+            (0..tiles.div_ceil(per)).map(move |c| (j, c * per))
+        })
+        .collect();
+    (threads, per, chunks)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -647,9 +657,32 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::qdotf::tests::{random_blocks, xorshift};
+
+    /// `got` equals `want` bit for bit (`what` names the case in the failure).
+    pub(crate) fn same_bits(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (j, (g, e)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.to_bits(), e.to_bits(), "{what} at {j}: {g} vs {e}");
+        }
+    }
+
+    /// `len` activations in [-1, 1), every seventh block of 32 zeros and every fifth value 40 times larger
+    /// (outliers that set their block's scale).
+    pub(crate) fn activations(next: &mut impl FnMut() -> u64, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let v = ((next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
+                if (i / QK) % 7 == 3 {
+                    0.0
+                } else {
+                    v * if i % 5 == 0 { 40.0 } else { 1.0 }
+                }
+            })
+            .collect()
+    }
 
     /// Row `r`'s dequantised weights, in f64.
     fn dequant(dtype: DType, w: &[u8], k: usize, r: usize) -> Vec<f64> {
@@ -761,17 +794,7 @@ mod tests {
             for (n, nb, m) in [(16, 1, 1), (37, 3, 2), (48, 18, 5), (5, 2, 4), (64, 48, 9)] {
                 let k = nb * QK;
                 let w = random_blocks(&mut next, dtype, n * nb);
-                let x: Vec<f32> = (0..m * k)
-                    .map(|i| {
-                        let v = ((next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
-                        // Some blocks of zeros and some of large range.
-                        if (i / QK) % 7 == 3 {
-                            0.0
-                        } else {
-                            v * if i % 5 == 0 { 40.0 } else { 1.0 }
-                        }
-                    })
-                    .collect();
+                let x = activations(&mut next, m * k);
                 let p = Packed::pack(dtype, n, k, &w, 2);
                 let mut want = vec![0f32; m * n];
                 matmul_scalar(&p, m, &x, &mut want);
@@ -808,13 +831,7 @@ mod tests {
                         let mut got = vec![f32::NAN; m * n];
                         // SAFETY: available; got holds m * n f32.
                         unsafe { matmul(&p, m, &x, got.as_mut_ptr(), threads) };
-                        for (j, (g, e)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                e.to_bits(),
-                                "{dtype} n {n} k {k} m {m} at {j}: {g} vs {e}"
-                            );
-                        }
+                        same_bits(&got, &want, &format!("{dtype} n {n} k {k} m {m}"));
                     }
                     // One row alone gives the same bits as inside the batch.
                     let mut one = vec![0f32; n];
