@@ -64,6 +64,69 @@ pub const ROLES: &[&str] = &["chat"];
 /// Words (i64) of one span record passed to `epoch`.
 pub const SPAN_WORDS: usize = 8;
 
+/// The buffers `epoch` takes, built span by span: the span records ([`SPAN_WORDS`] little-endian i64 each),
+/// the spans' i32 tokens back to back and their i32 page tables back to back. Serving packs real epochs with it
+/// (`service`), and the compilation ahead of requests synthetic ones (`warm`).
+#[derive(Debug, Default)]
+pub(crate) struct EpochInput {
+    spans: Vec<u8>,
+    tokens: Vec<u8>,
+    pages: Vec<u8>,
+    /// Logits rows asked for so far.
+    rows: i64,
+}
+
+impl EpochInput {
+    /// Appends a span of sequence `seq` at `position`: its `tokens`, `logit_rows` logits rows (0: none) and
+    /// its page table `pages` (covering `position` plus its token count).
+    pub(crate) fn push(
+        &mut self,
+        seq: u64,
+        position: u32,
+        logit_rows: u32,
+        tokens: impl IntoIterator<Item = u32>,
+        pages: impl IntoIterator<Item = u32>,
+    ) {
+        let (token_at, page_at) = (self.tokens.len() / 4, self.pages.len() / 4);
+        for t in tokens {
+            self.tokens.extend_from_slice(&(t as i32).to_le_bytes());
+        }
+        for p in pages {
+            self.pages.extend_from_slice(&(p as i32).to_le_bytes());
+        }
+        let words: [i64; SPAN_WORDS] = [
+            seq as i64,
+            i64::from(position),
+            (self.tokens.len() / 4 - token_at) as i64,
+            token_at as i64,
+            page_at as i64,
+            (self.pages.len() / 4 - page_at) as i64,
+            if logit_rows > 0 { self.rows } else { -1 },
+            i64::from(logit_rows),
+        ];
+        for w in words {
+            self.spans.extend_from_slice(&w.to_le_bytes());
+        }
+        self.rows += i64::from(logit_rows);
+    }
+
+    /// The logits rows the spans ask for.
+    pub(crate) fn rows(&self) -> i64 {
+        self.rows
+    }
+
+    /// `epoch`'s arguments: the model's state, the pool's page count and the three buffers.
+    pub(crate) fn args(self, model: &Model, pool_pages: u32) -> [Value; 5] {
+        [
+            model.state().clone(),
+            Value::I64(i64::from(pool_pages)),
+            Value::buffer(self.spans),
+            Value::buffer(self.tokens),
+            Value::buffer(self.pages),
+        ]
+    }
+}
+
 /// `epoch(state, pool_pages, spans, tokens, pages)`: invocation-scoped declarations.
 pub static EPOCH: Phase = Phase {
     name: "epoch",

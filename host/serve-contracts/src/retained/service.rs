@@ -14,7 +14,7 @@ use super::prefix::PrefixCache;
 use super::sampling::{Sample, Sampler, SamplingParams};
 use super::sessions::{SessionError, SessionInfo, SessionOp};
 use super::text::{StopMatcher, Utf8Stream};
-use super::{EPOCH, Limits, RUN, SPAN_WORDS};
+use super::{EPOCH, EpochInput, Limits, RUN};
 use crate::thread::EngineThread;
 use loom_vm::Value;
 use serve_runtime::contract::{Histogram, KeptState, LATENCY_BUCKETS, Series, Service};
@@ -1556,48 +1556,30 @@ impl Engine {
     /// Packs, runs and collects one epoch: the logits rows (one per span that asked), `vocab` f32 each.
     fn run_epoch(&self, plan: &[PlannedSpan]) -> Result<Vec<f32>> {
         let pt = self.limits.page_tokens;
-        let mut spans = Vec::with_capacity(plan.len() * SPAN_WORDS * 8);
-        let mut tokens = Vec::new();
-        let mut pages = Vec::new();
-        let mut rows = 0i64;
+        let mut input = EpochInput::default();
         for p in plan {
             let s = &self.running[p.seq];
             let table_len = PageTable::pages_for(p.position + p.count, pt) as usize;
-            let words: [i64; SPAN_WORDS] = [
-                s.id as i64,
-                i64::from(p.position),
-                i64::from(p.count),
-                (tokens.len() / 4) as i64,
-                (pages.len() / 4) as i64,
-                table_len as i64,
-                if p.logit_rows() > 0 { rows } else { -1 },
-                i64::from(p.logit_rows()),
-            ];
-            rows += i64::from(p.logit_rows());
-            for w in words {
-                spans.extend_from_slice(&w.to_le_bytes());
-            }
             let known = (p.position + p.count - p.verify) as usize;
             let proposed = &s.proposal[..p.verify as usize];
-            for &t in s.tokens[p.position as usize..known].iter().chain(proposed) {
-                tokens.extend_from_slice(&(t as i32).to_le_bytes());
-            }
-            for &pg in &s.table.pages[..table_len] {
-                pages.extend_from_slice(&(pg as i32).to_le_bytes());
-            }
+            input.push(
+                s.id,
+                p.position,
+                p.logit_rows(),
+                s.tokens[p.position as usize..known]
+                    .iter()
+                    .chain(proposed)
+                    .copied(),
+                s.table.pages[..table_len].iter().copied(),
+            );
         }
+        let rows = input.rows();
         let model = &self.model;
         let t_epoch = std::time::Instant::now();
         let (r, decls) = model.invoke(
             "epoch",
             &EPOCH,
-            &[
-                model.state().clone(),
-                Value::I64(i64::from(self.pool_pages)),
-                Value::buffer(spans),
-                Value::buffer(tokens),
-                Value::buffer(pages),
-            ],
+            &input.args(model, self.pool_pages),
             model.doc.fuel.entry("epoch"),
         );
         let out = r?;

@@ -16,11 +16,12 @@
 //! Sets already cached are skipped; the thread stops after `options.warm_epochs` new sets (default: the
 //! model's `specialization_cache`; the cache keeps the most recently used sets, so shapes requests never meet
 //! are the first evicted), when the model is drained or unregistered, or at the first set that fails to build
-//! (logged). Compiled sets count as specialization misses. The package is asked nothing new: shapes are plain `epoch` calls over zero tokens and
-//! page 0, and a package that rejects one (an `assert`) only loses that shape.
+//! (logged). Compiled sets count as specialization misses. The package is asked nothing new: shapes are plain
+//! `epoch` calls over zero tokens and page 0, and a package that rejects one (an `assert`) only loses that
+//! shape.
 
 use super::pages::PageTable;
-use super::{EPOCH, Limits, SPAN_WORDS};
+use super::{EPOCH, EpochInput, Limits};
 use loom_vm::Value;
 use serve_runtime::model::Model;
 use std::collections::HashSet;
@@ -79,36 +80,20 @@ fn shapes(limits: &Limits, speculate: u32, prefill_chunk: u32) -> impl Iterator<
     decode.chain(verify).chain(chunks).chain(mixed)
 }
 
-/// `epoch`'s arguments for `spans` (as `RetainedService::run_epoch` packs a real epoch).
-fn epoch_args(model: &Model, pool_pages: u32, limits: &Limits, spans: &[Span]) -> Vec<Value> {
-    let mut words = Vec::with_capacity(spans.len() * SPAN_WORDS * 8);
-    let (mut tokens, mut pages, mut rows) = (0i64, 0i64, 0i64);
+/// `epoch`'s arguments for `spans`: zero tokens, every page table of page 0.
+fn epoch_args(model: &Model, pool_pages: u32, limits: &Limits, spans: &[Span]) -> [Value; 5] {
+    let mut input = EpochInput::default();
     for (i, s) in spans.iter().enumerate() {
         let table = PageTable::pages_for(s.position + s.count, limits.page_tokens);
-        let w: [i64; SPAN_WORDS] = [
-            i as i64,
-            i64::from(s.position),
-            i64::from(s.count),
-            tokens,
-            pages,
-            i64::from(table),
-            if s.logits > 0 { rows } else { -1 },
-            i64::from(s.logits),
-        ];
-        for v in w {
-            words.extend_from_slice(&v.to_le_bytes());
-        }
-        tokens += i64::from(s.count);
-        pages += i64::from(table);
-        rows += i64::from(s.logits);
+        input.push(
+            i as u64,
+            s.position,
+            s.logits,
+            std::iter::repeat_n(0, s.count as usize),
+            std::iter::repeat_n(0, table as usize),
+        );
     }
-    vec![
-        model.state().clone(),
-        Value::I64(i64::from(pool_pages)),
-        Value::buffer(words),
-        Value::buffer(vec![0u8; tokens as usize * 4]),
-        Value::buffer(vec![0u8; pages as usize * 4]),
-    ]
+    input.args(model, pool_pages)
 }
 
 /// How many sets to compile ahead: `options.warm_epochs` (0 turns it off), else the whole specialization cache
@@ -150,10 +135,12 @@ pub(super) fn start(
         return stop;
     }
     let (weak, flag, name) = (Arc::downgrade(model), stop.clone(), model.name.clone());
-    let spawned = std::thread::Builder::new()
-        .name(format!("warm-{name}"))
-        .spawn(move || {
+    let thread = format!("warm-{name}");
+    let spawned = std::thread::Builder::new().name(thread).spawn({
+        let name = name.clone();
+        move || {
             run(
+                &name,
                 weak,
                 flag,
                 &metrics,
@@ -163,7 +150,8 @@ pub(super) fn start(
                 prefill_chunk,
                 budget,
             )
-        });
+        }
+    });
     if let Err(e) = spawned {
         log::warn!("model {name}: no thread to compile epoch shapes ahead of requests: {e}");
     }
@@ -172,6 +160,7 @@ pub(super) fn start(
 
 #[allow(clippy::too_many_arguments)]
 fn run(
+    name: &str,
     model: Weak<Model>,
     stop: Arc<AtomicBool>,
     metrics: &super::service::Metrics,
@@ -184,7 +173,6 @@ fn run(
     let t0 = Instant::now();
     let mut seen: HashSet<serve_runtime::natives::Decls> = HashSet::new();
     let (mut built, mut rejected) = (0usize, 0usize);
-    let mut name = String::new();
     for spans in shapes(&limits, speculate, prefill_chunk) {
         // Requests first: wait while any is running or waiting.
         while !stop.load(Ordering::Relaxed)
@@ -197,7 +185,6 @@ fn run(
             break;
         }
         let Some(model) = model.upgrade() else { break };
-        name.clone_from(&model.name);
         let args = epoch_args(&model, pool_pages, &limits, &spans);
         let (r, decls) = model.invoke("epoch", &EPOCH, &args, model.doc.fuel.entry("epoch"));
         if r.is_err() {
@@ -211,9 +198,8 @@ fn run(
             Ok(_) => built += 1,
             Err(e) => {
                 log::warn!(
-                    "model {}: compiling an epoch shape ahead of requests ({} spans, {} tokens) failed, so \
+                    "model {name}: compiling an epoch shape ahead of requests ({} spans, {} tokens) failed, so \
                      no more are: {e}",
-                    model.name,
                     spans.len(),
                     spans.iter().map(|s| s.count).sum::<u32>()
                 );
@@ -221,7 +207,7 @@ fn run(
             }
         }
     }
-    if !name.is_empty() {
+    if built + rejected > 0 {
         log::info!(
             "model {name}: compiled {built} epoch shapes ahead of requests in {:.1?}{}",
             t0.elapsed(),
