@@ -163,6 +163,39 @@ pub(crate) fn sgemm_threads(
 
 #[cfg(test)]
 mod tests {
+    /// The AVX-512 transpose of `small_dot`'s copies, bit for bit, over whole blocks, ragged edges and a row
+    /// stride past the row, without writing past `n * k`.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn transposes_blocks_and_ragged_edges() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        for (n, k, ldb) in [
+            (1, 1, 1),
+            (16, 16, 16),
+            (32, 32, 40),
+            (17, 33, 33),
+            (5, 70, 71),
+            (70, 3, 3),
+        ] {
+            let b: Vec<f32> = (0..n * ldb).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut t = vec![f32::NAN; n * k + 1];
+            // SAFETY: avx512f detected; b holds n rows of ldb >= k, t has n * k (+ 1 sentinel) values.
+            unsafe { super::x86::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr()) };
+            for j in 0..n {
+                for d in 0..k {
+                    assert_eq!(
+                        t[d * n + j].to_bits(),
+                        b[j * ldb + d].to_bits(),
+                        "n {n} k {k}: ({j}, {d})"
+                    );
+                }
+            }
+            assert!(t[n * k].is_nan(), "n {n} k {k}: wrote past the end");
+        }
+    }
+
     /// Every row and column split (1 to 3 threads, ragged last blocks) and both layouts of `b` against a plain
     /// triple loop.
     #[test]
@@ -271,17 +304,15 @@ pub(crate) fn small_dot(
             BT_COPY.with(|cell| {
                 let mut t = cell.take();
                 t.clear();
-                t.resize(n * k, 0.0);
-                for j in 0..n {
-                    // SAFETY: row j of b (n rows of k at stride ldb: the caller's contract).
-                    let row = unsafe { std::slice::from_raw_parts(b.add(j * ldb), k) };
-                    for (d, &x) in row.iter().enumerate() {
-                        t[d * n + j] = x;
-                    }
-                }
-                // SAFETY: the features were detected above; t holds k rows of n; the caller's contract
-                // covers a and out.
-                unsafe { x86::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate) };
+                t.reserve(n * k);
+                // SAFETY: the features were detected above; b holds n rows of k at stride ldb (the caller's
+                // contract) and t has room for n * k values, every one of which `transpose` writes, so the
+                // length may then cover them; the caller's contract covers a and out.
+                unsafe {
+                    x86::transpose(n, k, b, ldb, t.as_mut_ptr());
+                    t.set_len(n * k);
+                    x86::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate)
+                };
                 cell.set(t);
             });
             return true;
@@ -409,6 +440,77 @@ mod x86 {
                 j0 += 16;
             }
         }
+    }
+
+    /// `t[d * n + j] = b[j * ldb + d]` for `j < n`, `d < k`: `b`'s `n` rows of `k` written as `k` rows of `n`,
+    /// in blocks of 16 x 16 transposed in registers (unpacks, then 64- and 128-bit shuffles), the ragged
+    /// edges through masked loads and stores. Every element of `t`'s `n * k` is written.
+    ///
+    /// # Safety
+    /// AVX-512F present; `b` readable for `n` rows of `k` at stride `ldb`, `t` writable for `n * k` values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose(n: usize, k: usize, b: *const f32, ldb: usize, t: *mut f32) {
+        let mut j0 = 0;
+        while j0 < n {
+            let rows = (n - j0).min(16);
+            let mj = tail(rows);
+            let mut d0 = 0;
+            while d0 < k {
+                let cols = (k - d0).min(16);
+                let md = tail(cols);
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, x) in r.iter_mut().enumerate().take(rows) {
+                    // SAFETY: row j0 + i < n of b, columns d0..d0 + cols (masked) < k: inside b.
+                    *x = unsafe { _mm512_maskz_loadu_ps(md, b.add((j0 + i) * ldb + d0)) };
+                }
+                let w = transpose16(&r);
+                for (c, x) in w.iter().enumerate().take(cols) {
+                    // SAFETY: row d0 + c < k of t, columns j0..j0 + rows (masked) < n: inside t.
+                    unsafe { _mm512_mask_storeu_ps(t.add((d0 + c) * n + j0), mj, *x) };
+                }
+                d0 += 16;
+            }
+            j0 += 16;
+        }
+    }
+
+    /// The transpose of a 16 x 16 block: `w[c]` lane `i` is `r[i]` lane `c`. Unpacks pair rows (lanes of
+    /// 128 bits hold columns 4L + c of two rows), 64-bit shuffles make groups of four rows, then two rounds
+    /// of 128-bit lane shuffles gather each column's four groups.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for p in 0..8 {
+            t[2 * p] = _mm512_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+            t[2 * p + 1] = _mm512_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+        }
+        // u[4g + c]: lane L holds column 4L + c of rows 4g..4g + 3.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (lo, hi) = (t[4 * g], t[4 * g + 1]);
+            let (lo2, hi2) = (t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm512_shuffle_ps::<0x44>(lo, lo2);
+            u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(lo, lo2);
+            u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(hi, hi2);
+            u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(hi, hi2);
+        }
+        // v[2c] (v[8 + 2c]): columns c, 8 + c of row groups 0, 1 (2, 3); v[2c + 1] (v[9 + 2c]): 4 + c, 12 + c.
+        let mut v = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            v[2 * c] = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+            v[2 * c + 1] = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+            v[8 + 2 * c] = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+            v[9 + 2 * c] = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+        }
+        let mut w = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            w[c] = _mm512_shuffle_f32x4::<0x88>(v[2 * c], v[8 + 2 * c]);
+            w[8 + c] = _mm512_shuffle_f32x4::<0xDD>(v[2 * c], v[8 + 2 * c]);
+            w[4 + c] = _mm512_shuffle_f32x4::<0x88>(v[2 * c + 1], v[9 + 2 * c]);
+            w[12 + c] = _mm512_shuffle_f32x4::<0xDD>(v[2 * c + 1], v[9 + 2 * c]);
+        }
+        w
     }
 
     /// `out[i, :] (+)= sum_k a[i, k] * b[k, :]` (`b` is `[k, n]`): blocks of up to [`BN_ROWS`] rows by 32
