@@ -14,8 +14,12 @@
 //! numpy's BLAS (1024^3, its own process, THREADS threads, best of 5; `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE`
 //! removed so that it runs as built) and by the `gemm` crate in process, the faster of the two, with each row's
 //! share of it.
-//! loom-serve's numbers include HTTP and JSON, candle's do not. Environment: BENCH_CORPUS, LOOM_SERVE (the
-//! binary), THREADS (2), PYTHON (python3 with numpy; default: .models/minilm on PYTHONPATH).
+//! This host class's speed moves by up to 2x within minutes, so everything is measured in BENCH_ROUNDS rounds
+//! (default 5), each one GEMM rate, one loom-serve pass and one candle pass a few seconds apart; the ratios
+//! (against candle's best, requests of 8 against 1, share of the floor) are taken within a round, and their
+//! median, range and the number of rounds meeting the targets are printed after the per-round table.
+//! loom-serve's numbers include HTTP and JSON, candle's do not. Environment: BENCH_CORPUS, BENCH_ROUNDS,
+//! LOOM_SERVE (the binary), THREADS (2), PYTHON (python3 with numpy; default: .models/minilm on PYTHONPATH).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -295,8 +299,12 @@ fn metric(addr: &str, name: &str) -> f64 {
 /// the microkernels candle and loom-cpu both call.
 fn gemm_crate_rate(threads: usize) -> f64 {
     let n = 1024usize;
-    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+        .collect();
+    let b: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+        .collect();
     let mut c = vec![0f32; n * n];
     let mut best = f64::MAX;
     for _ in 0..6 {
@@ -357,6 +365,26 @@ fn concurrent(addr: &str, work: &[String], clients: usize) -> Result<(f64, Vec<f
     Ok((work.len() as f64 / t0.elapsed().as_secs_f64(), lats))
 }
 
+/// One round's measurements: GEMM rates (GFLOP/s), the floor (sentences/s), loom-serve's sentences/s at
+/// requests of 1, 8, 32 and 16 clients, candle's (padded, length-sorted) at 1, 8, 32.
+struct Round {
+    np_rate: f64,
+    crate_rate: f64,
+    floor: f64,
+    loom: [f64; 4],
+    candle: [(f64, f64); 3],
+}
+
+impl Round {
+    /// Candle's best configuration in this round.
+    fn candle_best(&self) -> f64 {
+        self.candle
+            .iter()
+            .map(|&(p, s)| p.max(s))
+            .fold(0.0, f64::max)
+    }
+}
+
 fn main() -> Result<()> {
     let threads = std::env::var("THREADS").unwrap_or_else(|_| "2".into());
     // SAFETY: single-threaded here, before candle's thread pool or any other thread exists.
@@ -391,25 +419,16 @@ fn main() -> Result<()> {
         .map(|s| candle.tok.encode(s.as_str(), true).map_or(0, |e| e.len()))
         .collect();
     let tokens: usize = lens.iter().sum();
-    // The GEMM rate first, before the server starts (nothing else runs).
-    let (np_rate, blas) = gemm_rate(&threads)?;
-    let crate_rate = gemm_crate_rate(threads.parse().unwrap_or(2));
-    // The floor at the faster of the two measured rates.
-    let rate = np_rate.max(crate_rate);
-    let floor_s = tokens as f64 * FLOPS_PER_TOKEN / (rate * 1e9);
-    let floor_rate = n as f64 / floor_s;
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(5);
+    let gflop = tokens as f64 * FLOPS_PER_TOKEN / 1e9;
     let server = start_server(&bin)?;
     println!(
         "all-MiniLM-L6-v2, corpus `{corpus_name}`: {n} sentences, {tokens} tokens after truncation (mean {:.1}), {threads} threads, {cpu}",
         tokens as f64 / n as f64
-    );
-    println!(
-        "f32 GEMM 1024^3 on {threads} threads, best of 5: {blas} {np_rate:.0} GFLOP/s (own process); the gemm crate 0.19 {crate_rate:.0} GFLOP/s"
-    );
-    println!(
-        "GEMM floor: {:.1} GFLOP of dense layers at {rate:.0} GFLOP/s (the faster) = {:.3} s = {floor_rate:.0} sentences/s",
-        tokens as f64 * FLOPS_PER_TOKEN / 1e9,
-        floor_s
     );
 
     // Warm-up (both): compile loom-serve's cohort extents, fault in candle's weights; agreement check.
@@ -431,67 +450,149 @@ fn main() -> Result<()> {
     }
     println!("candle vs loom-serve: worst cosine {worst:.7}\n");
 
-    // loom-serve first, then candle (whose rayon workers keep spinning a while after each batch), with a
-    // pause between the two so that neither measures the other's threads.
-    let mut loom = vec![];
+    // Rounds, each measuring everything once: the GEMM rates (the floor), loom-serve, then candle (whose
+    // rayon workers keep spinning a while after each batch), with pauses between the sides so that neither
+    // measures the other's threads. This host's speed moves by up to 2x within minutes, so every ratio is
+    // taken within one round (both sides a few seconds apart) and the rounds' ratios are summarised.
     let misses = |addr: &str| metric(addr, "loom_specialization_cache_misses_total");
-    let mut compiled = vec![];
-    for b in [1usize, 8, 32] {
-        let m0 = misses(&server.addr);
-        loom.push(measure(&sentences, b, |c| loom_embed(&server.addr, c))?);
-        compiled.push(misses(&server.addr) - m0);
+    let m_start = misses(&server.addr);
+    let mut blas = String::new();
+    let mut all: Vec<Round> = vec![];
+    let mut loom_lat: [Vec<f64>; 4] = Default::default();
+    let mut candle_lat: [Vec<f64>; 3] = Default::default();
+    for _ in 0..rounds {
+        let (np_rate, desc) = gemm_rate(&threads)?;
+        blas = desc;
+        let crate_rate = gemm_crate_rate(threads.parse().unwrap_or(2));
+        let rate = np_rate.max(crate_rate);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut loom = [0f64; 4];
+        for (i, b) in [1usize, 8, 32].into_iter().enumerate() {
+            let (s, l) = measure(&sentences, b, |c| loom_embed(&server.addr, c))?;
+            loom[i] = s;
+            loom_lat[i].extend(l);
+        }
+        let (s16, l16) = concurrent(&server.addr, &sentences, 16)?;
+        loom[3] = s16;
+        loom_lat[3].extend(l16);
+        std::thread::sleep(Duration::from_millis(500));
+        let mut candle_rates = [(0f64, 0f64); 3];
+        for (i, b) in [1usize, 8, 32].into_iter().enumerate() {
+            let (cs, cl) = measure(&sentences, b, |c| candle.embed(c))?;
+            let (css, _) = if b > 1 {
+                measure(&sorted, b, |c| candle.embed(c))?
+            } else {
+                (cs, vec![])
+            };
+            candle_rates[i] = (cs, css);
+            candle_lat[i].extend(cl);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        all.push(Round {
+            np_rate,
+            crate_rate,
+            floor: n as f64 / (gflop / rate),
+            loom,
+            candle: candle_rates,
+        });
     }
-    let m0 = misses(&server.addr);
-    let (cs16, cl16) = concurrent(&server.addr, &sentences, 16)?;
-    compiled.push(misses(&server.addr) - m0);
+    let compiled = misses(&server.addr) - m_start;
+
     println!(
-        "cohort extents compiled during the measured passes (1, 8, 32, 16 clients): {compiled:?}; cache entries {}",
-        metric(&server.addr, "loom_specialization_cache_entries")
+        "f32 GEMM 1024^3 on {threads} threads, each round: {blas} (own process, best of 5) and the gemm crate 0.19 (in process, best of 6); the floor is {gflop:.1} GFLOP of dense layers at the faster of the two\n"
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let mut candle_best = 0f64;
-    let mut rows = vec![];
-    for (b, (ls, ll)) in [1usize, 8, 32].into_iter().zip(loom) {
-        let (cs, cl) = measure(&sentences, b, |c| candle.embed(c))?;
-        let (css, _) = if b > 1 {
-            measure(&sorted, b, |c| candle.embed(c))?
-        } else {
-            (cs, vec![])
-        };
-        candle_best = candle_best.max(cs).max(css);
-        rows.push((format!("{b}"), ls, ll, Some((cs, css, cl))));
-    }
-    rows.push(("16 clients x 1".into(), cs16, cl16, None));
     println!(
-        "| requests of | loom-serve sent/s | share of GEMM floor | vs candle's best ({candle_best:.1}) | loom p50 ms | loom p90 ms | candle sent/s padded | candle sent/s length-sorted | candle p50 ms |"
+        "| round | numpy GFLOP/s | gemm crate GFLOP/s | floor sent/s | loom 1 | loom 8 | loom 32 | loom 16 clients | candle 1 | candle 8 padded / sorted | candle 32 padded / sorted | candle's best | 32 vs candle's best | 16 clients vs candle's best | 8 / 1 | 32: share of floor |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, ls, ll, c) in &rows {
-        let (cp, csort, cp50) = match c {
-            Some((cs, css, cl)) => (
-                format!("{cs:.1}"),
-                if name == "1" {
-                    "-".to_string()
-                } else {
-                    format!("{css:.1}")
-                },
-                format!("{:.2}", pct(cl, 0.5)),
-            ),
-            None => ("-".into(), "-".into(), "-".into()),
-        };
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, r) in all.iter().enumerate() {
         println!(
-            "| {name} | {ls:.1} | {:.0} % | {:.2}x | {:.2} | {:.2} | {cp} | {csort} | {cp50} |",
-            100.0 * ls / floor_rate,
-            ls / candle_best,
-            pct(ll, 0.5),
-            pct(ll, 0.9),
+            "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} | {:.2}x | {:.2}x | {:.2}x | {:.0} % |",
+            i + 1,
+            r.np_rate,
+            r.crate_rate,
+            r.floor,
+            r.loom[0],
+            r.loom[1],
+            r.loom[2],
+            r.loom[3],
+            r.candle[0].0,
+            r.candle[1].0,
+            r.candle[1].1,
+            r.candle[2].0,
+            r.candle[2].1,
+            r.candle_best(),
+            r.loom[2] / r.candle_best(),
+            r.loom[3] / r.candle_best(),
+            r.loom[1] / r.loom[0],
+            100.0 * r.loom[2] / r.floor,
         );
     }
-    let b1 = rows[0].1;
+    let summary = |name: &str, f: &dyn Fn(&Round) -> f64, target: Option<f64>, unit: &str| {
+        let v: Vec<f64> = all.iter().map(f).collect();
+        let met = target.map_or("-".to_string(), |t| {
+            format!("{} of {}", v.iter().filter(|&&x| x >= t).count(), v.len())
+        });
+        println!(
+            "| {name} | {:.2}{unit} | {:.2}{unit} .. {:.2}{unit} | {} | {met} |",
+            pct(&v, 0.5),
+            pct(&v, 0.0),
+            pct(&v, 1.0),
+            target.map_or("-".to_string(), |t| format!(">= {t}{unit}")),
+        );
+    };
+    println!("\n| ratio within a round | median | range | target | rounds meeting it |");
+    println!("|---|---:|---:|---:|---:|");
+    summary(
+        "requests of 32 / candle's best",
+        &|r| r.loom[2] / r.candle_best(),
+        Some(2.5),
+        "x",
+    );
+    summary(
+        "16 clients x 1 / candle's best",
+        &|r| r.loom[3] / r.candle_best(),
+        Some(2.5),
+        "x",
+    );
+    summary(
+        "requests of 8 / requests of 1",
+        &|r| r.loom[1] / r.loom[0],
+        Some(1.5),
+        "x",
+    );
+    summary(
+        "requests of 32: share of the GEMM floor",
+        &|r| r.loom[2] / r.floor,
+        Some(0.5),
+        "",
+    );
+    summary(
+        "16 clients: share of the GEMM floor",
+        &|r| r.loom[3] / r.floor,
+        Some(0.5),
+        "",
+    );
     println!(
-        "\nbatch 8 / batch 1: {:.2}x; batch 32 / batch 1: {:.2}x",
-        rows[1].1 / b1,
-        rows[2].1 / b1
+        "\nper-request latency over all rounds, ms (p50 / p90): loom-serve 1: {:.2} / {:.2}, 8: {:.2} / {:.2}, 32: {:.2} / {:.2}, 16 clients: {:.2} / {:.2}; candle padded 1: {:.2} / {:.2}, 8: {:.2} / {:.2}, 32: {:.2} / {:.2}",
+        pct(&loom_lat[0], 0.5),
+        pct(&loom_lat[0], 0.9),
+        pct(&loom_lat[1], 0.5),
+        pct(&loom_lat[1], 0.9),
+        pct(&loom_lat[2], 0.5),
+        pct(&loom_lat[2], 0.9),
+        pct(&loom_lat[3], 0.5),
+        pct(&loom_lat[3], 0.9),
+        pct(&candle_lat[0], 0.5),
+        pct(&candle_lat[0], 0.9),
+        pct(&candle_lat[1], 0.5),
+        pct(&candle_lat[1], 0.9),
+        pct(&candle_lat[2], 0.5),
+        pct(&candle_lat[2], 0.9),
+    );
+    println!(
+        "cohort extents compiled during the measured rounds: {compiled}; cache entries {}",
+        metric(&server.addr, "loom_specialization_cache_entries")
     );
     Ok(())
 }
