@@ -27,7 +27,12 @@ loom-serve's rows are plain decoding: the package enables speculative verify (pr
 speculative_tokens`), which this script turns off on a second registration so that both sides do the same work;
 `speculative.py` measures it.
 Both sides use 2 threads (loom-serve: its CPU device, every core of this 2-core machine; llama.cpp: n_threads 2,
-n_threads_batch 2). The peer runs after loom-serve has stopped.
+n_threads_batch 2). This host class's speed moves by up to 2x within minutes, so the sides are measured side by
+side: loom-serve, llama-server and both in-process llama.cpp contexts (without and with flash attention) are all
+loaded first (each idle while another works; loom-serve's compile-ahead is let finish first), then every round
+measures each row on every side, one after the other, and each ratio is taken within its round. Printed: each
+round's ratios, then each row's median over the rounds with its range, and in how many rounds the issue's
+targets are met.
 """
 import http.client
 import json
@@ -78,6 +83,24 @@ class Loom:
             options = dict(json.load(f)["options"], speculative_tokens=0)
         loomserve.register(self.port, "plain", package, options)
 
+    def settle(self):
+        """Waits (at most two minutes) until the models' compile-ahead has finished: the cached stage sets
+        stay the same for 3 s."""
+        last, since = None, time.perf_counter()
+        deadline = since + 120
+        while time.perf_counter() < deadline:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+            c.request("GET", "/metrics")
+            body = c.getresponse().read().decode()
+            c.close()
+            n = sum(float(line.split()[-1]) for line in body.splitlines()
+                    if line.startswith("loom_specialization_cache_entries{"))
+            if n != last:
+                last, since = n, time.perf_counter()
+            elif time.perf_counter() - since >= 3:
+                return
+            time.sleep(0.25)
+
     def stream(self, prompt, max_tokens):
         """Streams a greedy completion of `prompt` (text or token ids); returns the start time, the arrival time
         of each chunk with text, and the completion's token count (its usage)."""
@@ -99,54 +122,89 @@ class Loom:
         self.proc.wait()
 
 
-def llama_server_streams(chat_ids, rounds):
-    """16 concurrent greedy streams of 128 tokens against llama.cpp's llama-server (16 slots, continuous
-    batching), the same prompts as loom-serve's; returns (best aggregate tokens/s, gaps, times to first token) or
-    None without a build."""
-    exe = os.environ.get("LLAMA_SERVER", os.path.join(ROOT, ".models/bench/llama-build/bin/llama-server"))
-    if not os.path.exists(exe):
-        print(f"llama-server: no build at {exe}; the 16-stream peer is skipped")
-        return None
-    port = loomserve.free_port()
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "smollm2-bench-llama-server.log"), "w")
-    proc = subprocess.Popen([exe, "-m", GGUF, "-t", "2", "-tb", "2", "-c", "16384", "-np", "16", "--host",
-                             "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        loomserve.wait_healthy(port)
-        gaps, rates, firsts = [], [], []
-        lock = threading.Lock()
+class LlamaServer:
+    """llama.cpp's llama-server (16 slots, continuous batching) on the same GGUF, or None without a build."""
 
-        def one(i, counts):
-            body = {"prompt": [400 + i] + chat_ids[1:], "n_predict": 128, "temperature": 0, "top_k": 1,
-                    "ignore_eos": True, "stream": True, "cache_prompt": False}
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-            t0 = time.perf_counter()
-            times, n = [], 0
-            for ev in loomserve.sse_events(c, "/completion", body):
-                if ev.get("stop"):
-                    n = ev.get("timings", {}).get("predicted_n", 0) or ev.get("tokens_predicted", 0)
-                    break
-                times.append(time.perf_counter())
-            c.close()
-            with lock:
-                gaps.extend(b - a for a, b in zip(times, times[1:]))
-                counts.append(n)
-                firsts.append(times[0] - t0)
+    @staticmethod
+    def start():
+        exe = os.environ.get("LLAMA_SERVER", os.path.join(ROOT, ".models/bench/llama-build/bin/llama-server"))
+        if not os.path.exists(exe):
+            print(f"llama-server: no build at {exe}; the 16-stream peer is skipped")
+            return None
+        return LlamaServer(exe)
 
-        for r in range(rounds + 1):
-            counts = []
-            threads = [threading.Thread(target=one, args=(16 * r + i, counts)) for i in range(16)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if r > 0:  # the first round warms up
-                rates.append(sum(counts) / (time.perf_counter() - t0))
-        return max(rates), gaps, firsts
-    finally:
-        proc.terminate()
-        proc.wait()
+    def __init__(self, exe):
+        self.port = loomserve.free_port()
+        log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "smollm2-bench-llama-server.log"), "w")
+        self.proc = subprocess.Popen([exe, "-m", GGUF, "-t", "2", "-tb", "2", "-c", "16384", "-np", "16", "--host",
+                                      "127.0.0.1", "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT)
+        loomserve.wait_healthy(self.port)
+
+    def stream(self, prompt, max_tokens):
+        """Streams a greedy completion of `prompt` (token ids) from `/completion`; returns the start time, the
+        arrival time of each token event and the predicted token count."""
+        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "top_k": 1,
+                "ignore_eos": True, "stream": True, "cache_prompt": False}
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        t0 = time.perf_counter()
+        times, n = [], 0
+        for ev in loomserve.sse_events(c, "/completion", body):
+            if ev.get("stop"):
+                n = ev.get("timings", {}).get("predicted_n", 0) or ev.get("tokens_predicted", 0)
+                break
+            times.append(time.perf_counter())
+        c.close()
+        return t0, times, n
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def streams_round(side, prompts):
+    """16 concurrent streams of 128 tokens, one per prompt, on `side` (Loom or LlamaServer); returns the
+    aggregate tokens/s, the inter-token gaps and the times to first token."""
+    gaps, counts, firsts = [], [], []
+    lock = threading.Lock()
+
+    def one(prompt):
+        t0, ts, n = side.stream(prompt, 128)
+        with lock:
+            gaps.extend(b - a for a, b in zip(ts, ts[1:]))
+            counts.append(n)
+            firsts.append(ts[0] - t0)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0), gaps, firsts
+
+
+def llama_cpp_round(llm, chat_ids, long_ids, r):
+    """One round of llama.cpp in process: decode tokens/s (128 greedy tokens after the chat prompt), prefill
+    tokens/s (the 512-token prompt) and the time to first token of the 40-token prompt."""
+    llm.reset()
+    n, t_first, t_last = 0, 0.0, 0.0
+    for _ in llm.generate([2 + r] + chat_ids[1:], top_k=1, temp=0.0, reset=True):
+        now = time.perf_counter()
+        if n == 0:
+            t_first = now
+        t_last = now
+        n += 1
+        if n == 128:
+            break
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval([100 + r] + long_ids)
+    p = (1 + len(long_ids)) / (time.perf_counter() - t0)
+    llm.reset()
+    t0 = time.perf_counter()
+    for _ in llm.generate([200 + r] + chat_ids[1:40], top_k=1, temp=0.0, reset=True):
+        break
+    return (n - 1) / (t_last - t_first), p, time.perf_counter() - t0
 
 
 def pct(xs, q):
@@ -156,7 +214,7 @@ def pct(xs, q):
 
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target", "release", "loom-serve")
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     os.environ.pop("OPENBLAS_CORETYPE", None)
     import llama_cpp  # noqa: E402  (only to tokenize before the server starts; the model loads later)
 
@@ -170,109 +228,105 @@ def main():
     gguf_bytes = os.path.getsize(GGUF)
     print(f"read bandwidth {bw / 1e9:.1f} GB/s; GGUF {gguf_bytes / 1e6:.1f} MB: memory floor "
           f"{bw / gguf_bytes:.0f} tokens/s at batch 1; chat prompt {len(chat_ids)} tokens")
-    res = {}
-
-    # ---- loom-serve ----
+    # ---- every side loaded and warm before the first round ----
     loom = Loom(binary)
     loom.stream(chat_ids, 8)  # warm: the epoch shapes of decode and of a short prefill
     loom.stream([1] + long_ids, 1)
-    dec, pre, ttft, cold, warm = [], [], [], [], []
-    for r in range(rounds):
-        t0, ts, n = loom.stream([2 + r] + chat_ids[1:], 128)
-        assert n == 128, n
-        # Tokens after the first over the time from the first chunk to the last (chunks can carry more than
-        # one token when a character spans tokens; the count is the usage's).
-        dec.append((n - 1) / (ts[-1] - ts[0]))
-        t0, ts, _ = loom.stream([100 + r] + long_ids, 1)
-        pre.append((1 + len(long_ids)) / (ts[0] - t0))
-        t0, ts, _ = loom.stream([200 + r] + chat_ids[1:40], 1)
-        ttft.append(ts[0] - t0)
-        sys_ids = [300 + r] + system_ids[1:]
-        t0, ts, _ = loom.stream(sys_ids + chat_ids[-20:], 1)
-        cold.append(ts[0] - t0)
-        t0, ts, _ = loom.stream(sys_ids + chat_ids[-12:], 1)
-        warm.append(ts[0] - t0)
-    res["loom-serve"] = {"decode": max(dec), "prefill": max(pre), "ttft": pct(ttft, 0.5)}
-    print(f"loom-serve: prefix sharing, time to first token behind a 500-token system prompt: cold "
-          f"{pct(cold, 0.5) * 1000:.0f} ms, warm {pct(warm, 0.5) * 1000:.0f} ms (p50 of {rounds})")
-    # 16 concurrent streams of 128 tokens after different short prompts.
-    gaps, counts, spans, firsts = [], [], [], []
-    lock = threading.Lock()
-
-    def one(i):
-        t0, ts, n = loom.stream([400 + i] + chat_ids[1:], 128)
-        with lock:
-            gaps.extend(b - a for a, b in zip(ts, ts[1:]))
-            counts.append(n)
-            spans.append((t0, ts[-1]))
-            firsts.append(ts[0] - t0)
-
-    for r in range(rounds):
-        # Each round's prompts start with tokens of their own: nothing is served from the prefix cache.
-        threads = [threading.Thread(target=one, args=(16 * r + i,)) for i in range(16)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        res.setdefault("streams", []).append(sum(counts[-16:]) / wall)
-    loom.stop()
-    streams = max(res["streams"])
-    print(f"loom-serve: 16 streams x 128 tokens: {streams:.0f} tokens/s aggregate, inter-token p50 "
-          f"{pct(gaps, 0.5) * 1000:.1f} ms, p99 {pct(gaps, 0.99) * 1000:.1f} ms; time to first token p50 "
-          f"{pct(firsts, 0.5) * 1000:.0f} ms, max {max(firsts) * 1000:.0f} ms")
-
-    # ---- llama.cpp ----
+    loom.settle()
+    llms = {}
     for fa in (False, True):
         llm = llama_cpp.Llama(GGUF, n_threads=2, n_threads_batch=2, n_ctx=2048, n_batch=512, flash_attn=fa,
                               verbose=False)
-        dec, pre, ttft = [], [], []
-        for r in range(rounds + 1):
-            llm.reset()
-            n, t_first, t_last = 0, 0.0, 0.0
-            for _ in llm.generate([2 + r] + chat_ids[1:], top_k=1, temp=0.0, reset=True):
-                now = time.perf_counter()
-                if n == 0:
-                    t_first = now
-                t_last = now
-                n += 1
-                if n == 128:
-                    break
-            llm.reset()
-            t0 = time.perf_counter()
-            llm.eval([100 + r] + long_ids)
-            p = (1 + len(long_ids)) / (time.perf_counter() - t0)
-            llm.reset()
-            t0 = time.perf_counter()
-            for _ in llm.generate([200 + r] + chat_ids[1:40], top_k=1, temp=0.0, reset=True):
-                break
-            t = time.perf_counter() - t0
-            if r > 0:  # the first round warms up
-                dec.append((n - 1) / (t_last - t_first))
-                pre.append(p)
-                ttft.append(t)
-        res[f"llama.cpp{' fa' if fa else ''}"] = {"decode": max(dec), "prefill": max(pre), "ttft": pct(ttft, 0.5)}
-        del llm
+        llama_cpp_round(llm, chat_ids, long_ids, 0)  # warm-up
+        llms["llama.cpp fa" if fa else "llama.cpp"] = llm
+    ls = LlamaServer.start()
+    try:
+        if ls:
+            streams_round(ls, [[400 + i] + chat_ids[1:] for i in range(16)])  # warm-up
+        streams_round(loom, [[400 + i] + chat_ids[1:] for i in range(16)])
+        rows, loom_gaps, loom_firsts, ls_gaps, ls_firsts, cold, warm = [], [], [], [], [], [], []
+        for r in range(rounds):
+            row = {}
+            t0, ts, n = loom.stream([2 + r] + chat_ids[1:], 128)
+            assert n == 128, n
+            # Tokens after the first over the time from the first chunk to the last (chunks can carry more than
+            # one token when a character spans tokens; the count is the usage's).
+            row["loom decode"] = (n - 1) / (ts[-1] - ts[0])
+            t0, ts, _ = loom.stream([100 + r] + long_ids, 1)
+            row["loom prefill"] = (1 + len(long_ids)) / (ts[0] - t0)
+            t0, ts, _ = loom.stream([200 + r] + chat_ids[1:40], 1)
+            row["loom ttft"] = ts[0] - t0
+            sys_ids = [300 + r] + system_ids[1:]
+            t0, ts, _ = loom.stream(sys_ids + chat_ids[-20:], 1)
+            cold.append(ts[0] - t0)
+            t0, ts, _ = loom.stream(sys_ids + chat_ids[-12:], 1)
+            warm.append(ts[0] - t0)
+            for name, llm in llms.items():
+                row[name + " decode"], row[name + " prefill"], row[name + " ttft"] = \
+                    llama_cpp_round(llm, chat_ids, long_ids, r + 1)
+            # Each round's prompts start with tokens of their own: nothing is served from a prefix cache.
+            prompts = [[400 + 16 * (r + 1) + i] + chat_ids[1:] for i in range(16)]
+            row["loom streams"], g, f = streams_round(loom, prompts)
+            loom_gaps += g
+            loom_firsts += f
+            if ls:
+                row["llama-server streams"], g, f = streams_round(ls, prompts)
+                ls_gaps += g
+                ls_firsts += f
+            row["read bandwidth"] = read_bandwidth()
+            rows.append(row)
+    finally:
+        loom.stop()
+        if ls:
+            ls.stop()
 
-    ls = llama_server_streams(chat_ids, rounds)
+    def best_peer(row, what):
+        return max(row[k] for k in row if k.startswith("llama.cpp") and k.endswith(what))
+
+    print(f"\n| round | loom decode | llama.cpp / fa decode | decode ratio | decode share of memory floor | "
+          f"loom prefill | llama.cpp / fa prefill | prefill ratio | loom TTFT 40 ms | llama.cpp / fa TTFT ms | "
+          f"loom 16 streams | llama-server 16 streams | streams ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, row in enumerate(rows):
+        floor = row["read bandwidth"] / gguf_bytes
+        lsr = row.get("llama-server streams")
+        print(f"| {i + 1} | {row['loom decode']:.1f} | {row['llama.cpp decode']:.1f} / {row['llama.cpp fa decode']:.1f}"
+              f" | {row['loom decode'] / best_peer(row, 'decode'):.2f}x | {row['loom decode'] / floor * 100:.0f} % | "
+              f"{row['loom prefill']:.0f} | {row['llama.cpp prefill']:.0f} / {row['llama.cpp fa prefill']:.0f} | "
+              f"{row['loom prefill'] / best_peer(row, 'prefill'):.2f}x | {row['loom ttft'] * 1000:.0f} | "
+              f"{row['llama.cpp ttft'] * 1000:.0f} / {row['llama.cpp fa ttft'] * 1000:.0f} | "
+              f"{row['loom streams']:.0f} | {lsr or 0:.0f} | "
+              f"{(row['loom streams'] / lsr) if lsr else float('nan'):.2f}x |")
+
+    def summary(name, ratios, target):
+        ratios = sorted(ratios)
+        met = sum(1 for x in ratios if x >= target)
+        print(f"| {name} | {np.median(ratios):.2f}x | {ratios[0]:.2f}x .. {ratios[-1]:.2f}x | >= {target}x | "
+              f"{met} of {len(ratios)} |")
+
+    print("\n| ratio within a round | median | range | target | rounds meeting it |")
+    print("|---|---:|---:|---:|---:|")
+    summary("decode, loom-serve / llama.cpp's best", [r["loom decode"] / best_peer(r, "decode") for r in rows], 1.5)
+    summary("prefill 512, loom-serve / llama.cpp's best",
+            [r["loom prefill"] / best_peer(r, "prefill") for r in rows], 1.0)
     if ls:
-        rate, lgaps, lfirsts = ls
-        print(f"llama-server: 16 streams x 128 tokens: {rate:.0f} tokens/s aggregate, inter-token p50 "
-              f"{pct(lgaps, 0.5) * 1000:.1f} ms, p99 {pct(lgaps, 0.99) * 1000:.1f} ms; time to first token p50 "
-              f"{pct(lfirsts, 0.5) * 1000:.0f} ms, max {max(lfirsts) * 1000:.0f} ms; loom-serve / llama-server "
-              f"{streams / rate:.2f}x")
-
-    peer = max((v for k, v in res.items() if k.startswith("llama.cpp")), key=lambda v: v["decode"])
-    print(f"\n{'side':<14} {'decode tok/s':>12} {'prefill tok/s':>13} {'TTFT 40 p50 ms':>15}")
-    for side in ("loom-serve", "llama.cpp", "llama.cpp fa"):
-        v = res[side]
-        print(f"{side:<14} {v['decode']:>12.1f} {v['prefill']:>13.1f} {v['ttft'] * 1000:>15.1f}")
-    lo = res["loom-serve"]
-    print(f"loom-serve / llama.cpp's best: decode {lo['decode'] / peer['decode']:.2f}x, prefill "
-          f"{lo['prefill'] / max(v['prefill'] for k, v in res.items() if k.startswith('llama')):.2f}x; decode at "
-          f"{lo['decode'] / (bw / gguf_bytes) * 100:.0f} % of the memory floor")
-
+        summary("16 streams, loom-serve / llama-server",
+                [r["loom streams"] / r["llama-server streams"] for r in rows], 3.0)
+    print(f"\nloom-serve decode at {np.median([r['loom decode'] / (r['read bandwidth'] / gguf_bytes) for r in rows]) * 100:.0f} %"
+          f" of the memory floor (median; the floor is the GGUF's bytes over the read bandwidth measured each round)")
+    print(f"time to first token, 40-token prompt, p50 over the rounds: loom-serve "
+          f"{pct([r['loom ttft'] for r in rows], 0.5) * 1000:.0f} ms, llama.cpp "
+          f"{pct([r['llama.cpp ttft'] for r in rows], 0.5) * 1000:.0f} ms, with flash attention "
+          f"{pct([r['llama.cpp fa ttft'] for r in rows], 0.5) * 1000:.0f} ms")
+    print(f"loom-serve: prefix sharing, time to first token behind a 500-token system prompt: cold "
+          f"{pct(cold, 0.5) * 1000:.0f} ms, warm {pct(warm, 0.5) * 1000:.0f} ms (p50 of {rounds})")
+    print(f"16 streams, inter-token p50 / p99 and time to first token p50 / max over the rounds: loom-serve "
+          f"{pct(loom_gaps, 0.5) * 1000:.1f} / {pct(loom_gaps, 0.99) * 1000:.1f} ms, "
+          f"{pct(loom_firsts, 0.5) * 1000:.0f} / {max(loom_firsts) * 1000:.0f} ms")
+    if ls:
+        print(f"                                                                            llama-server "
+              f"{pct(ls_gaps, 0.5) * 1000:.1f} / {pct(ls_gaps, 0.99) * 1000:.1f} ms, "
+              f"{pct(ls_firsts, 0.5) * 1000:.0f} / {max(ls_firsts) * 1000:.0f} ms")
 
 if __name__ == "__main__":
     main()
