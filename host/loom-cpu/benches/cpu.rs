@@ -522,21 +522,29 @@ fn decode_attention(rng: &mut Rng) {
         "motifs/attention.loom",
         "smollm2/kernel.loom",
     ]);
+    // The layer index reaches @attend in a one-element buffer, as in the package's epoch stage.
     let bench = "module @bench.attend {
   export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
       (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,
        %pool: buffer<f32, [P, L * 2 * KV * PT, HD]> input, %o: buffer<f32, [T, NH * HD]> output)
   {
+    %li[0] = alloc i32[1]
+    dispatch @smollm2.kernel.layer_first(%li[0])
     static.for %l = 0 to L {
-      dispatch @smollm2.kernel.attend<X = X, S = S, T = T, PT = PT, P = P, L = L, LI = %l, NH = NH, KV = KV,
-                                      HD = HD, BQ = BQ>(%x, %q, %pool, %o)
+      dispatch @smollm2.kernel.attend<X = X, S = S, T = T, PT = PT, P = P, L = L, NH = NH, KV = KV,
+                                      HD = HD, BQ = BQ>(%x, %q, %li[%l], %pool, %o)
+      %li[%l + 1] = alloc i32[1]
+      dispatch @smollm2.kernel.layer_next(%li[%l], %li[%l + 1])
     }
   }
 }";
     cat.add_source("bench.loom", bench).expect("bench module");
-    let (s, t, pt, l, nh, kv, hd) = (16i64, 1i64, 16i64, 30i64, 9i64, 3i64, 64i64);
-    for ctx in [64i64, 160, 320] {
-        let p = (ctx + pt - 1) / pt;
+    let (pt, l, nh, kv, hd) = (16i64, 30i64, 9i64, 3i64, 64i64);
+    // One stream at three context lengths, then 16 streams decoding together (an epoch of 16 spans).
+    for (streams, ctx) in [(1i64, 64i64), (1, 160), (1, 320), (16, 160)] {
+        let (s, t) = (16i64, streams);
+        let per = (ctx + pt - 1) / pt;
+        let p = per * streams;
         let g = p;
         let x_len = 7 * s + 3 * t + g;
         let cfg: Vec<(String, TValue)> = [
@@ -561,9 +569,20 @@ fn decode_attention(rng: &mut Rng) {
         for u in 0..s as usize {
             x[u * 7 + 5] = -1;
         }
-        x[..7].copy_from_slice(&[ctx as i32 - 1, 1, 0, 0, p as i32, 0, 1]);
         let base = 7 * s as usize;
-        x[base + t as usize] = ctx as i32 - 1;
+        // Span u: one token at position ctx - 1 in row u, its pages at u * per in the page list.
+        for u in 0..streams as usize {
+            x[u * 7..u * 7 + 7].copy_from_slice(&[
+                ctx as i32 - 1,
+                1,
+                u as i32,
+                (u as i64 * per) as i32,
+                per as i32,
+                -1,
+                1,
+            ]);
+            x[base + t as usize + u] = ctx as i32 - 1;
+        }
         // Pages in a shuffled order (a pool's pages are not contiguous).
         let mut pages: Vec<i32> = (0..p as i32).collect();
         for i in (1..pages.len()).rev() {
@@ -576,12 +595,12 @@ fn decode_attention(rng: &mut Rng) {
             rand_f32(rng, (p * l * 2 * kv * pt * hd) as usize, -1.0, 1.0),
         ];
         // The reference: one thread copying the bytes the kernel must read.
-        let touched = (l * kv * 2 * ctx * hd * 4) as usize;
+        let touched = (streams * l * kv * 2 * ctx * hd * 4) as usize;
         let copy = 2.0 * touched as f64 / memcpy_gbs(touched) / 1e9;
         for threads in [1usize, 2] {
             let t = run_stage_best(&st, &ins, threads, 30);
             println!(
-                "| attend, one decode token, context {ctx}, 30 layers | {threads} | {:.1} us | {:.2} us a layer | memcpy of its keys and values {:.1} us | {:.1}x | - |",
+                "| attend, {streams} decoding stream(s), context {ctx}, 30 layers | {threads} | {:.1} us | {:.2} us a layer | memcpy of its keys and values {:.1} us | {:.1}x | - |",
                 t * 1e6,
                 t * 1e6 / l as f64,
                 copy * 1e6,
