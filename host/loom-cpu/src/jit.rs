@@ -20,7 +20,8 @@
 //!   step (`range(0, n) * 2 + 1`: the odd elements), so strided accesses take the fast path too. A load of
 //!   f32 rows that only dots read, soon after and with no store between, from a parameter the kernel never
 //!   stores to (`dot_views`: attention's key and value blocks), is not copied where its bounds test passes:
-//!   the dot helper reads the buffer's rows in place, at their stride.
+//!   the dot helper reads the buffer's rows in place, at their stride; the view's rows are prefetched where it
+//!   is made (`rt::loom_prefetch`), so a value block's trip from memory overlaps the scores before it.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -110,6 +111,7 @@ enum H {
     Dequant,
     Fuel,
     Copy,
+    Prefetch,
 }
 
 const I32: Type = types::I32;
@@ -201,6 +203,12 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
             "loom_copy",
             rt::loom_copy as *const u8,
             vec![I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_prefetch",
+            rt::loom_prefetch as *const u8,
+            vec![I64, I64, I64, I64],
             vec![],
         ),
     ]
@@ -2688,7 +2696,14 @@ impl<'k, 'f> Lower<'k, 'f> {
                         let c = l.b.ins().imul_imm_s(v, strides[d]);
                         g = l.b.ins().iadd(g, c);
                     }
-                    (l.buf_addr(ptr, g, 4), strides[row_dim])
+                    let at = l.buf_addr(ptr, g, 4);
+                    // The rows are read later by the dots (attention's values after the scores and their
+                    // softmax): asking for them now overlaps their trip from memory with that work.
+                    let rows = l.iconst(i64::from(t.shape[0]));
+                    let rb = l.iconst(4 * i64::from(cols));
+                    let sb = l.iconst(4 * strides[row_dim]);
+                    l.call(H::Prefetch, &[at, rows, rb, sb]);
+                    (at, strides[row_dim])
                 } else {
                     match fill {
                         Some(_) => l.visit(&ixs, &strides, &extents, 2, &mut leaf)?,

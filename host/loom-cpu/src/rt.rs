@@ -23,6 +23,28 @@ pub(crate) unsafe extern "C" fn loom_copy(dst: *mut u8, src: *const u8, bytes: u
     unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes as usize) };
 }
 
+/// Asks the CPU to bring `rows` rows of `row_bytes` bytes, `stride` bytes apart from `ptr` on, into its
+/// caches (a tile the dots will read in place: the loads that wait for memory then overlap the work before
+/// the dots). Prefetches never fault, so any address is allowed.
+pub(crate) extern "C" fn loom_prefetch(ptr: *const u8, rows: u64, row_bytes: u64, stride: u64) {
+    #[cfg(target_arch = "x86_64")]
+    for r in 0..rows {
+        let row = ptr.wrapping_add((r * stride) as usize);
+        let mut b = 0;
+        while b < row_bytes {
+            // SAFETY: a prefetch reads nothing the program can observe and does not fault on any address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    row.wrapping_add(b as usize) as *const i8,
+                )
+            };
+            b += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ptr, rows, row_bytes, stride);
+}
+
 /// The cold path of a loop back-edge whose step slice is spent (see `jit.rs`'s module doc): the cancel status
 /// (negated) when the dispatch's flag is set, the budget status (negated) when the instance's allowance is used
 /// up, else the next slice's steps minus the one being taken now.
