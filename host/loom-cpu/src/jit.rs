@@ -22,6 +22,9 @@
 //!   stores to (`dot_views`: attention's key and value blocks), is not copied where its bounds test passes:
 //!   the dot helper reads the buffer's rows in place, at their stride; the view's rows are prefetched where it
 //!   is made (`rt::loom_prefetch`), so a value block's trip from memory overlaps the scores before it.
+//! * f16/bf16 buffers: whole rows of at least [`COPY_CALL`] elements move through one converting call
+//!   (`rt::loom_copy_half`, sixteen lanes at a time, the reference's bits); other accesses convert element by
+//!   element. f16/bf16 tiles keep their values in f32 storage, so their cast to f32 shares it.
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -112,6 +115,7 @@ enum H {
     Fuel,
     Copy,
     Prefetch,
+    CopyHalf,
 }
 
 const I32: Type = types::I32;
@@ -209,6 +213,12 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
             "loom_prefetch",
             rt::loom_prefetch as *const u8,
             vec![I64, I64, I64, I64],
+            vec![],
+        ),
+        (
+            "loom_copy_half",
+            rt::loom_copy_half as *const u8,
+            vec![I64, I64, I64, I32, I32],
             vec![],
         ),
     ]
@@ -362,6 +372,7 @@ impl Jit {
                 views,
                 transposed: std::collections::HashSet::new(),
                 zero_tiles: std::collections::HashSet::new(),
+                half_rows: None,
             };
             let r = l.body();
             let loc = l.loc;
@@ -548,6 +559,9 @@ struct Lower<'k, 'f> {
     transposed: std::collections::HashSet<u32>,
     /// f32 tiles made by `full` of +0.0: a dot accumulating onto one need not read it.
     zero_tiles: std::collections::HashSet<u32>,
+    /// While [`Lower::copy_rows`] moves rows of an f16 or bf16 buffer: its dtype (the whole-row moves then
+    /// convert, `rt::loom_copy_half`).
+    half_rows: Option<DType>,
 }
 
 /// For every value of `k`: whether it is used, and only as the `b` operand of `dot`s (a transpose feeding
@@ -1933,6 +1947,17 @@ impl<'k, 'f> Lower<'k, 'f> {
                 let r = self.of_bits(r, to);
                 self.def_scalar(res, r, to)
             }
+            // f16 and bf16 tiles hold their values in f32 storage already (NaNs quiet, as the reference's):
+            // the cast to f32 is the same storage, shared like a reshape's.
+            Opnd::T(t) if is_half(from) && to == DType::F32 => self.def_tile(
+                res,
+                TileV {
+                    dtype: DType::F32,
+                    range: None,
+                    view: None,
+                    ..t
+                },
+            ),
             Opnd::T(t) => {
                 let o = self.alloc(&t.shape, to)?;
                 if Self::cast_is_native(from, to) {
@@ -2098,8 +2123,16 @@ impl<'k, 'f> Lower<'k, 'f> {
             DType::F32 => ins.load(F32, f, a, 0),
             DType::F64 => ins.load(F64, f, a, 0),
             DType::BF16 => {
+                // A signalling NaN arrives quiet, payload kept (`rt::loom_half_to_f32`, the reference).
                 let h = ins.uload16(I32, f, a, 0);
                 let s = self.b.ins().ishl_imm_s(h, 16);
+                let mag = self.b.ins().band_imm_u(s, 0x7fff_ffff);
+                let nan = self
+                    .b
+                    .ins()
+                    .icmp_imm_s(IntCC::UnsignedGreaterThan, mag, 0x7f80_0000);
+                let q = self.b.ins().bor_imm_u(s, 0x0040_0000);
+                let s = self.b.ins().select(nan, q, s);
                 self.b.ins().bitcast(F32, MemFlagsData::new(), s)
             }
             DType::F16 => {
@@ -2264,11 +2297,13 @@ impl<'k, 'f> Lower<'k, 'f> {
     }
 
     /// Whether the fast mode of an access to `param` can copy whole rows: f32 elements (in the buffer and in
-    /// the tile), every index a scalar or a range, and the last one a range over a unit-stride dimension (so
-    /// each row of the tile is contiguous in the buffer and in scratch).
+    /// the tile), or f16/bf16 ones in rows of at least [`COPY_CALL`] (each row then one converting call),
+    /// every index a scalar or a range, and the last one a range over a unit-stride dimension (so each row of
+    /// the tile is contiguous in the buffer and in scratch).
     fn row_copyable(&self, param: u32, ixs: &[Ix], strides: &[i64]) -> bool {
         let p = &self.k.params[param as usize];
-        p.dtype == DType::F32
+        let long_rows = matches!(ixs.last(), Some(Ix::T(t)) if t.shape[0] >= COPY_CALL);
+        (p.dtype == DType::F32 || (is_half(p.dtype) && long_rows))
             && strides.last() == Some(&1)
             && matches!(ixs.last(), Some(Ix::T(t)) if t.unit_range().is_some())
             && ixs
@@ -2342,6 +2377,7 @@ impl<'k, 'f> Lower<'k, 'f> {
     /// The fast mode of a [`row_copyable`](Self::row_copyable) access: row by row, four lanes at a time,
     /// between the buffer at `ptr` and the tile at scratch offset `off` (`load`: into the tile). Bounds were
     /// tested once by [`ranges_inside`](Self::ranges_inside).
+    #[allow(clippy::too_many_arguments)]
     fn copy_rows(
         &mut self,
         ixs: &[Ix],
@@ -2350,9 +2386,31 @@ impl<'k, 'f> Lower<'k, 'f> {
         ptr: Value,
         off: u32,
         load: bool,
+        dtype: DType,
     ) -> R<()> {
         let z = self.iconst(0);
-        self.rows_at(ixs, strides, extents, 0, z, None, z, ptr, off, load, None)
+        self.half_rows = is_half(dtype).then_some(dtype);
+        let r = self.rows_at(ixs, strides, extents, 0, z, None, z, ptr, off, load, None);
+        self.half_rows = None;
+        r
+    }
+
+    /// One whole-row move of `len` elements between the buffer (`ba`) and scratch (`sa`): a copy of f32
+    /// rows, or a converting one of f16/bf16 rows ([`Lower::half_rows`]).
+    fn move_row(&mut self, ba: Value, sa: Value, len: i64, load: bool) {
+        let (dst, src) = if load { (sa, ba) } else { (ba, sa) };
+        match self.half_rows {
+            Some(dt) => {
+                let n = self.iconst(len);
+                let c = self.i32c(dtype_code(dt));
+                let l = self.i32c(u32::from(load));
+                self.call(H::CopyHalf, &[dst, src, n, c, l]);
+            }
+            None => {
+                let n = self.iconst(4 * len);
+                self.call(H::Copy, &[dst, src, n]);
+            }
+        }
     }
 
     /// Element `j` of a range tile: `start + j * step`.
@@ -2452,14 +2510,17 @@ impl<'k, 'f> Lower<'k, 'f> {
                 if len >= COPY_CALL {
                     // A long row: one call that moves it with the CPU's widest moves.
                     let z = self.iconst(0);
-                    let ba = self.buf_addr(ptr, g, 4);
+                    let esize = if self.half_rows.is_some() { 2 } else { 4 };
+                    let ba = self.buf_addr(ptr, g, esize);
                     let sa = at(self, z);
                     let sa = self.b.ins().iadd_imm_s(sa, i64::from(off));
-                    let n = self.iconst(4 * i64::from(len));
-                    let (dst, src) = if load { (sa, ba) } else { (ba, sa) };
-                    self.call(H::Copy, &[dst, src, n]);
+                    self.move_row(ba, sa, i64::from(len), load);
                     return Ok(());
                 }
+                debug_assert!(
+                    self.half_rows.is_none(),
+                    "half rows are long (row_copyable)"
+                );
                 return self.row_lanes(len, &mut copy);
             };
             let fill = fill.filter(|_| load);
@@ -2514,13 +2575,12 @@ impl<'k, 'f> Lower<'k, 'f> {
                             .unwrap_or_else(|| unreachable!("checked above")),
                     );
                     let g = self.b.ins().iadd(g, s1);
-                    let ba = self.buf_addr(ptr, g, 4);
+                    let esize = if self.half_rows.is_some() { 2 } else { 4 };
+                    let ba = self.buf_addr(ptr, g, esize);
                     let r0 = self.b.ins().imul_imm_s(r, i64::from(len) * row * 4);
                     let sa = self.b.ins().iadd(self.base, r0);
                     let sa = self.b.ins().iadd_imm_s(sa, i64::from(off));
-                    let n = self.iconst(4 * i64::from(len) * row);
-                    let (dst, src) = if load { (sa, ba) } else { (ba, sa) };
-                    self.call(H::Copy, &[dst, src, n]);
+                    self.move_row(ba, sa, i64::from(len) * row, load);
                     return Ok(());
                 }
                 self.for_n(len, &mut |l, j| {
@@ -2725,7 +2785,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             // reports the first index out of range, as the reference does.
             let all = self.ranges_inside(&ixs, &extents);
             self.branch(all, &mut |l, fast| match (fast, rows) {
-                (true, Some(off)) => l.copy_rows(&ixs, &strides, &extents, ptr, off, true),
+                (true, Some(off)) => l.copy_rows(&ixs, &strides, &extents, ptr, off, true, p.dtype),
                 (true, None) => l.visit(&ixs, &strides, &extents, 1, &mut leaf),
                 (false, _) => l.checked_visit(param, &ixs, &strides, &extents, &mut leaf),
             })?;
@@ -2757,7 +2817,9 @@ impl<'k, 'f> Lower<'k, 'f> {
             self.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?;
         } else {
             self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
-                Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, &extents, ptr, off, true),
+                Some(off) if mode == 1 => {
+                    l.copy_rows(&ixs, &strides, &extents, ptr, off, true, p.dtype)
+                }
                 _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
             })?;
         }
@@ -2895,7 +2957,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             _ => None,
         };
         self.fast_or_masked(&ixs, &extents, &mut |l, mode| match rows {
-            Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, &extents, ptr, off, false),
+            Some(off) if mode == 1 => l.copy_rows(&ixs, &strides, &extents, ptr, off, false, dtype),
             _ => l.visit(&ixs, &strides, &extents, mode, &mut leaf),
         })
     }

@@ -45,6 +45,128 @@ pub(crate) extern "C" fn loom_prefetch(ptr: *const u8, rows: u64, row_bytes: u64
     let _ = (ptr, rows, row_bytes, stride);
 }
 
+/// `n` elements between an f16 or bf16 buffer (`dtype`, its code) and f32 scratch: with `load`, `src` holds
+/// halves and `dst` gets f32; otherwise `src` holds f32 and `dst` gets halves. Bit for bit what
+/// [`loom_half_to_f32`] and [`loom_f32_to_half`] give element by element (round to nearest even; NaN becomes
+/// the canonical quiet NaN with its sign), sixteen at a time where the CPU has AVX-512 F/BW/VL (F16C conversions, a
+/// rounding add for bf16), the scalar functions for the rest.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `n` elements of their types; they do not overlap.
+pub(crate) unsafe extern "C" fn loom_copy_half(
+    dst: *mut u8,
+    src: *const u8,
+    n: u64,
+    dtype: u32,
+    load: u32,
+) {
+    let n = n as usize;
+    let bf16 = dtype_of(dtype) == DType::BF16;
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the features are present; the extents as the caller promised.
+        i = unsafe { half_x86::convert(dst, src, n, bf16, load != 0) };
+    }
+    for j in i..n {
+        // SAFETY: j < n: inside both regions (the caller's contract); unaligned accesses.
+        unsafe {
+            if load != 0 {
+                let h = (src as *const u16).add(j).read_unaligned();
+                (dst as *mut f32)
+                    .add(j)
+                    .write_unaligned(loom_half_to_f32(dtype, u32::from(h)));
+            } else {
+                let x = (src as *const f32).add(j).read_unaligned();
+                (dst as *mut u16)
+                    .add(j)
+                    .write_unaligned(loom_f32_to_half(dtype, x) as u16);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod half_x86 {
+    use std::arch::x86_64::*;
+
+    /// The whole blocks of 16 of [`super::loom_copy_half`]; returns how many elements it converted.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn convert(
+        dst: *mut u8,
+        src: *const u8,
+        n: usize,
+        bf16: bool,
+        load: bool,
+    ) -> usize {
+        let mut i = 0;
+        let sign = _mm512_set1_epi32(i32::MIN);
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n: inside both regions (the caller's contract); unaligned loads and stores.
+            unsafe {
+                if load {
+                    let h = _mm256_loadu_si256(src.add(2 * i) as *const __m256i);
+                    let v = if bf16 {
+                        // NaN: quiet, payload kept (as `loom_half_to_f32`).
+                        let v =
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+                        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                        let q =
+                            _mm512_or_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x0040_0000));
+                        _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(q))
+                    } else {
+                        // NaN: the canonical quiet NaN with the half's sign, as `f16_to_f32` gives.
+                        let v = _mm512_cvtph_ps(h);
+                        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                        let q = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_castps_si512(v), sign),
+                            _mm512_set1_epi32(0x7fc0_0000),
+                        );
+                        _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(q))
+                    };
+                    _mm512_storeu_ps(dst.add(4 * i) as *mut f32, v);
+                } else {
+                    let v = _mm512_loadu_ps(src.add(4 * i) as *const f32);
+                    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                    let neg = _mm512_test_epi32_mask(_mm512_castps_si512(v), sign);
+                    let h = if bf16 {
+                        // Round to nearest even on the high 16 bits: add 0x7fff plus the kept part's lowest bit.
+                        let b = _mm512_castps_si512(v);
+                        let odd =
+                            _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+                        let r =
+                            _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+                        let r = _mm512_srli_epi32::<16>(r);
+                        // NaN: 0x7fc0 or 0xffc0.
+                        let q = _mm512_mask_blend_epi32(
+                            neg,
+                            _mm512_set1_epi32(0x7fc0),
+                            _mm512_set1_epi32(0xffc0),
+                        );
+                        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q))
+                    } else {
+                        let h =
+                            _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                        // NaN: 0x7e00 with the sign.
+                        let q = _mm256_mask_blend_epi16(
+                            neg,
+                            _mm256_set1_epi16(0x7e00),
+                            _mm256_set1_epi16(0xfe00u16 as i16),
+                        );
+                        _mm256_mask_blend_epi16(nan, h, q)
+                    };
+                    _mm256_storeu_si256(dst.add(2 * i) as *mut __m256i, h);
+                }
+            }
+            i += 16;
+        }
+        i
+    }
+}
+
 /// The cold path of a loop back-edge whose step slice is spent (see `jit.rs`'s module doc): the cancel status
 /// (negated) when the dispatch's flag is set, the budget status (negated) when the instance's allowance is used
 /// up, else the next slice's steps minus the one being taken now.
@@ -368,7 +490,15 @@ pub(crate) extern "C" fn loom_fmod(a: f64, b: f64) -> f64 {
 
 pub(crate) extern "C" fn loom_half_to_f32(dtype: u32, bits: u32) -> f32 {
     match dtype_of(dtype) {
-        DType::BF16 => f32::from_bits(bits << 16),
+        // A signalling NaN arrives quiet (payload kept), as the reference's value does.
+        DType::BF16 => {
+            let x = f32::from_bits(bits << 16);
+            if x.is_nan() {
+                f32::from_bits((bits << 16) | 0x0040_0000)
+            } else {
+                x
+            }
+        }
         _ => f16_to_f32(bits as u16),
     }
 }
@@ -444,8 +574,45 @@ fn class_size(d: DType) -> usize {
 /// # Safety contract
 /// `src`/`dst` cover `n` elements of the storage class of `from`/`to`.
 pub(crate) extern "C" fn loom_cast_tile(from: u32, to: u32, src: *const u8, dst: *mut u8, n: u64) {
+    let to_code = to;
     let (from, to) = (dtype_of(from), dtype_of(to));
     let (fs, ts) = (class_size(from), class_size(to));
+    if from == DType::F32 && matches!(to, DType::F16 | DType::BF16) {
+        // f32 rounded to f16/bf16 (kept in f32 storage): through the halves and back in chunks, sixteen lanes
+        // at a time (`loom_copy_half`); NaN inputs take the reference's cast one by one (their payloads).
+        let (mut xs, mut half) = ([0u32; 64], [0u16; 64]);
+        let mut i = 0usize;
+        while i < n as usize {
+            let k = (n as usize - i).min(64);
+            // SAFETY: i + k <= n: inside both regions (f32 storage, 4 bytes each); the chunk is copied out
+            // before anything is written (src may be dst); `xs` and `half` hold k elements.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add(4 * i), xs.as_mut_ptr() as *mut u8, 4 * k);
+                loom_copy_half(
+                    half.as_mut_ptr() as *mut u8,
+                    xs.as_ptr() as *const u8,
+                    k as u64,
+                    to_code,
+                    0,
+                );
+                loom_copy_half(
+                    dst.add(4 * i),
+                    half.as_ptr() as *const u8,
+                    k as u64,
+                    to_code,
+                    1,
+                );
+                for (j, &x) in xs[..k].iter().enumerate() {
+                    if f32::from_bits(x).is_nan() {
+                        let r = cast_bits(from, to, u64::from(x));
+                        (dst.add(4 * (i + j)) as *mut u32).write_unaligned(r as u32);
+                    }
+                }
+            }
+            i += k;
+        }
+        return;
+    }
     for i in 0..n as usize {
         // SAFETY: i < n and the regions cover n elements of their class size (see the contract above).
         unsafe {
@@ -725,6 +892,77 @@ pub(crate) extern "C" fn loom_dequant(dtype: u32, base: *const u8, g: u64) -> f3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `loom_copy_half` in both directions and both dtypes, bit for bit against the scalar conversions:
+    /// every half bit pattern (NaN payloads, infinities, subnormals) loaded, and f32 values around every
+    /// rounding case stored (ties, overflow to infinity, subnormal results, NaN payloads), at lengths with and
+    /// without a tail.
+    #[test]
+    fn half_rows_convert_as_the_scalar_functions() {
+        for dt in [DType::F16, DType::BF16] {
+            let code = dtype_code(dt);
+            let halves: Vec<u16> = (0..=u16::MAX).collect();
+            let mut f = vec![0f32; halves.len()];
+            // SAFETY: both vectors hold halves.len() elements.
+            unsafe {
+                loom_copy_half(
+                    f.as_mut_ptr() as *mut u8,
+                    halves.as_ptr() as *const u8,
+                    halves.len() as u64,
+                    code,
+                    1,
+                )
+            };
+            for (&h, &x) in halves.iter().zip(&f) {
+                assert_eq!(
+                    x.to_bits(),
+                    loom_half_to_f32(code, u32::from(h)).to_bits(),
+                    "{dt:?} load {h:#06x}"
+                );
+            }
+            let mut xs: Vec<f32> = f.clone();
+            let mut r = 0x2545_f491_4f6c_dd1du64;
+            for _ in 0..100_000 {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                xs.push(f32::from_bits(r as u32));
+            }
+            for b in [
+                0x7f7f_ffffu32,
+                0x477f_f000,
+                0x477f_efff,
+                0x3380_0000,
+                0x3300_0001,
+                0x7f80_0001,
+                0xffc0_1234,
+            ] {
+                xs.push(f32::from_bits(b));
+            }
+            xs.push(1.0);
+            for n in [xs.len(), 37, 15] {
+                let mut h = vec![0u16; n];
+                // SAFETY: xs has at least n values, h n slots.
+                unsafe {
+                    loom_copy_half(
+                        h.as_mut_ptr() as *mut u8,
+                        xs.as_ptr() as *const u8,
+                        n as u64,
+                        code,
+                        0,
+                    )
+                };
+                for (&x, &got) in xs.iter().zip(&h) {
+                    assert_eq!(
+                        got,
+                        loom_f32_to_half(code, x) as u16,
+                        "{dt:?} store {:#010x}",
+                        x.to_bits()
+                    );
+                }
+            }
+        }
+    }
 
     /// `f16_to_f32` against the CPU's F16C conversion for every finite f16.
     #[test]

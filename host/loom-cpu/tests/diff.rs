@@ -740,6 +740,32 @@ fn casts_including_f16_and_bf16() {
     }
 }
 
+#[test]
+fn f16_and_bf16_rows_load_and_store_whole() {
+    // Rows of 16 or more halves move by one converting call per row or block (`rt::loom_copy_half`): every
+    // half bit pattern loaded into f32 (NaN payloads, infinities, subnormals; also one scalar at a time), and
+    // f32 values (specials, ties, overflow) stored back into halves, in 2-D blocks of whole rows and in one
+    // long row, against the reference.
+    let mut rng = Rng::new(71);
+    for dt in [DType::F16, DType::BF16] {
+        let halves: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        let st = tile_fn(dt, &[1024, 64], F32, &[1024, 64], |kb, t| kb.cast(t, F32));
+        diff(&st, std::slice::from_ref(&halves), Tol::Exact);
+        // The same values one scalar at a time (the per-element reads).
+        let st = scalar_fn(dt, 65536, F32, |kb, t| kb.cast(t, F32));
+        diff(&st, std::slice::from_ref(&halves), Tol::Exact);
+        let st = tile_fn(dt, &[65536], dt, &[65536], |kb, t| {
+            let x = kb.cast(t, F32);
+            let y = kb.mul(x, f(1.375));
+            kb.cast(y, dt)
+        });
+        diff(&st, std::slice::from_ref(&halves), Tol::Exact);
+        let x = f32_bytes(&special_f32s(&mut rng, 48 * 17));
+        let st = tile_fn(F32, &[48, 17], dt, &[48, 17], |kb, t| kb.cast(t, dt));
+        diff(&st, std::slice::from_ref(&x), Tol::Exact);
+    }
+}
+
 /// A kernel of `n` programs, each loading one scalar `x[pid]`, applying `body` and storing `y[pid]` (the
 /// scalar lowering path, where `tile_fn` exercises the tile path).
 fn scalar_fn(
