@@ -526,7 +526,7 @@ fn decode_attention(rng: &mut Rng) {
     let bench = "module @bench.attend {
   export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
       (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,
-       %pool: buffer<f32, [P, L * 2 * KV * PT, HD]> input, %o: buffer<f32, [T, NH * HD]> output)
+       %pool: buffer<f16, [P, L * 2 * KV * PT, HD]> input, %o: buffer<f32, [T, NH * HD]> output)
   {
     %li[0] = alloc i32[1]
     dispatch @smollm2.kernel.layer_first(%li[0])
@@ -592,10 +592,17 @@ fn decode_attention(rng: &mut Rng) {
         let ins = vec![
             x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
             rand_f32(rng, (t * nh * hd) as usize, -1.0, 1.0),
-            rand_f32(rng, (p * l * 2 * kv * pt * hd) as usize, -1.0, 1.0),
+            // f16 keys and values of magnitude 2^-5 .. 1 and either sign.
+            (0..p * l * 2 * kv * pt * hd)
+                .flat_map(|_| {
+                    let r = rng.next_u64();
+                    let h = ((r & 1) << 15) | ((10 + (r >> 1) % 5) << 10) | ((r >> 8) & 0x3ff);
+                    (h as u16).to_le_bytes()
+                })
+                .collect::<Vec<u8>>(),
         ];
         // The reference: one thread copying the bytes the kernel must read.
-        let touched = (streams * l * kv * 2 * ctx * hd * 4) as usize;
+        let touched = (streams * l * kv * 2 * ctx * hd * 2) as usize;
         let copy = 2.0 * touched as f64 / memcpy_gbs(touched) / 1e9;
         for threads in [1usize, 2] {
             let t = run_stage_best(&st, &ins, threads, 30);
