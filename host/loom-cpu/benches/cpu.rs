@@ -514,7 +514,7 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
 }
 
 /// The `attend` group (see `main`): the package's own kernel, at three context lengths, against a plain read
-/// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f32).
+/// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f16, as the package pages them).
 fn decode_attention(rng: &mut Rng) {
     use loom_ir::TValue;
     let mut cat = package_catalog(&[
