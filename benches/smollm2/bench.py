@@ -4,8 +4,9 @@
 
     bash scripts/fetch-smollm2.sh && cargo build --release -p loom-serve
     python3 -m venv .models/bench/venv
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .models/bench/venv/bin/pip install llama-cpp-python numpy
-    .models/bench/venv/bin/python benches/smollm2/bench.py [target/release/loom-serve] [rounds]
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON ... (BENCHMARKS.md)" .models/bench/venv/bin/pip install \
+        llama-cpp-python==0.3.36 numpy
+    .models/bench/venv/bin/python benches/smollm2/bench.py [target/release/loom-serve] [rounds (5)]
 
 Rows (each side measured the same way; both greedy, so both do the same work):
 - decode, batch 1: 128 tokens after a 40-token chat prompt, the end token ignored (loom-serve: `ignore_eos`
