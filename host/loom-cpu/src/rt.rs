@@ -47,9 +47,10 @@ pub(crate) extern "C" fn loom_prefetch(ptr: *const u8, rows: u64, row_bytes: u64
 
 /// `n` elements between an f16 or bf16 buffer (`dtype`, its code) and f32 scratch: with `load`, `src` holds
 /// halves and `dst` gets f32; otherwise `src` holds f32 and `dst` gets halves. Bit for bit what
-/// [`loom_half_to_f32`] and [`loom_f32_to_half`] give element by element (round to nearest even; NaN becomes
-/// the canonical quiet NaN with its sign), sixteen at a time where the CPU has AVX-512 F/BW/VL (F16C conversions, a
-/// rounding add for bf16), the scalar functions for the rest.
+/// [`loom_half_to_f32`] and [`loom_f32_to_half`] give element by element (round to nearest even; a stored NaN
+/// and a loaded f16 NaN become the canonical quiet NaN with their sign, a loaded bf16 NaN is quieted with its
+/// payload kept), sixteen at a time where the CPU has AVX-512 F/BW/VL (F16C conversions, a rounding add for
+/// bf16), the scalar functions for the rest.
 ///
 /// # Safety
 /// `src` is readable and `dst` writable for `n` elements of their types; they do not overlap.
