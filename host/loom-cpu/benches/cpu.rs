@@ -171,7 +171,7 @@ fn run_stage_best(
 }
 
 fn main() {
-    // LOOM_BENCH=gemm|qmatvec|decode|rows|cast|pool|small|attend|encattn runs one group only.
+    // LOOM_BENCH=gemm|gemmprobe|qmatvec|decode|rows|cast|pool|small|attend|encattn runs one group only.
     let only = std::env::var("LOOM_BENCH").unwrap_or_default();
     let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
@@ -273,6 +273,11 @@ fn main() {
     // plain two-thread read of the same bytes in one buffer, measured in the same run.
     if on("decode") {
         decode_products(&mut rng);
+    }
+    // The `gemm` crate's own rate at MiniLM's cohort shapes, without a stage around it, against the FMA peak of
+    // as many threads measured right after each shape.
+    if on("gemmprobe") {
+        gemm_probe();
     }
     // MiniLM's packed attention (`packages/minilm/kernel.loom`'s @attention_packed) over a cohort of short
     // sentences.
@@ -451,6 +456,81 @@ fn package_catalog(files: &[&str]) -> loom_compiler::Catalog {
             .unwrap_or_else(|e| panic!("{f}: {e}"));
     }
     cat
+}
+
+/// The `gemmprobe` group (see `main`): the `gemm` crate called directly (no stage, no pool: one thread, then
+/// two scoped threads each on half the rows, as `kernels::sgemm_threads` splits them) at MiniLM's cohort shapes,
+/// best of 30 alternating runs, with the FMA peak of one and of two threads measured right after each shape.
+/// This host's second vCPU is at times not all ours (the two-thread peak itself reads anywhere from one core's
+/// to two cores' worth), so the two-thread row is only meaningful beside its own peak.
+fn gemm_probe() {
+    fn run(m: usize, n: usize, k: usize, c: &mut [f32], a: &[f32], b: &[f32]) {
+        // SAFETY: a is m x k, b is k x n, c is m x n, all row-major and contiguous.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                k as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                1.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    }
+    for (m, n, k) in [
+        (1184usize, 384usize, 384usize),
+        (1184, 1536, 384),
+        (1184, 384, 1536),
+    ] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+            .collect();
+        let mut c = vec![0f32; m * n];
+        let half = m / 2;
+        let (mut t1, mut t2) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..30 {
+            let t = Instant::now();
+            run(m, n, k, &mut c, &a, &b);
+            t1 = t1.min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let (c0, c1) = c.split_at_mut(half * n);
+            let (a0, a1) = a.split_at(half * k);
+            std::thread::scope(|s| {
+                s.spawn(|| run(m - half, n, k, c1, a1, &b));
+                run(half, n, k, c0, a0, &b);
+            });
+            t2 = t2.min(t.elapsed().as_secs_f64());
+        }
+        let (p1, p2) = (
+            fma_peak_windows(1, 4, 400_000),
+            fma_peak_windows(2, 4, 400_000),
+        );
+        let g = (2 * m * n * k) as f64 / 1e9;
+        for (threads, t, p) in [(1, t1, p1), (2, t2, p2)] {
+            println!(
+                "| gemm crate alone {m}x{n}x{k} | {threads} | {:.3} ms | {:.1} GFLOP/s | FMA peak {p:.1} (right after) | {:.0} % | >= 95 % |",
+                t * 1e3,
+                g / t,
+                100.0 * g / t / p
+            );
+        }
+    }
 }
 
 /// The `encattn` group (see `main`): MiniLM's own packed attention (`packages/minilm/kernel.loom`) over a cohort
