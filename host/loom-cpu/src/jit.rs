@@ -24,7 +24,9 @@
 //!   is made (`rt::loom_prefetch`), so a value block's trip from memory overlaps the scores before it.
 //! * f16/bf16 buffers: whole rows of at least [`COPY_CALL`] elements move through one converting call
 //!   (`rt::loom_copy_half`, sixteen lanes at a time, the reference's bits); other accesses convert element by
-//!   element. f16/bf16 tiles keep their values in f32 storage, so their cast to f32 shares it.
+//!   element. f16/bf16 tiles keep their values in f32 storage, so their cast to f32 shares it. A half load
+//!   whose one use is such a cast read only by dots is a view too (of halves, prefetched the same way): the
+//!   dot helper converts its rows into a per-thread f32 copy (a KV cache paged in f16).
 //! * The return value is a status: 0 = done, 1 = checked load out of range (param, dim, index and extent in
 //!   the header), 2 = integer division by zero (op site in the header), 3 = loop step not positive, 4 = the
 //!   instance ran out of its step budget, 5 = the dispatch was cancelled.
@@ -479,11 +481,13 @@ struct TileV {
     view: Option<ViewV>,
 }
 
-/// The rows of a view tile: element (r, c) at `ptr + (r * ld + c) * 4`.
+/// The rows of a view tile: element (r, c) at `ptr + (r * ld + c) * size`, where `half` (an i32 variable) is
+/// 0 for f32 rows (size 4), 1 for f16 and 2 for bf16 (size 2, the dot converts them).
 #[derive(Clone, Copy, Debug)]
 struct ViewV {
     ptr: Variable,
     ld: Variable,
+    half: Variable,
 }
 
 /// The values of a range tile: element j is `start + j * step` (i64, wrapping like the tile's own
@@ -681,25 +685,49 @@ fn dot_views(k: &Kernel, uses: &[u32], b_only: &[bool]) -> Vec<bool> {
     }
     let mut written = Vec::new();
     stored(&k.body, &mut written);
+    let half: Vec<bool> = k.params.iter().map(|p| is_half(p.dtype)).collect();
     let mut views = vec![false; n];
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         r: &KRegion,
         uses: &[u32],
         b_only: &[bool],
         written: &[u32],
+        half: &[bool],
         views: &mut [bool],
         is: &dyn Fn(&KOperand, KValue) -> bool,
     ) {
         for (i, op) in r.ops.iter().enumerate() {
             for r in op_regions(&op.kind) {
-                walk(r, uses, b_only, written, views, is);
+                walk(r, uses, b_only, written, half, views, is);
             }
-            let (KOpKind::Load { param, .. }, [v]) = (&op.kind, &op.results[..]) else {
+            let (KOpKind::Load { param, .. }, [loaded]) = (&op.kind, &op.results[..]) else {
                 continue;
             };
             if written.contains(param) {
                 continue;
             }
+            // f16/bf16 rows: their one use a `conv.f32` (which shares the storage) right here, whose uses are
+            // checked as an f32 load's would be; the view then reads halves (the dot converts them).
+            let v = if half.get(*param as usize) == Some(&true) {
+                let cast = r
+                    .ops
+                    .iter()
+                    .skip(i + 1)
+                    .find_map(|o| match (&o.kind, &o.results[..]) {
+                        (KOpKind::Cast { a, to }, [w]) if is(a, *loaded) && *to == DType::F32 => {
+                            Some(*w)
+                        }
+                        _ => None,
+                    });
+                match cast {
+                    Some(w) if uses[loaded.0 as usize] == 1 => w,
+                    _ => continue,
+                }
+            } else {
+                *loaded
+            };
+            let v = &v;
             // Its uses in this region after it: dots (not as the accumulator), or transposes whose own uses are
             // all dots' b here.
             let (mut found, mut last, mut ok) = (0u32, i, true);
@@ -731,13 +759,13 @@ fn dot_views(k: &Kernel, uses: &[u32], b_only: &[bool]) -> Vec<bool> {
                     _ => {}
                 }
             }
-            views[v.0 as usize] = ok
+            views[loaded.0 as usize] = ok
                 && found > 0
                 && found == uses[v.0 as usize]
                 && !r.ops[i + 1..=last].iter().any(stores);
         }
     }
-    walk(&k.body, uses, b_only, &written, &mut views, &is);
+    walk(&k.body, uses, b_only, &written, &half, &mut views, &is);
     views
 }
 
@@ -1355,18 +1383,30 @@ impl<'k, 'f> Lower<'k, 'f> {
                 }
                 let o = self.alloc(&[m, n], DType::F32)?;
                 // An operand's rows and their stride: a view's (see `load`), or the tile's own.
+                // A view's third part: 0 for f32 rows, 1 / 2 for f16 / bf16 rows the dot converts.
                 let rows = |l: &mut Self, t: &TileV, cols: u32| match t.view {
-                    Some(v) => (l.b.use_var(v.ptr), l.b.use_var(v.ld)),
-                    None => (l.sptr(t.off), l.iconst(i64::from(cols))),
-                };
-                let (ap, lda) = rows(self, &a, k);
-                let (bp, ldb) = rows(self, &b, if bt { k } else { n });
-                let args = [
-                    self.i32c(
-                        u32::from(a.dtype == DType::F64)
-                            | (u32::from(bt) << 1)
-                            | (u32::from(acc_zero) << 2),
+                    Some(v) => (
+                        l.b.use_var(v.ptr),
+                        l.b.use_var(v.ld),
+                        Some(l.b.use_var(v.half)),
                     ),
+                    None => (l.sptr(t.off), l.iconst(i64::from(cols)), None),
+                };
+                let (ap, lda, ah) = rows(self, &a, k);
+                let (bp, ldb, bh) = rows(self, &b, if bt { k } else { n });
+                let mut flags = self.i32c(
+                    u32::from(a.dtype == DType::F64)
+                        | (u32::from(bt) << 1)
+                        | (u32::from(acc_zero) << 2),
+                );
+                for (h, shift) in [(ah, 3), (bh, 5)] {
+                    if let Some(h) = h {
+                        let s = self.b.ins().ishl_imm_s(h, shift);
+                        flags = self.b.ins().bor(flags, s);
+                    }
+                }
+                let args = [
+                    flags,
                     ap,
                     bp,
                     self.sptr(c.off),
@@ -1954,7 +1994,6 @@ impl<'k, 'f> Lower<'k, 'f> {
                 TileV {
                     dtype: DType::F32,
                     range: None,
-                    view: None,
                     ..t
                 },
             ),
@@ -2320,7 +2359,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             .filter(|&d| matches!(ixs[d], Ix::T(_)))
             .collect();
         let unit = |d: usize| matches!(&ixs[d], Ix::T(t) if t.unit_range().is_some());
-        (p.dtype == DType::F32
+        ((p.dtype == DType::F32 || is_half(p.dtype))
             && strides.last() == Some(&1)
             && tiles.len() == 2
             && tiles[1] == ixs.len() - 1
@@ -2741,9 +2780,16 @@ impl<'k, 'f> Lower<'k, 'f> {
         ) {
             let (off, cols) = (t.off, t.shape[1]);
             let (vptr, vld) = (self.b.declare_var(I64), self.b.declare_var(I64));
+            let vhalf = self.b.declare_var(I32);
+            // In the buffer: f32, or halves the dot converts (1 f16, 2 bf16); the scratch copy is f32.
+            let (kind, esize) = match p.dtype {
+                DType::F16 => (1, 2),
+                DType::BF16 => (2, 2),
+                _ => (0, 4),
+            };
             let all = self.ranges_inside(&ixs, &extents);
             self.branch(all, &mut |l, fast| {
-                let (at, ld) = if fast {
+                let (at, ld, hk) = if fast {
                     let mut g = l.iconst(0);
                     for (d, ix) in ixs.iter().enumerate() {
                         let v = match ix {
@@ -2756,27 +2802,33 @@ impl<'k, 'f> Lower<'k, 'f> {
                         let c = l.b.ins().imul_imm_s(v, strides[d]);
                         g = l.b.ins().iadd(g, c);
                     }
-                    let at = l.buf_addr(ptr, g, 4);
+                    let at = l.buf_addr(ptr, g, esize);
                     // The rows are read later by the dots (attention's values after the scores and their
                     // softmax): asking for them now overlaps their trip from memory with that work.
                     let rows = l.iconst(i64::from(t.shape[0]));
-                    let rb = l.iconst(4 * i64::from(cols));
-                    let sb = l.iconst(4 * strides[row_dim]);
+                    let rb = l.iconst(esize * i64::from(cols));
+                    let sb = l.iconst(esize * strides[row_dim]);
                     l.call(H::Prefetch, &[at, rows, rb, sb]);
-                    (at, strides[row_dim])
+                    (at, strides[row_dim], kind)
                 } else {
                     match fill {
                         Some(_) => l.visit(&ixs, &strides, &extents, 2, &mut leaf)?,
                         None => l.checked_visit(param, &ixs, &strides, &extents, &mut leaf)?,
                     }
-                    (l.sptr(off), i64::from(cols))
+                    (l.sptr(off), i64::from(cols), 0)
                 };
                 l.b.def_var(vptr, at);
                 let ld = l.iconst(ld);
                 l.b.def_var(vld, ld);
+                let hk = l.b.ins().iconst(I32, hk);
+                l.b.def_var(vhalf, hk);
                 Ok(())
             })?;
-            let view = Some(ViewV { ptr: vptr, ld: vld });
+            let view = Some(ViewV {
+                ptr: vptr,
+                ld: vld,
+                half: vhalf,
+            });
             return self.def_tile(res, TileV { view, ..t.clone() });
         }
         if fill.is_none() && self.all_ranged(&ixs) {
@@ -3276,5 +3328,59 @@ mod tests {
             })
             .remove(0)
         }));
+    }
+
+    /// An f16 (or bf16) load whose one use is a `conv.f32` read only by dots is a view (of halves); a load
+    /// with other uses, or whose cast has other uses, is not.
+    #[test]
+    fn half_loads_cast_for_dots_only_are_views() {
+        let view = |dt: DType, bt: bool, extra_load_use: bool, extra_cast_use: bool| {
+            let mut kb = KB::new("h", [1, 1, 1]);
+            let a = kb.param("a", DType::F32, &[4, 8], Access::Read);
+            let w = kb.param("w", dt, &[8, 8], Access::Read);
+            let y = kb.param("y", DType::F32, &[4, 8], Access::Write);
+            let (r4, r8) = (kb.range(i(0), 4), kb.range(i(0), 8));
+            let at = kb.load(a, vec![r4.clone(), r8.clone()], None);
+            let wt = kb.load(w, vec![r8.clone(), r8.clone()], None);
+            let wf = kb.cast(wt.clone(), DType::F32);
+            let b = if bt {
+                kb.transpose(wf.clone())
+            } else {
+                wf.clone()
+            };
+            let z = kb.full(f(0.0), &[4, 8], DType::F32);
+            let mut out = kb.dot(at, b, z);
+            if extra_load_use {
+                let c = kb.cast(wt, DType::F32);
+                let c = kb.reduce(ReduceOp::Sum, c, 0);
+                let c = kb.expand_dims(c, 0);
+                let c = kb.broadcast(c, &[4, 8]);
+                out = kb.add(out, c);
+            }
+            if extra_cast_use {
+                let c = kb.reduce(ReduceOp::Sum, wf, 0);
+                let c = kb.expand_dims(c, 0);
+                let c = kb.broadcast(c, &[4, 8]);
+                out = kb.add(out, c);
+            }
+            kb.store(y, vec![r4, r8], out);
+            let k = kb.finish();
+            let load = k
+                .body
+                .ops
+                .iter()
+                .filter(|o| matches!(o.kind, loom_ir::kernel::KOpKind::Load { .. }))
+                .map(|o| o.results[0].0 as usize)
+                .nth(1)
+                .expect("two loads");
+            let uses = use_counts(&k);
+            dot_views(&k, &uses, &dot_b_only(&k, &uses))[load]
+        };
+        for dt in [DType::F16, DType::BF16] {
+            assert!(view(dt, false, false, false));
+            assert!(view(dt, true, false, false));
+            assert!(!view(dt, false, true, false));
+            assert!(!view(dt, false, false, true));
+        }
     }
 }

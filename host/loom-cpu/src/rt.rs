@@ -780,12 +780,18 @@ pub(crate) extern "C" fn loom_reduce(
     }
 }
 
+thread_local! {
+    /// Each thread's f32 copies of a dot's f16/bf16 view operands (`a`, `b`), kept between calls.
+    static HALF_ROWS: std::cell::Cell<[Vec<f32>; 2]> = const { std::cell::Cell::new([Vec::new(), Vec::new()]) };
+}
+
 /// `out = acc + a @ b` on scratch tiles: `a` `[m, k]`, `b` `[k, n]` in f32 storage (f32/f16/bf16 values) or
 /// f64 storage (`wide` bit 0), `acc`/`out` `[m, n]` f32. `wide` bit 1: `b` is held transposed, as `[n, k]`
 /// (f32 only); bit 2: `acc` is all +0.0, so `out` is the product alone (f32 only). `lda`/`ldb`: the
 /// elements between rows of `a` and of `b` as held (f32 only; a view's rows lie in a buffer, in place; f64
-/// operands are always contiguous). The f32 case runs [`crate::kernels::small_dot`] for a few rows, the
-/// `gemm` crate's microkernels otherwise.
+/// operands are always contiguous). Bits 3-4 and 5-6: `a` and `b` are views of f16 (1) or bf16 (2) rows,
+/// converted to f32 first. The f32 case runs [`crate::kernels::small_dot`] for a few rows, the `gemm` crate's
+/// microkernels otherwise.
 pub(crate) extern "C" fn loom_dot(
     wide: u32,
     a: *const u8,
@@ -798,13 +804,65 @@ pub(crate) extern "C" fn loom_dot(
     lda: u64,
     ldb: u64,
 ) {
-    let (m, k, n, lda, ldb) = (
+    let (m, k, n, mut lda, mut ldb) = (
         m as usize,
         k as usize,
         n as usize,
         lda as usize,
         ldb as usize,
     );
+    // Bits 3-4 / 5-6: `a` / `b` is a view of f16 (1) or bf16 (2) rows in the buffer (`jit.rs`): converted into
+    // this thread's f32 copies first (rows of the operand's stored width, contiguous), so the rest reads f32.
+    let (a_kind, b_kind) = ((wide >> 3) & 3, (wide >> 5) & 3);
+    let mut a = a;
+    let mut b = b;
+    if a_kind | b_kind != 0 {
+        let bt = wide & 2 != 0;
+        // An operand's stored shape: a is [m, k]; b is [k, n], or [n, k] when held transposed.
+        let (b_rows, b_cols) = if bt { (n, k) } else { (k, n) };
+        HALF_ROWS.with(|cell| {
+            let mut bufs = cell.take();
+            for (kind, ptr, ld, rows, cols, slot) in [
+                (a_kind, &mut a, &mut lda, m, k, 0usize),
+                (b_kind, &mut b, &mut ldb, b_rows, b_cols, 1),
+            ] {
+                if kind == 0 {
+                    continue;
+                }
+                let code = dtype_code(if kind == 1 { DType::F16 } else { DType::BF16 });
+                let buf = &mut bufs[slot];
+                buf.clear();
+                buf.reserve(rows * cols);
+                // Contiguous rows (a page's block) in one call, strided ones row by row.
+                let (calls, per) = if *ld == cols {
+                    (1, rows * cols)
+                } else {
+                    (rows, cols)
+                };
+                for r in 0..calls {
+                    // SAFETY: the view's row r holds `cols` halves at `*ptr + r * ld * 2` (the caller's
+                    // bounds test; with one call the rows are back to back), and `buf` has room for
+                    // rows * cols f32, every one of which these calls write.
+                    unsafe {
+                        loom_copy_half(
+                            buf.as_mut_ptr().add(r * cols) as *mut u8,
+                            ptr.add(r * *ld * 2),
+                            per as u64,
+                            code,
+                            1,
+                        )
+                    };
+                }
+                // SAFETY: the calls above wrote all rows * cols values.
+                unsafe { buf.set_len(rows * cols) };
+                *ptr = buf.as_ptr() as *const u8;
+                *ld = cols;
+            }
+            // The pointers above stay valid: the buffers go back into the cell untouched (moved, not freed)
+            // and are only reused by this thread's next dot.
+            cell.set(bufs);
+        });
+    }
     // Bit 2: `acc` is a tile of +0.0 (f32): the product is written, not accumulated.
     let zero = wide & 4 != 0 && wide & 1 == 0;
     if !zero && !std::ptr::eq(acc, out) {

@@ -475,12 +475,31 @@ fn blocks_dot(
     bt: bool,
     fill: bool,
 ) -> loom_ir::kernel::Kernel {
+    blocks_dot_of(F32, m, n, k, blocks, w_rows, w_cols, c0, bt, fill)
+}
+
+/// [`blocks_dot`] with `a` and `w` of `dt`, each loaded tile cast to f32 (`conv.f32`) before the dots: for
+/// f16/bf16 the dots read the halves in place where the block is inside `w`.
+#[allow(clippy::too_many_arguments)]
+fn blocks_dot_of(
+    dt: DType,
+    m: u32,
+    n: u32,
+    k: u32,
+    blocks: i64,
+    w_rows: u64,
+    w_cols: u64,
+    c0: i64,
+    bt: bool,
+    fill: bool,
+) -> loom_ir::kernel::Kernel {
     let mut kb = KB::new("blocks_dot", [1, 1, 1]);
-    let a = kb.param("a", F32, &[m as u64, k as u64], READ);
-    let w = kb.param("w", F32, &[w_rows, w_cols], READ);
+    let a = kb.param("a", dt, &[m as u64, k as u64], READ);
+    let w = kb.param("w", dt, &[w_rows, w_cols], READ);
     let y = kb.param("y", F32, &[m as u64, n as u64], WRITE);
     let (rm, rk) = (kb.range(i(0), m), kb.range(i(0), k));
     let at = kb.load(a, vec![rm.clone(), rk], None);
+    let at = if dt == F32 { at } else { kb.cast(at, F32) };
     let z = kb.full(f(0.0), &[m, n], F32);
     let acc = kb
         .for_(i(0), i(blocks), i(1), vec![z], |kb, g, it| {
@@ -488,7 +507,8 @@ fn blocks_dot(
             let r0 = kb.mul(g, i(i64::from(rows)));
             let rr = kb.range(r0, rows);
             let rc = kb.range(i(c0), cols);
-            let wt = kb.load(w, vec![rr, rc], fill.then(|| f(0.25)));
+            let wt = kb.load(w, vec![rr, rc], fill.then(|| imm_f(0.25, dt)));
+            let wt = if dt == F32 { wt } else { kb.cast(wt, F32) };
             let b = if bt { kb.transpose(wt) } else { wt };
             vec![kb.dot(at.clone(), b, it[0].clone())]
         })
@@ -521,6 +541,46 @@ fn blocks_read_only_by_dots_match_the_reference_inside_and_outside_the_buffer() 
             diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
             let st = one_kernel_stage(blocks_dot(m, n, k, 4, wr, wc, 3, bt, false));
             fails_like_the_reference(&st, &[&a, &w]);
+        }
+    }
+}
+
+#[test]
+fn half_blocks_read_only_by_dots_match_the_reference_inside_and_outside_the_buffer() {
+    // f16/bf16 blocks cast to f32 and read only by dots (a KV cache in halves): in place where inside the
+    // buffer (the dot converts the rows), copied into scratch otherwise, the same numbers either way.
+    let mut rng = Rng::new(47);
+    let halves = |rng: &mut Rng, n: u64, dt: DType| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                let r = rng.next_u64();
+                // Values in [0.5, 2): exponent 2^-1 or 2^0, a random mantissa.
+                let h = if dt == DType::F16 {
+                    ((14 + (r & 1)) << 10) | ((r >> 1) & 0x3ff)
+                } else {
+                    ((126 + (r & 1)) << 7) | ((r >> 1) & 0x7f)
+                };
+                (h as u16).to_le_bytes()
+            })
+            .collect()
+    };
+    for dt in [DType::F16, DType::BF16] {
+        for bt in [false, true] {
+            for (m, n, k) in [(3u32, 16u32, 64u32), (3, 64, 16), (40, 24, 16)] {
+                let per = u64::from(if bt { n } else { k });
+                let cols = u64::from(if bt { k } else { n });
+                let (wr, wc) = (4 * per, cols + 5);
+                let w = halves(&mut rng, wr * wc, dt);
+                let a = halves(&mut rng, u64::from(m * k), dt);
+                for fill in [false, true] {
+                    let st = one_kernel_stage(blocks_dot_of(dt, m, n, k, 4, wr, wc, 3, bt, fill));
+                    diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
+                }
+                let wr = 4 * per - per / 2;
+                let w = halves(&mut rng, wr * wc, dt);
+                let st = one_kernel_stage(blocks_dot_of(dt, m, n, k, 4, wr, wc, 3, bt, true));
+                diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
+            }
         }
     }
 }
