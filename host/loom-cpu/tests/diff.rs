@@ -463,25 +463,10 @@ fn dots_of_a_few_rows_at_ragged_shapes() {
 /// Attention's shape: `y = sum over g of a @ w[g * kb .. + kb, c0 .. + n]` (or, with `bt`, of `a @
 /// transpose(w[g * n .. + n, c0 .. + k])`), each block loaded in the loop and read only by the loop's dot:
 /// loads the backend may hand to the dot in place (a view) where they are inside `w`.
+/// `a` and `w` are of `dt`: f16/bf16 tiles are cast to f32 (`conv.f32`) before the dots, which then read the
+/// halves in place where the block is inside `w`.
 #[allow(clippy::too_many_arguments)]
 fn blocks_dot(
-    m: u32,
-    n: u32,
-    k: u32,
-    blocks: i64,
-    w_rows: u64,
-    w_cols: u64,
-    c0: i64,
-    bt: bool,
-    fill: bool,
-) -> loom_ir::kernel::Kernel {
-    blocks_dot_of(F32, m, n, k, blocks, w_rows, w_cols, c0, bt, fill)
-}
-
-/// [`blocks_dot`] with `a` and `w` of `dt`, each loaded tile cast to f32 (`conv.f32`) before the dots: for
-/// f16/bf16 the dots read the halves in place where the block is inside `w`.
-#[allow(clippy::too_many_arguments)]
-fn blocks_dot_of(
     dt: DType,
     m: u32,
     n: u32,
@@ -530,16 +515,16 @@ fn blocks_read_only_by_dots_match_the_reference_inside_and_outside_the_buffer() 
             let w = rand_f32(&mut rng, (wr * wc) as usize, 0.5, 1.5);
             let a = rand_f32(&mut rng, (m * k) as usize, 0.5, 1.5);
             for fill in [false, true] {
-                let st = one_kernel_stage(blocks_dot(m, n, k, 4, wr, wc, 3, bt, fill));
+                let st = one_kernel_stage(blocks_dot(F32, m, n, k, 4, wr, wc, 3, bt, fill));
                 diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
             }
             // The last block half past the end of w: with a fill the rows outside read 0.25 (masked copy),
             // without one the error names the first index outside, like the reference's.
             let wr = 4 * per - per / 2;
             let w = rand_f32(&mut rng, (wr * wc) as usize, 0.5, 1.5);
-            let st = one_kernel_stage(blocks_dot(m, n, k, 4, wr, wc, 3, bt, true));
+            let st = one_kernel_stage(blocks_dot(F32, m, n, k, 4, wr, wc, 3, bt, true));
             diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
-            let st = one_kernel_stage(blocks_dot(m, n, k, 4, wr, wc, 3, bt, false));
+            let st = one_kernel_stage(blocks_dot(F32, m, n, k, 4, wr, wc, 3, bt, false));
             fails_like_the_reference(&st, &[&a, &w]);
         }
     }
@@ -573,12 +558,12 @@ fn half_blocks_read_only_by_dots_match_the_reference_inside_and_outside_the_buff
                 let w = halves(&mut rng, wr * wc, dt);
                 let a = halves(&mut rng, u64::from(m * k), dt);
                 for fill in [false, true] {
-                    let st = one_kernel_stage(blocks_dot_of(dt, m, n, k, 4, wr, wc, 3, bt, fill));
+                    let st = one_kernel_stage(blocks_dot(dt, m, n, k, 4, wr, wc, 3, bt, fill));
                     diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
                 }
                 let wr = 4 * per - per / 2;
                 let w = halves(&mut rng, wr * wc, dt);
-                let st = one_kernel_stage(blocks_dot_of(dt, m, n, k, 4, wr, wc, 3, bt, true));
+                let st = one_kernel_stage(blocks_dot(dt, m, n, k, 4, wr, wc, 3, bt, true));
                 diff(&st, &[a.clone(), w.clone()], Tol::Rel(1e-5, 1e-6));
             }
         }
