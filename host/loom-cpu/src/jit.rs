@@ -657,7 +657,8 @@ fn use_counts(k: &Kernel) -> Vec<u32> {
     uses
 }
 
-/// For every value of `k`: whether it is a `load` of f32 rows that only dots read, in the same region soon
+/// For every value of `k`: whether it is a `load` of f32 rows (or of f16/bf16 rows whose one use is a
+/// `conv.f32`, which shares their storage) that only dots read, in the same region soon
 /// after, as their `a` or `b` operand (directly, or through a transpose that only dots read), with no store
 /// in between, from a parameter the kernel never stores to (a store, by this instance or a concurrent one,
 /// could change the rows the dots would read in place). Such a load may hand the dots
