@@ -72,24 +72,16 @@ fn fma_peak_windows(threads: usize, windows: usize, iters: u64) -> f64 {
     })
 }
 
-/// Best time of one run of `st` on `threads` threads and the best FMA peak of as many threads, the two
-/// measured alternately (`reps` of each, a ~2 ms peak window after every run): this host's speed moves by up
-/// to 2x within minutes, so a peak measured once at the start of the bench says little about a row measured
-/// a minute later.
-fn run_stage_paired(
-    st: &loom_ir::kernel::Stage,
-    ins: &[Vec<u8>],
-    threads: usize,
-    reps: usize,
-) -> (f64, f64) {
-    let cs = loom_cpu::compile_stage(st).expect("compile");
-    let ins: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
-    let mut out = loom_reference::alloc_outputs(st).unwrap();
-    cs.run(&ins, &[], &mut out, threads).expect("run");
+/// Best time of one `run` (a [`prepared`] stage) on `threads` threads and the best FMA peak of as many
+/// threads, the two measured alternately (`reps` of each, a ~2 ms peak window after every run): this host's
+/// speed moves by up to 2x within minutes, so a peak measured once at the start of the bench says little about
+/// a row measured a minute later.
+fn run_stage_paired(run: &mut dyn FnMut(usize), threads: usize, reps: usize) -> (f64, f64) {
+    run(threads);
     let (mut t, mut peak) = (f64::INFINITY, 0f64);
     for _ in 0..reps {
         let t0 = Instant::now();
-        cs.run(&ins, &[], &mut out, threads).expect("run");
+        run(threads);
         t = t.min(t0.elapsed().as_secs_f64());
         peak = peak.max(fma_peak_windows(threads, 2, 400_000));
     }
@@ -136,16 +128,12 @@ fn numpy_gflops(m: u64, n: u64, k: u64, threads: usize) -> Option<(f64, String)>
     Some((g, lines.next().unwrap_or("").to_string()))
 }
 
-/// Our two-thread time for `st` and numpy's rate for the same product, measured alternately: three numpy
-/// processes, each followed by four runs of ours; the best of each side.
+/// Our two-thread time for `run` (a [`prepared`] stage) and numpy's rate for the same product, measured
+/// alternately: three numpy processes, each followed by four runs of ours; the best of each side.
 fn against_numpy(
-    st: &loom_ir::kernel::Stage,
-    ins: &[Vec<u8>],
+    run: &mut dyn FnMut(usize),
     (m, n, k): (u64, u64, u64),
 ) -> Option<(f64, f64, String)> {
-    let cs = loom_cpu::compile_stage(st).expect("compile");
-    let ins: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
-    let mut out = loom_reference::alloc_outputs(st).unwrap();
     let mut ours = f64::INFINITY;
     let mut np: Option<(f64, String)> = None;
     for _ in 0..3 {
@@ -153,7 +141,7 @@ fn against_numpy(
         if np.as_ref().is_none_or(|(b, _)| g > *b) {
             np = Some((g, what));
         }
-        ours = ours.min(best(4, || cs.run(&ins, &[], &mut out, 2).expect("run")));
+        ours = ours.min(best(4, || run(2)));
     }
     np.map(|(g, what)| (ours, g, what))
 }
@@ -164,10 +152,18 @@ fn run_stage_best(
     threads: usize,
     reps: usize,
 ) -> f64 {
+    let mut run = prepared(st, ins);
+    best(reps, || run(threads))
+}
+
+/// `st` compiled once, with its inputs and outputs: runs it on the given number of threads.
+fn prepared<'a>(st: &loom_ir::kernel::Stage, ins: &'a [Vec<u8>]) -> impl FnMut(usize) + 'a {
     let cs = loom_cpu::compile_stage(st).expect("compile");
     let ins: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
     let mut out = loom_reference::alloc_outputs(st).unwrap();
-    best(reps, || cs.run(&ins, &[], &mut out, threads).expect("run"))
+    move |threads| {
+        cs.run(&ins, &[], &mut out, threads).expect("run");
+    }
 }
 
 fn main() {
@@ -200,8 +196,9 @@ fn main() {
             rand_f32(&mut rng, (m * k) as usize, -1.0, 1.0),
             rand_f32(&mut rng, (k * n) as usize, -1.0, 1.0),
         ];
+        let mut run = prepared(&st, &ins);
         for threads in [1usize, 2] {
-            let (t, p) = run_stage_paired(&st, &ins, threads, 12);
+            let (t, p) = run_stage_paired(&mut run, threads, 12);
             let g = (2 * m * n * k) as f64 / t / 1e9;
             println!(
                 "| f32 GEMM stage {m}x{n}x{k} | {threads} | {:.3} ms | {g:.1} GFLOP/s | FMA peak {p:.1} (alternating) | {:.0} % | >= 85 % |",
@@ -209,7 +206,7 @@ fn main() {
                 100.0 * g / p
             );
             if threads == 2 {
-                match against_numpy(&st, &ins, (m, n, k)) {
+                match against_numpy(&mut run, (m, n, k)) {
                     Some((t, npg, what)) => println!(
                         "| f32 GEMM stage {m}x{n}x{k} | 2 | {:.3} ms | {:.1} GFLOP/s | {what}, 2 threads, alternating: {npg:.1} GFLOP/s | {:.2}x | >= 1.0x |",
                         t * 1e3,
