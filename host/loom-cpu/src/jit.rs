@@ -476,6 +476,10 @@ struct TileV {
     /// For tiles made by `tile.range`, or from one by adding or subtracting a scalar or multiplying by a
     /// positive constant: the element values start, start + step, start + 2 step, ...
     range: Option<RangeV>,
+    /// A range tile whose elements are not in its scratch yet (only with `range`): accesses index with the
+    /// range itself, and [`operand`](Lower::operand) writes the elements where any other operation reads
+    /// them. Most ranges only ever index, and writing their elements cost a loop of one store an element.
+    lazy: bool,
     /// For tiles loaded as a view (see [`dot_views`]): where the rows are (the buffer's rows in place on the
     /// fast path, the tile's scratch otherwise) and their stride in elements. Only dots read such a tile.
     view: Option<ViewV>,
@@ -1015,6 +1019,7 @@ impl<'k, 'f> Lower<'k, 'f> {
             shape: shape.to_vec(),
             dtype,
             range: None,
+            lazy: false,
             view: None,
         })
     }
@@ -1077,7 +1082,10 @@ impl<'k, 'f> Lower<'k, 'f> {
                     let (var, d) = (*var, *d);
                     Ok(Opnd::S(self.b.use_var(var), d))
                 }
-                Some(Some(Val::Tile(t))) => Ok(Opnd::T(t.clone())),
+                Some(Some(Val::Tile(t))) => {
+                    let t = t.clone();
+                    Ok(Opnd::T(self.materialised(t)))
+                }
                 Some(None) => Err(bad!("%{} is used before it is defined", self.name(*v))),
                 None => Err(bad!("value #{} does not exist", v.0)),
             },
@@ -1105,6 +1113,37 @@ impl<'k, 'f> Lower<'k, 'f> {
                 Ok(Opnd::S(x, d))
             }
         }
+    }
+
+    /// `o` as [`operand`](Self::operand) gives it, except that a lazy range tile stays lazy: for uses that
+    /// read a range through its start and step (access indices, moved ranges).
+    fn operand_lazy(&mut self, o: &KOperand) -> R<Opnd> {
+        if let KOperand::Value(v) = o
+            && let Some(Some(Val::Tile(t))) = self.env.get(v.0 as usize)
+        {
+            return Ok(Opnd::T(t.clone()));
+        }
+        self.operand(o)
+    }
+
+    /// `t` with its elements in scratch: a lazy range's are written here (where the reading operation is;
+    /// a use in another branch or loop writes them again there).
+    fn materialised(&mut self, mut t: TileV) -> TileV {
+        if t.lazy {
+            let r = t
+                .range
+                .unwrap_or_else(|| unreachable!("lazy tiles are ranges"));
+            let s = self.b.use_var(r.start);
+            let off = t.off;
+            self.for_n(t.n(), &mut |l, j| {
+                let x = l.range_at(s, r.step, j);
+                l.st(x, off, j);
+                Ok(())
+            })
+            .unwrap_or_else(|_| unreachable!("the body does not fail"));
+            t.lazy = false;
+        }
+        t
     }
 
     fn scalar_i64(&mut self, o: &KOperand, what: &str) -> R<Value> {
@@ -1165,14 +1204,22 @@ impl<'k, 'f> Lower<'k, 'f> {
                 a: ka,
                 b: kb,
             } => {
-                let (a, b) = (self.operand(ka)?, self.operand(kb)?);
-                let moved = self.moved_range(*bop, &a, &b, kb);
+                let (a, b) = (self.operand_lazy(ka)?, self.operand_lazy(kb)?);
                 let res = one(op)?;
-                self.binary(res, *bop, a, b)?;
-                if let (Some(r), Some(Val::Tile(t))) = (moved, self.env[res.0 as usize].as_mut()) {
-                    t.range = Some(r);
+                if let Some(r) = self.moved_range(*bop, &a, &b, kb) {
+                    // A range moved: a lazy range too (its elements written only where they are read).
+                    let t = self.alloc(&[self.range_len(&a, &b)], DType::I64)?;
+                    return self.def_tile(
+                        res,
+                        TileV {
+                            range: Some(r),
+                            lazy: true,
+                            ..t
+                        },
+                    );
                 }
-                Ok(())
+                let (a, b) = (self.materialise_opnd(a), self.materialise_opnd(b));
+                self.binary(res, *bop, a, b)
             }
             K::Unary { op: uop, a } => {
                 let a = self.operand(a)?;
@@ -1208,14 +1255,9 @@ impl<'k, 'f> Lower<'k, 'f> {
             K::Range { start, len } => {
                 let s = self.scalar_i64(start, "range start")?;
                 let t = self.alloc(&[*len], DType::I64)?;
-                let off = t.off;
-                self.for_n(*len, &mut |l, i| {
-                    let x = l.b.ins().iadd(s, i);
-                    l.st(x, off, i);
-                    Ok(())
-                })?;
                 let var = self.b.declare_var(I64);
                 self.b.def_var(var, s);
+                // Lazy: the elements are written where an operation reads them (`materialised`).
                 self.def_tile(
                     one(op)?,
                     TileV {
@@ -1223,6 +1265,7 @@ impl<'k, 'f> Lower<'k, 'f> {
                             start: var,
                             step: 1,
                         }),
+                        lazy: true,
                         ..t
                     },
                 )
@@ -1623,6 +1666,21 @@ impl<'k, 'f> Lower<'k, 'f> {
         let var = self.b.declare_var(I64);
         self.b.def_var(var, start);
         Some(RangeV { start: var, step })
+    }
+
+    /// The length of the one tile operand of a [`moved_range`](Self::moved_range).
+    fn range_len(&self, a: &Opnd, b: &Opnd) -> u32 {
+        match (a, b) {
+            (Opnd::T(t), _) | (_, Opnd::T(t)) => t.n(),
+            _ => unreachable!("a moved range has a tile operand"),
+        }
+    }
+
+    fn materialise_opnd(&mut self, o: Opnd) -> Opnd {
+        match o {
+            Opnd::T(t) => Opnd::T(self.materialised(t)),
+            s => s,
+        }
     }
 
     fn binary(&mut self, res: KValue, op: BinOp, a: Opnd, b: Opnd) -> R<()> {
@@ -2237,7 +2295,8 @@ impl<'k, 'f> Lower<'k, 'f> {
         let mut ixs = Vec::new();
         let mut shape = Vec::new();
         for (d, o) in indices.iter().enumerate() {
-            match self.operand(o)? {
+            // Range tiles stay lazy: every access path reads them through their start and step.
+            match self.operand_lazy(o)? {
                 Opnd::S(x, DType::I64) => ixs.push(Ix::S(x)),
                 Opnd::T(t) if t.dtype == DType::I64 && t.shape.len() == 1 => {
                     shape.push(t.shape[0]);
@@ -2317,11 +2376,8 @@ impl<'k, 'f> Lower<'k, 'f> {
             Ix::T(t) => {
                 let t = t.clone();
                 let len = t.shape[0];
-                let start = if mode == 1 {
-                    t.range.map(|r| (self.b.use_var(r.start), r.step))
-                } else {
-                    None
-                };
+                // A range's elements are its start and step (a lazy range has no others).
+                let start = t.range.map(|r| (self.b.use_var(r.start), r.step));
                 self.for_n(len, &mut |l, j| {
                     let v = match start {
                         Some((s, step)) => l.range_at(s, step, j),
@@ -2922,8 +2978,12 @@ impl<'k, 'f> Lower<'k, 'f> {
                     Ix::S(v) => check(self, *v),
                     Ix::T(t) => {
                         let off = t.off;
+                        let start = t.range.map(|r| (self.b.use_var(r.start), r.step));
                         self.for_n(t.shape[0], &mut |l, j| {
-                            let v = l.ld(I64, off, j);
+                            let v = match start {
+                                Some((s, step)) => l.range_at(s, step, j),
+                                None => l.ld(I64, off, j),
+                            };
                             check(l, v);
                             Ok(())
                         })?;

@@ -1141,6 +1141,74 @@ fn loops_and_branches() {
     );
 }
 
+/// Range tiles are lazy in the JIT (their elements written only where an operation reads them): ranges and
+/// moved ranges (`+`/`-` a scalar, `*` a positive constant) used as indices (masked, strided and whole-row
+/// accesses), as values at the top level, inside a loop and in one branch of an `if`, must give the
+/// reference's bytes, rows past the buffer included.
+#[test]
+fn lazy_ranges_index_and_read_like_the_reference() {
+    let mut rng = Rng::new(17);
+    let (r, c, br, bc) = (11u64, 40u64, 4u32, 16u32);
+    let mut kb = KB::new("lazy", [cdiv(r, br as u64), cdiv(c, bc as u64), 1]);
+    let x = kb.param("x", F32, &[r, 2 * c], READ);
+    let y = kb.param("y", F32, &[r, c], WRITE);
+    let z = kb.param("z", I64, &[r, c], WRITE);
+    let (p0, p1) = (kb.pid(0), kb.pid(1));
+    let r0 = kb.mul(p0.clone(), i(br as i64));
+    let rr = kb.range(r0, br);
+    let c0 = kb.mul(p1, i(bc as i64));
+    let rc = kb.range(c0, bc);
+    // Strided (every other column, then the odd ones) and masked.
+    let e = kb.mul(rc.clone(), i(2));
+    let o = kb.add(e.clone(), i(1));
+    let xe = kb.load(x, vec![rr.clone(), e], Some(f(-1.0)));
+    let xo = kb.load(x, vec![rr.clone(), o.clone()], Some(f(-2.0)));
+    // The moved range read as values at the top level: [br, bc] of o's elements.
+    let ov = kb.cast(o, F32);
+    let ov = kb.expand_dims(ov, 0);
+    let ov = kb.broadcast(ov, &[br, bc]);
+    let s = kb.add(xe, xo);
+    let s = kb.add(s, ov);
+    // Read inside a loop (a range moved by the loop's counter, then read).
+    let rc2 = rc.clone();
+    let res = kb.for_(i(0), i(3), i(1), vec![s], move |kb, k, it| {
+        let m = kb.sub(rc2, k);
+        let mv = kb.cast(m, F32);
+        let mv = kb.expand_dims(mv, 0);
+        let mv = kb.broadcast(mv, &[br, bc]);
+        vec![kb.add(it[0].clone(), mv)]
+    });
+    // Read in one branch only (odd row blocks), as an index in both.
+    let odd = kb.bin(BinOp::And, p0, i(1));
+    let c1 = kb.cmp(CmpOp::Eq, odd, i(1));
+    let ty = tile(&[br, bc], F32);
+    let (a1, a2) = (res[0].clone(), res[0].clone());
+    let rr1 = rr.clone();
+    let out = kb.if_(
+        c1,
+        vec![ty],
+        move |kb| {
+            let rv = kb.cast(rr1, F32);
+            let rv = kb.expand_dims(rv, 1);
+            let rv = kb.broadcast(rv, &[br, bc]);
+            vec![kb.mul(a1, rv)]
+        },
+        move |_| vec![a2],
+    );
+    kb.store(y, vec![rr.clone(), rc.clone()], out[0].clone());
+    // A range stored as values.
+    let rcv = kb.expand_dims(rc.clone(), 0);
+    let rcv = kb.broadcast(rcv, &[br, bc]);
+    kb.store(z, vec![rr, rc], rcv);
+    let st = one_kernel_stage(kb.finish());
+    // Exact: the same adds and multiplies of the same values in the same order.
+    diff(
+        &st,
+        &[rand_f32(&mut rng, (r * 2 * c) as usize, -10.0, 10.0)],
+        Tol::Exact,
+    );
+}
+
 #[test]
 fn quantised_loads_dequantise_exactly() {
     let mut rng = Rng::new(11);
