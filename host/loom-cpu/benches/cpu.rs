@@ -167,7 +167,7 @@ fn prepared<'a>(st: &loom_ir::kernel::Stage, ins: &'a [Vec<u8>]) -> impl FnMut(u
 }
 
 fn main() {
-    // LOOM_BENCH=gemm|gemmprobe|qmatvec|decode|rows|cast|pool|small|attend|encattn runs one group only.
+    // LOOM_BENCH=gemm|gemmprobe|qmatvec|decode|rows|cast|pool|small|attend|rowops|encattn runs one group only.
     let only = std::env::var("LOOM_BENCH").unwrap_or_default();
     let on = |g: &str| only.is_empty() || only == g;
     let mut rng = Rng::new(42);
@@ -285,6 +285,10 @@ fn main() {
     // epoch stage runs it: 30 dispatches, one per layer, over the pool's pages in a shuffled order.
     if on("attend") {
         decode_attention(&mut rng);
+    }
+    // SmolLM2's per-row kernels for 16 streams decoding together, 30 dispatches each as in an epoch.
+    if on("rowops") {
+        decode_row_kernels(&mut rng);
     }
     // An integer-to-float cast over a [T, D] tile (token ids or positions to f32), JIT path; no target,
     // reported against memcpy for scale (8 bytes in, 4 out per element).
@@ -692,6 +696,130 @@ fn decode_attention(rng: &mut Rng) {
             );
         }
     }
+}
+
+/// The `rowops` group (see `main`): the package's @rope_store (after its @rope_table), @add_rmsnorm and
+/// @silu_mul_rows for 16 rows (16 streams decoding together), each dispatched 30 times (once a layer, as the
+/// epoch stage does), against one thread copying the bytes each reads and writes.
+fn decode_row_kernels(rng: &mut Rng) {
+    use loom_ir::TValue;
+    let mut cat = package_catalog(&[
+        "motifs/rope.loom",
+        "motifs/attention.loom",
+        "smollm2/kernel.loom",
+    ]);
+    let bench = "module @bench.rows {
+  export stage @rope<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64>
+      (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,
+       %k: buffer<f32, [T, KV * HD]> input, %v: buffer<f32, [T, KV * HD]> input,
+       %qr: buffer<f32, [T, NH * HD]> output, %pool: buffer<f16, [P, L * 2 * KV * PT, HD]> output)
+  {
+    %sc = alloc f32[T, 2 * HD]
+    dispatch @smollm2.kernel.rope_table<X = X, S = S, T = T, HD = HD, BASE = 100000>(%x, %sc)
+    %li[0] = alloc i32[1]
+    dispatch @smollm2.kernel.layer_first(%li[0])
+    static.for %l = 0 to L {
+      dispatch @smollm2.kernel.rope_store<X = X, S = S, T = T, PT = PT, P = P, L = L, NH = NH, KV = KV,
+                                          HD = HD>(%x, %sc, %q, %k, %v, %li[%l], %qr, %pool)
+      %li[%l + 1] = alloc i32[1]
+      dispatch @smollm2.kernel.layer_next(%li[%l], %li[%l + 1])
+    }
+  }
+  export stage @norm<T: i64, C: i64, L: i64>
+      (%a: buffer<f32, [T, C]> input, %b: buffer<f32, [T, C]> input, %g: buffer<f32, [C]> input,
+       %s: buffer<f32, [T, C]> output, %y: buffer<f32, [T, C]> output)
+  {
+    static.for %l = 0 to L {
+      dispatch @smollm2.kernel.add_rmsnorm<R = T, C = C, BR = min(T, 4)>(%a, %b, %g, %s, %y)
+    }
+  }
+  export stage @silu<T: i64, C: i64, L: i64>
+      (%g: buffer<f32, [T, C]> input, %u: buffer<f32, [T, C]> input, %y: buffer<f32, [T, C]> output)
+  {
+    static.for %l = 0 to L {
+      dispatch @smollm2.kernel.silu_mul_rows<R = T, C = C>(%g, %u, %y)
+    }
+  }
+}";
+    cat.add_source("bench.loom", bench).expect("bench module");
+    let mi = cat.find("bench.rows").expect("module");
+    let cfg = |pairs: &[(&str, i64)]| -> Vec<(String, TValue)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), TValue::I64(*v)))
+            .collect()
+    };
+    let (t, pt, l, nh, kv, hd, ctx) = (16i64, 16i64, 30i64, 9i64, 3i64, 64i64, 160i64);
+    let s = 16i64;
+    let per = (ctx + pt - 1) / pt;
+    let p = per * t;
+    let x_len = 7 * s + 3 * t + p;
+    // Span u: one token at position ctx - 1 in row u, its pages at u * per in the page list (identity order).
+    let mut x = vec![0i32; x_len as usize];
+    let base = 7 * s as usize;
+    for u in 0..t as usize {
+        x[u * 7..u * 7 + 7].copy_from_slice(&[
+            ctx as i32 - 1,
+            1,
+            u as i32,
+            (u as i64 * per) as i32,
+            per as i32,
+            -1,
+            1,
+        ]);
+        x[base + t as usize + u] = ctx as i32 - 1;
+        x[base + 2 * t as usize + u] = u as i32;
+    }
+    for (i, v) in x[base + 3 * t as usize..].iter_mut().enumerate() {
+        *v = i as i32;
+    }
+    let f32s = |rng: &mut Rng, n: i64| rand_f32(rng, n as usize, -1.0, 1.0);
+    let row = |name: &str, st: loom_ir::kernel::Stage, ins: Vec<Vec<u8>>, bytes: usize| {
+        let copy = bytes as f64 / memcpy_gbs(bytes) / 1e9;
+        for threads in [1usize, 2] {
+            let secs = run_stage_best(&st, &ins, threads, 30);
+            println!(
+                "| {name}, 16 rows, 30 dispatches | {threads} | {:.1} us | {:.2} us a dispatch | memcpy of its bytes {:.1} us | {:.1}x | - |",
+                secs * 1e6,
+                secs * 1e6 / l as f64,
+                copy * 1e6 * l as f64,
+                secs / (copy * l as f64)
+            );
+        }
+    };
+    let spec = |name: &str, c: &[(&str, i64)]| {
+        loom_kernel::specialize_stage(&cat, mi, name, &cfg(c))
+            .unwrap_or_else(|e| panic!("{}", e.join("")))
+    };
+    let rope_cfg = [
+        ("X", x_len),
+        ("S", s),
+        ("T", t),
+        ("PT", pt),
+        ("P", p),
+        ("L", l),
+        ("NH", nh),
+        ("KV", kv),
+        ("HD", hd),
+    ];
+    let ins = vec![
+        x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        f32s(rng, t * nh * hd),
+        f32s(rng, t * kv * hd),
+        f32s(rng, t * kv * hd),
+    ];
+    // q, k, v read; qr written (f32), keys and values written (f16).
+    let bytes = (t * (2 * nh * hd + 2 * kv * hd) * 4 + t * 2 * kv * hd * 2) as usize;
+    let st = spec("rope", &rope_cfg);
+    row("@rope_table + @rope_store", st, ins, bytes);
+    let c = 576i64;
+    let st = spec("norm", &[("T", t), ("C", c), ("L", l)]);
+    let ins = vec![f32s(rng, t * c), f32s(rng, t * c), f32s(rng, c)];
+    row("@add_rmsnorm", st, ins, (t * c * 4 * 4) as usize);
+    let c = 1536i64;
+    let st = spec("silu", &[("T", t), ("C", c), ("L", l)]);
+    let ins = vec![f32s(rng, t * c), f32s(rng, t * c)];
+    row("@silu_mul_rows", st, ins, (t * c * 3 * 4) as usize);
 }
 
 /// The `decode` group (see `main`).
