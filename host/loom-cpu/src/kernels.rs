@@ -259,6 +259,12 @@ pub(crate) const SMALL_DOT_ROWS: usize = 8;
 /// (the register blocks of rows share each row of `b`: faster than the gemm crate's call at MiniLM's 32 x 32 x
 /// 32 attention blocks).
 pub(crate) const SMALL_DOT_ROWS_BN: usize = 32;
+/// ... and any number of rows where `b` (as it is) is at most this deep and [`NARROW_B_COLS`] wide: a
+/// product by a tiny matrix (a pair swap in RoPE: `[288, 2] @ [2, 2]`), where the gemm crate's call costs
+/// several times the arithmetic of every row.
+pub(crate) const NARROW_B_DEPTH: usize = 8;
+/// See [`NARROW_B_DEPTH`].
+pub(crate) const NARROW_B_COLS: usize = 32;
 /// The largest transposed `b` (values) copied for [`small_dot`] (16 KiB).
 const BT_COPY_MAX: usize = 4096;
 
@@ -268,7 +274,7 @@ thread_local! {
 }
 
 /// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`], or
-/// [`SMALL_DOT_ROWS_BN`]) on an AVX-512 CPU:
+/// [`SMALL_DOT_ROWS_BN`]), or of any rows by a tiny `b` ([`NARROW_B_DEPTH`]), on an AVX-512 CPU:
 /// `b` is `[k, n]`, or `[n, k]` read transposed (`bt`); the rows of `a` and `b` are `lda` and `ldb` elements
 /// apart, those of `out` `n`. This is attention's shape at
 /// decode (a token's query heads against a page of keys, then its weights against the page's values), where
@@ -291,7 +297,8 @@ pub(crate) fn small_dot(
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if m <= SMALL_DOT_ROWS_BN
+    let narrow = !bt && k <= NARROW_B_DEPTH && n <= NARROW_B_COLS;
+    if (m <= SMALL_DOT_ROWS_BN || narrow)
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("fma")
     {

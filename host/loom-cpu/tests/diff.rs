@@ -425,11 +425,11 @@ fn whole_tile_dot(m: u64, n: u64, k: u64, bt: bool, acc: bool) -> loom_ir::kerne
 
 #[test]
 fn dots_of_a_few_rows_at_ragged_shapes() {
-    // Up to 8 rows (32 with b as it is) take the crate's own AVX-512 loops where the CPU has them
-    // (attention: a token's query heads against a page of keys, then against its values; MiniLM's 32-row
-    // weights against a block of values), the gemm crate otherwise: columns and depths that are and are not
-    // multiples of 16, column spans past 32, row blocks past 12 with ragged tails, both layouts of b, with
-    // and without an accumulator.
+    // Up to 8 rows (32 with b as it is, any number by a b of at most 8 x 32) take the crate's own AVX-512
+    // loops where the CPU has them (attention: a token's query heads against a page of keys, then against its
+    // values; MiniLM's 32-row weights against a block of values), the gemm crate otherwise: columns and
+    // depths that are and are not multiples of 16, column spans past 32, row blocks past 12 with ragged
+    // tails, both layouts of b, with and without an accumulator.
     let mut rng = Rng::new(41);
     for (m, n, k) in [
         (1u64, 16u64, 64u64),
@@ -444,6 +444,11 @@ fn dots_of_a_few_rows_at_ragged_shapes() {
         (32, 32, 32),
         (25, 70, 7),
         (33, 20, 5),
+        // Many rows by a tiny b (RoPE's pair swap, [288, 2] @ [2, 2]): the crate's loops for b as it is.
+        (288, 2, 2),
+        (97, 32, 8),
+        (50, 33, 8),
+        (40, 5, 9),
     ] {
         for bt in [false, true] {
             for acc in [false, true] {
