@@ -44,7 +44,7 @@ const MANY: usize = 16;
 /// How many tile-blocks ahead the kernel prefetches (10 KiB of Q4 tiles): the decode group of `cargo bench -p
 /// loom-cpu` on the Xeon, 2 threads, 211 products: 0 7.9 ms, 2 7.3, 8 5.5-6.0, 16 5.3-5.4, 32 4.0-5.0, 48 and 64
 /// 4.4-5.9 (noisy host; 32 best on average).
-const PREFETCH: usize = 32;
+pub(crate) const PREFETCH: usize = 32;
 /// `x + ROUNDER - ROUNDER` is `x` rounded to an integer (ties to even) for `|x| < 2^22`.
 const ROUNDER: f32 = 12_582_912.0;
 /// The activation quantisation's largest magnitude (21 bits).
