@@ -594,6 +594,39 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
     }
 }
 
+/// The package's epoch words (`x`, see `packages/smollm2/control.loom`) for `streams` spans of `s` slots, each
+/// decoding one token at position `ctx - 1` in its own row, with `per` pages each (stream u's at u * per in the
+/// page list); the page list in a shuffled order with `shuffle`, else in order.
+fn decode_epoch_x(s: i64, streams: i64, per: i64, ctx: i64, shuffle: Option<&mut Rng>) -> Vec<i32> {
+    let (t, p) = (streams, per * streams);
+    let mut x = vec![0i32; (7 * s + 3 * t + p) as usize];
+    for u in 0..s as usize {
+        x[u * 7 + 5] = -1;
+    }
+    let base = 7 * s as usize;
+    for u in 0..streams as usize {
+        x[u * 7..u * 7 + 7].copy_from_slice(&[
+            ctx as i32 - 1,
+            1,
+            u as i32,
+            (u as i64 * per) as i32,
+            per as i32,
+            -1,
+            1,
+        ]);
+        x[base + t as usize + u] = ctx as i32 - 1;
+        x[base + 2 * t as usize + u] = u as i32;
+    }
+    let mut pages: Vec<i32> = (0..p as i32).collect();
+    if let Some(rng) = shuffle {
+        for i in (1..pages.len()).rev() {
+            pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+    }
+    x[base + 3 * t as usize..].copy_from_slice(&pages);
+    x
+}
+
 /// The `attend` group (see `main`): the package's own kernel, at three context lengths, against a plain read
 /// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f16, as the package pages them).
 fn decode_attention(rng: &mut Rng) {
@@ -646,30 +679,8 @@ fn decode_attention(rng: &mut Rng) {
         let mi = cat.find("bench.attend").expect("module");
         let st = loom_kernel::specialize_stage(&cat, mi, "s", &cfg)
             .unwrap_or_else(|e| panic!("{}", e.join("")));
-        let mut x = vec![0i32; x_len as usize];
-        for u in 0..s as usize {
-            x[u * 7 + 5] = -1;
-        }
-        let base = 7 * s as usize;
-        // Span u: one token at position ctx - 1 in row u, its pages at u * per in the page list.
-        for u in 0..streams as usize {
-            x[u * 7..u * 7 + 7].copy_from_slice(&[
-                ctx as i32 - 1,
-                1,
-                u as i32,
-                (u as i64 * per) as i32,
-                per as i32,
-                -1,
-                1,
-            ]);
-            x[base + t as usize + u] = ctx as i32 - 1;
-        }
         // Pages in a shuffled order (a pool's pages are not contiguous).
-        let mut pages: Vec<i32> = (0..p as i32).collect();
-        for i in (1..pages.len()).rev() {
-            pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
-        x[base + 3 * t as usize..].copy_from_slice(&pages);
+        let x = decode_epoch_x(s, streams, per, ctx, Some(rng));
         let ins = vec![
             x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
             rand_f32(rng, (t * nh * hd) as usize, -1.0, 1.0),
@@ -754,25 +765,7 @@ fn decode_row_kernels(rng: &mut Rng) {
     let per = (ctx + pt - 1) / pt;
     let p = per * t;
     let x_len = 7 * s + 3 * t + p;
-    // Span u: one token at position ctx - 1 in row u, its pages at u * per in the page list (identity order).
-    let mut x = vec![0i32; x_len as usize];
-    let base = 7 * s as usize;
-    for u in 0..t as usize {
-        x[u * 7..u * 7 + 7].copy_from_slice(&[
-            ctx as i32 - 1,
-            1,
-            u as i32,
-            (u as i64 * per) as i32,
-            per as i32,
-            -1,
-            1,
-        ]);
-        x[base + t as usize + u] = ctx as i32 - 1;
-        x[base + 2 * t as usize + u] = u as i32;
-    }
-    for (i, v) in x[base + 3 * t as usize..].iter_mut().enumerate() {
-        *v = i as i32;
-    }
+    let x = decode_epoch_x(s, t, per, ctx, None);
     let f32s = |rng: &mut Rng, n: i64| rand_f32(rng, n as usize, -1.0, 1.0);
     let row = |name: &str, st: loom_ir::kernel::Stage, ins: Vec<Vec<u8>>, bytes: usize| {
         let copy = bytes as f64 / memcpy_gbs(bytes) / 1e9;
