@@ -594,6 +594,41 @@ fn encoder_attention(rng: &mut Rng, peak: [f64; 2]) {
     }
 }
 
+/// SmolLM2's kernels with the motifs they call.
+fn smollm2_catalog() -> loom_compiler::Catalog {
+    package_catalog(&[
+        "motifs/rope.loom",
+        "motifs/attention.loom",
+        "smollm2/kernel.loom",
+    ])
+}
+
+/// The template values of an epoch stage of SmolLM2's geometry (`packages/smollm2/kernel.loom`: pages of 16
+/// tokens, 30 layers, 9 query and 3 KV heads of 64) for `s` span slots, `t` token rows and a pool of `p` pages,
+/// the page list `p` words long; then `extra`.
+fn smollm2_epoch_cfg(
+    s: i64,
+    t: i64,
+    p: i64,
+    extra: &[(&str, i64)],
+) -> Vec<(String, loom_ir::TValue)> {
+    let base = [
+        ("X", 7 * s + 3 * t + p),
+        ("S", s),
+        ("T", t),
+        ("PT", 16),
+        ("P", p),
+        ("L", 30),
+        ("NH", 9),
+        ("KV", 3),
+        ("HD", 64),
+    ];
+    base.iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), loom_ir::TValue::I64(*v)))
+        .collect()
+}
+
 /// The package's epoch words (`x`, see `packages/smollm2/control.loom`) for `streams` spans of `s` slots, each
 /// decoding one token at position `ctx - 1` in its own row, with `per` pages each (stream u's at u * per in the
 /// page list); the page list in a shuffled order with `shuffle`, else in order.
@@ -630,12 +665,7 @@ fn decode_epoch_x(s: i64, streams: i64, per: i64, ctx: i64, shuffle: Option<&mut
 /// The `attend` group (see `main`): the package's own kernel, at three context lengths, against a plain read
 /// of the keys and values it must touch (30 layers x 3 heads x 2 x context x 64 f16, as the package pages them).
 fn decode_attention(rng: &mut Rng) {
-    use loom_ir::TValue;
-    let mut cat = package_catalog(&[
-        "motifs/rope.loom",
-        "motifs/attention.loom",
-        "smollm2/kernel.loom",
-    ]);
+    let mut cat = smollm2_catalog();
     // The layer index reaches @attend in a one-element buffer, as in the package's epoch stage.
     let bench = "module @bench.attend {
   export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
@@ -659,23 +689,7 @@ fn decode_attention(rng: &mut Rng) {
         let (s, t) = (16i64, streams);
         let per = (ctx + pt - 1) / pt;
         let p = per * streams;
-        let g = p;
-        let x_len = 7 * s + 3 * t + g;
-        let cfg: Vec<(String, TValue)> = [
-            ("X", x_len),
-            ("S", s),
-            ("T", t),
-            ("PT", pt),
-            ("P", p),
-            ("L", l),
-            ("NH", nh),
-            ("KV", kv),
-            ("HD", hd),
-            ("BQ", 1),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), TValue::I64(v)))
-        .collect();
+        let cfg = smollm2_epoch_cfg(s, t, p, &[("BQ", 1)]);
         let mi = cat.find("bench.attend").expect("module");
         let st = loom_kernel::specialize_stage(&cat, mi, "s", &cfg)
             .unwrap_or_else(|e| panic!("{}", e.join("")));
@@ -714,11 +728,7 @@ fn decode_attention(rng: &mut Rng) {
 /// epoch stage does), against one thread copying the bytes each reads and writes.
 fn decode_row_kernels(rng: &mut Rng) {
     use loom_ir::TValue;
-    let mut cat = package_catalog(&[
-        "motifs/rope.loom",
-        "motifs/attention.loom",
-        "smollm2/kernel.loom",
-    ]);
+    let mut cat = smollm2_catalog();
     let bench = "module @bench.rows {
   export stage @rope<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64>
       (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input,
@@ -764,7 +774,6 @@ fn decode_row_kernels(rng: &mut Rng) {
     let s = 16i64;
     let per = (ctx + pt - 1) / pt;
     let p = per * t;
-    let x_len = 7 * s + 3 * t + p;
     let x = decode_epoch_x(s, t, per, ctx, None);
     let f32s = |rng: &mut Rng, n: i64| rand_f32(rng, n as usize, -1.0, 1.0);
     let row = |name: &str, st: loom_ir::kernel::Stage, ins: Vec<Vec<u8>>, bytes: usize| {
@@ -784,17 +793,7 @@ fn decode_row_kernels(rng: &mut Rng) {
         loom_kernel::specialize_stage(&cat, mi, name, &cfg(c))
             .unwrap_or_else(|e| panic!("{}", e.join("")))
     };
-    let rope_cfg = [
-        ("X", x_len),
-        ("S", s),
-        ("T", t),
-        ("PT", pt),
-        ("P", p),
-        ("L", l),
-        ("NH", nh),
-        ("KV", kv),
-        ("HD", hd),
-    ];
+
     let ins = vec![
         x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
         f32s(rng, t * nh * hd),
@@ -803,7 +802,8 @@ fn decode_row_kernels(rng: &mut Rng) {
     ];
     // q, k, v read; qr written (f32), keys and values written (f16).
     let bytes = (t * (2 * nh * hd + 2 * kv * hd) * 4 + t * 2 * kv * hd * 2) as usize;
-    let st = spec("rope", &rope_cfg);
+    let st = loom_kernel::specialize_stage(&cat, mi, "rope", &smollm2_epoch_cfg(s, t, p, &[]))
+        .unwrap_or_else(|e| panic!("{}", e.join("")));
     row("@rope_table + @rope_store", st, ins, bytes);
     let c = 576i64;
     let st = spec("norm", &[("T", t), ("C", c), ("L", l)]);
