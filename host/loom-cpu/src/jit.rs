@@ -118,7 +118,12 @@ enum H {
     Copy,
     Prefetch,
     CopyHalf,
+    BinTile,
 }
+
+/// f32 `+ - * /` over tiles of at least this many elements call [`rt::loom_bin_tile`] (sixteen lanes) instead
+/// of the inline four-lane loop.
+const BIN_TILE_MIN: u32 = 128;
 
 const I32: Type = types::I32;
 const I64: Type = types::I64;
@@ -221,6 +226,12 @@ fn helper_table() -> Vec<(&'static str, *const u8, Vec<Type>, Vec<Type>)> {
             "loom_copy_half",
             rt::loom_copy_half as *const u8,
             vec![I64, I64, I64, I32, I32],
+            vec![],
+        ),
+        (
+            "loom_bin_tile",
+            rt::loom_bin_tile as *const u8,
+            vec![I32, I64, I64, F32, I64, I64, I32],
             vec![],
         ),
     ]
@@ -1729,6 +1740,35 @@ impl<'k, 'f> Lower<'k, 'f> {
     fn binary_f32x4(&mut self, res: KValue, op: BinOp, shape: &[u32], a: Opnd, b: Opnd) -> R<()> {
         let t = self.alloc(shape, DType::F32)?;
         let n = t.n();
+        if n >= BIN_TILE_MIN {
+            // A long tile: one call of the sixteen-lane helper (the same IEEE operations, so the same bits).
+            let code = match op {
+                BinOp::Add => 0,
+                BinOp::Sub => 1,
+                BinOp::Mul => 2,
+                _ => 3,
+            };
+            let (mode, s) = match (&a, &b) {
+                (_, Opnd::S(x, _)) => (1, *x),
+                (Opnd::S(x, _), _) => (2, *x),
+                _ => (0, self.b.ins().f32const(0.0)),
+            };
+            let ptr = |l: &mut Self, o: &Opnd| match o {
+                Opnd::T(t) => l.sptr(t.off),
+                Opnd::S(..) => l.iconst(0),
+            };
+            let args = [
+                self.i32c(code),
+                ptr(self, &a),
+                ptr(self, &b),
+                s,
+                self.sptr(t.off),
+                self.iconst(i64::from(n)),
+                self.i32c(mode),
+            ];
+            self.call(H::BinTile, &args);
+            return self.def_tile(res, t);
+        }
         let n4 = n / 4 * 4;
         let v4 = types::F32X4;
         let splat = |l: &mut Self, o: &Opnd| match o {

@@ -697,6 +697,32 @@ fn tile_fn(
 
 use loom_ir::kernel::KOperand;
 
+/// f32 `+ - * /` of a tile with a tile, a tile with a scalar and a scalar with a tile, at lengths under, at
+/// and past the length from which the JIT calls its sixteen-lane helper (ragged tails included), over special
+/// values (zeros of both signs, infinities, NaN, subnormals, the f16 range's edges): the reference's bits.
+#[test]
+fn f32_arithmetic_on_long_tiles_is_the_references() {
+    let mut rng = Rng::new(29);
+    for n in [100u64, 127, 128, 129, 1000] {
+        for op in [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div] {
+            for form in 0..3 {
+                // Two tiles of n from the input's two rows (their elementwise max and min).
+                let st = tile_fn(F32, &[2, n], F32, &[n], |kb, t| {
+                    let x = kb.reduce(ReduceOp::Max, t.clone(), 0);
+                    let y = kb.reduce(ReduceOp::Min, t, 0);
+                    match form {
+                        0 => kb.bin(op, x, y),
+                        1 => kb.bin(op, x, f(0.375)),
+                        _ => kb.bin(op, f(-3.0e38), y),
+                    }
+                });
+                let x: Vec<f32> = special_f32s(&mut rng, (2 * n) as usize);
+                diff(&st, &[f32_bytes(&x)], Tol::Exact);
+            }
+        }
+    }
+}
+
 #[test]
 fn reductions() {
     let mut rng = Rng::new(6);
