@@ -16,14 +16,19 @@ fn plugins_dir() -> PathBuf {
     plugins_dir_tagged("")
 }
 
-/// [`plugins_dir`] in a directory of its own for each `tag` (tests run in parallel in one process).
+/// [`plugins_dir`] in a directory of its own for each call (`tag` names it; tests run in parallel in one
+/// process).
 pub(crate) fn plugins_dir_tagged(tag: &str) -> PathBuf {
     let deps = std::env::current_exe()
         .unwrap()
         .parent()
         .unwrap()
         .to_path_buf();
-    let dir = std::env::temp_dir().join(format!("loom-profiles-{}{tag}", std::process::id()));
+    // One directory per call: two tests sharing one removed it under each other's copies (a test failed with
+    // "No such file or directory").
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("loom-profiles-{}-{n}{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for lib in [
