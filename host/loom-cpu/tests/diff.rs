@@ -1689,3 +1689,86 @@ fn rows_pattern_only_matches_the_exact_form() {
         Tol::Rel(1e-6, 0.0),
     );
 }
+
+/// SmolLM2's paged attention (`@attend`, `packages/smollm2/kernel.loom`) writes every row of every span
+/// whatever the block size BQ: the grid's third extent is one program per span and head below BQ = 16, and
+/// each program takes all of its span's blocks. Two spans of 3 and 5 rows (one after 5 positions already in
+/// its pages, one from position 0), pages of 4 tokens in a shuffled table, layer 1 of 2; BQ 1 and 2 (several
+/// blocks a span, one program each span and head), 4 and 16. The harness requires the reference to write every
+/// output element (the spans cover all 8 rows) and the JIT to match it; every BQ gives the same numbers.
+#[test]
+fn package_attention_writes_every_row_whatever_its_block_size() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
+    let mut cat = loom_compiler::Catalog::new();
+    for f in [
+        "motifs/rope.loom",
+        "motifs/attention.loom",
+        "smollm2/kernel.loom",
+    ] {
+        let text = std::fs::read_to_string(root.join(f)).expect(f);
+        cat.add_source(f, &text)
+            .unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let wrapper = "module @test.attend {
+  export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
+      (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input, %li: buffer<i32, [1]> input,
+       %pool: buffer<f16, [P, L * 2 * KV * PT, HD]> input, %o: buffer<f32, [T, NH * HD]> output)
+  {
+    dispatch @smollm2.kernel.attend<X = X, S = S, T = T, PT = PT, P = P, L = L, NH = NH, KV = KV, HD = HD,
+                                    BQ = BQ>(%x, %q, %li, %pool, %o)
+  }
+}";
+    cat.add_source("test.loom", wrapper).expect("wrapper");
+    let (s, t, pt, p, l, nh, kv, hd) = (2i64, 8i64, 4i64, 4i64, 2i64, 4i64, 2i64, 16i64);
+    // Span headers (position, count, first row, first page-table entry, pages, logit row, logits), then ids,
+    // positions and rows' spans (unread here), then the page table.
+    let mut x = vec![0i32; (7 * s + 3 * t + p) as usize];
+    x[..7].copy_from_slice(&[5, 3, 0, 0, 2, -1, 0]);
+    x[7..14].copy_from_slice(&[0, 5, 3, 2, 2, -1, 0]);
+    let table = (7 * s + 3 * t) as usize;
+    x[table..].copy_from_slice(&[3, 0, 1, 2]);
+    let mut rng = Rng::new(53);
+    let q = rng.f32s((t * nh * hd) as usize, -1.0, 1.0);
+    // f16 keys and values in [-2, -0.5] and [0.5, 2].
+    let pool: Vec<u8> = (0..p * l * 2 * kv * pt * hd)
+        .flat_map(|_| {
+            let r = rng.next_u64();
+            let h = ((r & 1) << 15) | ((14 + ((r >> 1) & 1)) << 10) | ((r >> 2) & 0x3ff);
+            (h as u16).to_le_bytes()
+        })
+        .collect();
+    let inputs = vec![i32_bytes(&x), f32_bytes(&q), i32_bytes(&[1]), pool];
+    let mut first: Option<Vec<u8>> = None;
+    for bq in [1i64, 2, 4, 16] {
+        let cfg: Vec<(String, loom_ir::TValue)> = [
+            ("X", 7 * s + 3 * t + p),
+            ("S", s),
+            ("T", t),
+            ("PT", pt),
+            ("P", p),
+            ("L", l),
+            ("NH", nh),
+            ("KV", kv),
+            ("HD", hd),
+            ("BQ", bq),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), loom_ir::TValue::I64(*v)))
+        .collect();
+        let mi = cat.find("test.attend").expect("module");
+        let st = loom_kernel::specialize_stage(&cat, mi, "s", &cfg)
+            .unwrap_or_else(|e| panic!("BQ {bq}: {}", e.join("")));
+        let out = diff(&st, &inputs, Tol::Rel(1e-5, 1e-6)).remove(0);
+        match &first {
+            None => first = Some(out),
+            Some(want) => {
+                for (i, (a, b)) in f32s(&out).into_iter().zip(f32s(want)).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs() + 1e-6,
+                        "BQ {bq}: element {i} is {a}, BQ 1 gave {b}"
+                    );
+                }
+            }
+        }
+    }
+}
