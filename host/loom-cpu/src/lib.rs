@@ -194,6 +194,12 @@ impl ParamCache {
         }
     }
 
+    /// The tiles read as `[n, k]` of `dtype`, if they were made.
+    fn peek(&self, dtype: DType, n: usize, k: usize) -> Option<std::sync::Arc<qtile::Packed>> {
+        let t = self.tiles.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().find(|p| p.is(dtype, n, k)).cloned()
+    }
+
     /// The tiles of `w` read as `[n, k]` of `dtype`, made on first use (on up to `threads` threads).
     fn tiles(
         &self,
@@ -267,6 +273,9 @@ pub struct CpuStage {
     /// weight tiles whose workspace needs no poisoning (`qdotf::tiled`), candidates to run as one group
     /// (`qtile::matmul_group`) once their buffers are seen not to overlap; 0 where it is not such a product.
     tiled_run: Vec<usize>,
+    /// Per dispatch: the next dispatch that is such a product, whose weight tiles idle threads prefetch
+    /// while this one runs (`pool::prefetch`).
+    next_tiled: Vec<Option<usize>>,
     report: CompileReport,
     _code: std::sync::Mutex<Code>,
 }
@@ -471,6 +480,9 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
                 .count()
         })
         .collect();
+    let next_tiled: Vec<Option<usize>> = (0..stage.dispatches.len())
+        .map(|i| (i + 1..stage.dispatches.len()).find(|&j| tiled[j]))
+        .collect();
     let total = t0.elapsed();
     timing::compiled(&stage.name, &reports, total);
     Ok(CpuStage {
@@ -480,6 +492,7 @@ pub fn compile_stage_with(stage: &Stage, options: Options) -> Result<CpuStage, E
         ws,
         ws_poison_at,
         tiled_run,
+        next_tiled,
         report: CompileReport {
             kernels: reports,
             total,
@@ -845,6 +858,25 @@ impl CpuStage {
         &self.report
     }
 
+    /// Names the weight tiles of product dispatch `j` (when its parameter's cache holds them) to the pool's
+    /// idle threads, which bring them into their caches while the kernels before `j` run
+    /// ([`pool::prefetch`]). `LOOM_CPU_PREFETCH=0` turns this off.
+    fn prefetch_tiles(&self, j: usize, param_base: usize, caches: &[&ParamCache]) {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var("LOOM_CPU_PREFETCH").map_or(true, |v| v != "0")) {
+            return;
+        }
+        let plan = &self.plans[self.stage.dispatches[j].kernel as usize];
+        let Some((mv, _)) = &plan.matvec else { return };
+        let sw = self.maps[j][mv.w as usize];
+        let Some(cache) = sw.checked_sub(param_base).and_then(|p| caches.get(p)) else {
+            return;
+        };
+        if let Some(p) = cache.peek(mv.dtype, mv.n, mv.k) {
+            pool::prefetch(p.ptr(), p.bytes());
+        }
+    }
+
     /// Runs the tiled row products of dispatches `first..` (at most `tiled_run[first]` of them) as one group
     /// while each next one's buffers overlap no earlier member's output and its output overlaps no earlier
     /// member's buffers (workspace buffers that are never live together may share bytes), and its grid passes
@@ -1077,6 +1109,11 @@ impl CpuStage {
                     kernel: plan.kernel.name.clone(),
                     stage: stage.name.clone(),
                 });
+            }
+            if self.tiled_run[di] > 0 {
+                pool::prefetch_stop();
+            } else if let Some(j) = self.next_tiled[di] {
+                self.prefetch_tiles(j, param_base, caches);
             }
             let desc: Vec<u64> = map.iter().flat_map(|&s| [slots[s].0, slots[s].1]).collect();
             if let Some(g) = &plan.gemm {
