@@ -106,7 +106,7 @@ const SPIN: Duration = Duration::from_micros(250);
 const PREFETCH_CHUNK: usize = 4096;
 
 /// At most this many bytes of one [`prefetch`] range are fetched (the rest is left to the reading job).
-pub(crate) const PREFETCH_MAX: usize = 1 << 20;
+const PREFETCH_MAX: usize = 1 << 20;
 
 /// The range idle threads prefetch: `cursor` (the next byte nobody has claimed) to `end`; `end` 0 is none.
 /// The two words are set one after the other, so a thread may claim from a cursor and end of two different
@@ -151,15 +151,17 @@ fn prefetch_some() -> bool {
     }
     #[cfg(target_arch = "x86_64")]
     {
+        let stop = at.saturating_add(PREFETCH_CHUNK).min(end);
         let mut a = at;
-        while a < (at + PREFETCH_CHUNK).min(end) {
+        while a < stop {
             // SAFETY: a prefetch reads nothing the program can observe and does not fault on any address.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
                     a as *const i8,
                 )
             };
-            a += 64;
+            let Some(next) = a.checked_add(64) else { break };
+            a = next;
         }
     }
     true
@@ -335,7 +337,7 @@ mod tests {
 
     #[test]
     fn prefetch_ranges_at_any_address_are_harmless() {
-        // Unmapped memory, a freed buffer, a range past the end of the address space, then a live one: idle
+        // Unmapped memory, a freed buffer, ranges at the end of the address space, then a live one: idle
         // threads prefetch from each while jobs run, and the jobs see nothing of it.
         let freed = vec![7u8; 1 << 16];
         let freed_at = freed.as_ptr();
@@ -345,6 +347,7 @@ mod tests {
             (std::ptr::null::<u8>(), 1 << 20),
             (freed_at, 1 << 16),
             (usize::MAX as *const u8, 1 << 20),
+            ((usize::MAX - 100) as *const u8, 1 << 20),
             (live.as_ptr() as *const u8, 4 << 16),
         ] {
             prefetch(ptr, len);
