@@ -10,11 +10,12 @@
 //! * unary `exp`, `log`, `tanh`, `erf`, `sqrt`, `rsqrt`, `sigmoid`, `neg`, `abs`,
 //!
 //! ([`match_epilogue`]) the same operations run over one output row at a time, each a tight loop over `N`
-//! elements, the unary ones through the JIT's own helper (`rt::loom_unary_tile`): the results are **bitwise**
+//! elements through the JIT's own loops (`rt::bin_vv` and its kin, `rt::loom_unary_tile`): the results are **bitwise**
 //! those of the JIT epilogue (same operations, same order, same functions; checked by the tests). Anything else
 //! (selects, reductions, casts, other index forms) keeps the JIT epilogue. Rows are split between threads.
 
 use crate::pattern::GemmMatch;
+use crate::rt;
 use loom_ir::kernel::{BinOp, DType, KImm, KOpKind, KOperand, KValue, Kernel, UnOp};
 use std::collections::HashMap;
 
@@ -331,9 +332,9 @@ unsafe fn run_row(
                     // SAFETY: `wide` only where AVX-512F is present (the caller's contract).
                     unsafe {
                         match (a, b) {
-                            (Ok(x), Ok(y)) => bin_vv_512(op, sl(x), sl(y), dst),
-                            (Ok(x), Err(c)) => bin_vs_512(op, sl(x), c, dst),
-                            (Err(c), Ok(y)) => bin_sv_512(op, c, sl(y), dst),
+                            (Ok(x), Ok(y)) => rt::bin_vv_512(op, sl(x), sl(y), dst),
+                            (Ok(x), Err(c)) => rt::bin_vs_512(op, sl(x), c, dst),
+                            (Err(c), Ok(y)) => rt::bin_sv_512(op, c, sl(y), dst),
                             (Err(_), Err(_)) => {
                                 unreachable!("constant folding is refused by the matcher")
                             }
@@ -343,9 +344,9 @@ unsafe fn run_row(
                 }
                 let _ = wide;
                 match (a, b) {
-                    (Ok(x), Ok(y)) => bin_vv(op, sl(x), sl(y), dst),
-                    (Ok(x), Err(c)) => bin_vs(op, sl(x), c, dst),
-                    (Err(c), Ok(y)) => bin_sv(op, c, sl(y), dst),
+                    (Ok(x), Ok(y)) => rt::bin_vv(op, sl(x), sl(y), dst),
+                    (Ok(x), Err(c)) => rt::bin_vs(op, sl(x), c, dst),
+                    (Err(c), Ok(y)) => rt::bin_sv(op, c, sl(y), dst),
                     (Err(_), Err(_)) => unreachable!("constant folding is refused by the matcher"),
                 }
             }
@@ -370,62 +371,4 @@ unsafe fn run_row(
     // SAFETY: the stored parameter is [M, N]; `out` may be that very span (an in-place store), so copy
     // through pointers.
     unsafe { std::ptr::copy(out, addr(e.store).add(row * n + c0), w) };
-}
-
-macro_rules! bin_loops {
-    ($name:ident, $a:ty, $b:ty, $zip:ident) => {
-        #[inline(always)]
-        fn $name(op: BinOp, a: $a, b: $b, o: &mut [f32]) {
-            match op {
-                BinOp::Add => $zip(o, a, b, |x, y| x + y),
-                BinOp::Sub => $zip(o, a, b, |x, y| x - y),
-                BinOp::Mul => $zip(o, a, b, |x, y| x * y),
-                _ => $zip(o, a, b, |x, y| x / y),
-            }
-        }
-    };
-}
-
-#[inline(always)]
-fn zip_vv(o: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for ((y, &x), &z) in o.iter_mut().zip(a).zip(b) {
-        *y = f(x, z);
-    }
-}
-
-#[inline(always)]
-fn zip_vs(o: &mut [f32], a: &[f32], c: f32, f: impl Fn(f32, f32) -> f32) {
-    for (y, &x) in o.iter_mut().zip(a) {
-        *y = f(x, c);
-    }
-}
-
-#[inline(always)]
-fn zip_sv(o: &mut [f32], c: f32, b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for (y, &z) in o.iter_mut().zip(b) {
-        *y = f(c, z);
-    }
-}
-
-bin_loops!(bin_vv, &[f32], &[f32], zip_vv);
-bin_loops!(bin_vs, &[f32], f32, zip_vs);
-bin_loops!(bin_sv, f32, &[f32], zip_sv);
-
-/// The binary loops compiled for 16 lanes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn bin_vv_512(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    bin_vv(op, a, b, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn bin_vs_512(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
-    bin_vs(op, a, c, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn bin_sv_512(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
-    bin_sv(op, c, b, o)
 }

@@ -8,7 +8,7 @@
 //! and rounded once to the value's dtype, so these helpers match the reference bit for bit except for
 //! `exp`/`log`/`tanh`/`erf`, where the platform functions (or the erf below) may differ by an f64 ulp.
 
-use loom_ir::kernel::{DType, ReduceOp, UnOp};
+use loom_ir::kernel::{BinOp, DType, ReduceOp, UnOp};
 
 // ---- run-time bounds ----
 
@@ -409,11 +409,12 @@ fn unary_f64(op: UnOp, x: f64) -> f64 {
 
 /// `out[i] = a[i] op b[i]` over `n` f32 (`op`: 0 add, 1 sub, 2 mul, 3 div), IEEE single precision rounded to
 /// nearest as the JIT's own four-lane loop computes it (so the same bits); `mode` 1: `b` is the scalar `s`
-/// (every element), 2: `a` is. Sixteen lanes at a time where the CPU has AVX-512F.
+/// (every element), 2: `a` is. The loops below, which the native GEMM epilogues run too: sixteen lanes where
+/// the CPU has AVX-512F.
 ///
 /// # Safety
-/// `a` (unless `mode` 2), `b` (unless `mode` 1) readable and `out` writable for `n` f32; `out` may be `a` or
-/// `b` but overlaps neither partially.
+/// `a` (unless `mode` 2), `b` (unless `mode` 1) readable and `out` writable for `n` f32, `out` overlapping
+/// neither (the JIT gives every operation's result a tile of its own).
 pub(crate) unsafe extern "C" fn loom_bin_tile(
     op: u32,
     a: *const f32,
@@ -424,73 +425,97 @@ pub(crate) unsafe extern "C" fn loom_bin_tile(
     mode: u32,
 ) {
     let n = n as usize;
-    let mut i = 0;
+    let op = match op {
+        0 => BinOp::Add,
+        1 => BinOp::Sub,
+        2 => BinOp::Mul,
+        _ => BinOp::Div,
+    };
+    // SAFETY: the caller's contract (extents, no overlap with `out`).
+    let (o, x, y) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(out, n),
+            (mode != 2).then(|| std::slice::from_raw_parts(a, n)),
+            (mode != 1).then(|| std::slice::from_raw_parts(b, n)),
+        )
+    };
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature is present; the extents as the caller promised.
-        i = unsafe { bin_x86::run(op, a, b, s, out, n, mode) };
-    }
-    for j in i..n {
-        // SAFETY: j < n: inside the regions (the caller's contract).
+        // SAFETY: the feature is present.
         unsafe {
-            let x = if mode == 2 { s } else { *a.add(j) };
-            let y = if mode == 1 { s } else { *b.add(j) };
-            *out.add(j) = match op {
-                0 => x + y,
-                1 => x - y,
-                2 => x * y,
-                _ => x / y,
-            };
+            match (x, y) {
+                (Some(x), Some(y)) => bin_vv_512(op, x, y, o),
+                (Some(x), None) => bin_vs_512(op, x, s, o),
+                (None, Some(y)) => bin_sv_512(op, s, y, o),
+                (None, None) => {}
+            }
         }
+        return;
+    }
+    match (x, y) {
+        (Some(x), Some(y)) => bin_vv(op, x, y, o),
+        (Some(x), None) => bin_vs(op, x, s, o),
+        (None, Some(y)) => bin_sv(op, s, y, o),
+        (None, None) => {}
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod bin_x86 {
-    use std::arch::x86_64::*;
+macro_rules! bin_loops {
+    ($name:ident, $a:ty, $b:ty, $zip:ident) => {
+        #[inline(always)]
+        pub(crate) fn $name(op: BinOp, a: $a, b: $b, o: &mut [f32]) {
+            match op {
+                BinOp::Add => $zip(o, a, b, |x, y| x + y),
+                BinOp::Sub => $zip(o, a, b, |x, y| x - y),
+                BinOp::Mul => $zip(o, a, b, |x, y| x * y),
+                _ => $zip(o, a, b, |x, y| x / y),
+            }
+        }
+    };
+}
 
-    /// The whole vectors of [`super::loom_bin_tile`]; returns how many elements it computed.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn run(
-        op: u32,
-        a: *const f32,
-        b: *const f32,
-        s: f32,
-        out: *mut f32,
-        n: usize,
-        mode: u32,
-    ) -> usize {
-        let sv = _mm512_set1_ps(s);
-        let mut i = 0;
-        // SAFETY (the loops): i + 16 <= n: inside every region (the caller's contract); unaligned accesses.
-        macro_rules! lanes {
-            ($f:ident) => {
-                while i + 16 <= n {
-                    unsafe {
-                        let x = if mode == 2 {
-                            sv
-                        } else {
-                            _mm512_loadu_ps(a.add(i))
-                        };
-                        let y = if mode == 1 {
-                            sv
-                        } else {
-                            _mm512_loadu_ps(b.add(i))
-                        };
-                        _mm512_storeu_ps(out.add(i), $f(x, y));
-                    }
-                    i += 16;
-                }
-            };
-        }
-        match op {
-            0 => lanes!(_mm512_add_ps),
-            1 => lanes!(_mm512_sub_ps),
-            2 => lanes!(_mm512_mul_ps),
-            _ => lanes!(_mm512_div_ps),
-        }
-        i
+#[inline(always)]
+fn zip_vv(o: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for ((y, &x), &z) in o.iter_mut().zip(a).zip(b) {
+        *y = f(x, z);
     }
+}
+
+#[inline(always)]
+fn zip_vs(o: &mut [f32], a: &[f32], c: f32, f: impl Fn(f32, f32) -> f32) {
+    for (y, &x) in o.iter_mut().zip(a) {
+        *y = f(x, c);
+    }
+}
+
+#[inline(always)]
+fn zip_sv(o: &mut [f32], c: f32, b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (y, &z) in o.iter_mut().zip(b) {
+        *y = f(c, z);
+    }
+}
+
+bin_loops!(bin_vv, &[f32], &[f32], zip_vv);
+bin_loops!(bin_vs, &[f32], f32, zip_vs);
+bin_loops!(bin_sv, f32, &[f32], zip_sv);
+
+/// The binary loops compiled for 16 lanes (callers check AVX-512F first).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bin_vv_512(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+    bin_vv(op, a, b, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bin_vs_512(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
+    bin_vs(op, a, c, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bin_sv_512(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
+    bin_sv(op, c, b, o)
 }
 
 /// Float unary op over a tile: `f32` storage for f32/f16/bf16, `f64` storage for f64.
