@@ -447,18 +447,6 @@ fn layernorm(r: u64, c: u64, br: u32) -> loom_ir::kernel::Kernel {
     kb.finish()
 }
 
-/// A catalog of the repository's package sources `files` (paths under `packages/`).
-fn package_catalog(files: &[&str]) -> loom_compiler::Catalog {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
-    let mut cat = loom_compiler::Catalog::new();
-    for f in files {
-        let text = std::fs::read_to_string(root.join(f)).expect(f);
-        cat.add_source(f, &text)
-            .unwrap_or_else(|e| panic!("{f}: {e}"));
-    }
-    cat
-}
-
 /// The `gemmprobe` group (see `main`): the `gemm` crate called directly (no stage, no pool: one thread, then
 /// two scoped threads each on half the rows, as `kernels::sgemm_threads` splits them) at MiniLM's cohort shapes,
 /// best of 30 alternating runs, with the FMA peak of one and of two threads measured right after each shape.

@@ -1698,17 +1698,11 @@ fn rows_pattern_only_matches_the_exact_form() {
 /// output element (the spans cover all 8 rows) and the JIT to match it; every BQ gives the same numbers.
 #[test]
 fn package_attention_writes_every_row_whatever_its_block_size() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
-    let mut cat = loom_compiler::Catalog::new();
-    for f in [
+    let mut cat = package_catalog(&[
         "motifs/rope.loom",
         "motifs/attention.loom",
         "smollm2/kernel.loom",
-    ] {
-        let text = std::fs::read_to_string(root.join(f)).expect(f);
-        cat.add_source(f, &text)
-            .unwrap_or_else(|e| panic!("{f}: {e}"));
-    }
+    ]);
     let wrapper = "module @test.attend {
   export stage @s<X: i64, S: i64, T: i64, PT: i64, P: i64, L: i64, NH: i64, KV: i64, HD: i64, BQ: i64>
       (%x: buffer<i32, [X]> input, %q: buffer<f32, [T, NH * HD]> input, %li: buffer<i32, [1]> input,

@@ -7,7 +7,7 @@
 
 pub mod corpus;
 pub mod motifs;
-pub use motifs::{dequant_stage, motif_catalog};
+pub use motifs::{dequant_stage, motif_catalog, package_catalog};
 
 use loom_ir::Loc;
 use loom_ir::kernel::{

@@ -11,6 +11,21 @@ pub fn motifs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages/motifs")
 }
 
+/// The given package sources (paths under the repository's `packages/`, which also name them in the
+/// catalog), compiled in that order: a model package's kernels with the motifs they call. A file that is
+/// missing or does not compile panics with the compiler's diagnostics.
+pub fn package_catalog(files: &[&str]) -> Catalog {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packages");
+    let mut cat = Catalog::new();
+    for f in files {
+        let text = std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        if let Err(e) = cat.add_source(f, &text) {
+            panic!("{f} does not compile:\n{e}");
+        }
+    }
+    cat
+}
+
 /// Every motif module, compiled once per test binary (file order is sorted, names are `motifs/FILE`).
 /// A motif that does not compile panics with the compiler's diagnostics.
 pub fn motif_catalog() -> &'static Catalog {
