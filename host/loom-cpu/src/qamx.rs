@@ -311,14 +311,7 @@ unsafe fn tile(
                 issue(b + 1);
             }
             let o = base.add(b * tb);
-            // The weights PREFETCH blocks ahead (the tile's blocks are consecutive, and so are the tiles a
-            // thread takes), one prefetch a line; a prefetch past the data does not fault.
-            let ahead = o.wrapping_add(qtile::PREFETCH * tb);
-            let mut line = 0;
-            while line < tb {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                line += 64;
-            }
+            qtile::prefetch_ahead(o, tb);
             let ch = c.add(3072 * (b % 2));
             let gb = g * nb + b;
             let d = _mm512_cvtph_ps(_mm256_load_si256(o.add(wb) as *const _));

@@ -44,7 +44,26 @@ const MANY: usize = 16;
 /// How many tile-blocks ahead the kernel prefetches (10 KiB of Q4 tiles): the decode group of `cargo bench -p
 /// loom-cpu` on the Xeon, 2 threads, 211 products: 0 7.9 ms, 2 7.3, 8 5.5-6.0, 16 5.3-5.4, 32 4.0-5.0, 48 and 64
 /// 4.4-5.9 (noisy host; 32 best on average).
-pub(crate) const PREFETCH: usize = 32;
+const PREFETCH: usize = 32;
+
+/// Prefetches the tile-block [`PREFETCH`] blocks after the one at `o` (`tb` bytes each; a tile's blocks are
+/// consecutive, and so are the tiles a thread takes), one prefetch a line. Any address is allowed: a prefetch
+/// past the data does not fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(o: *const u8, tb: usize) {
+    let ahead = o.wrapping_add(PREFETCH * tb);
+    let mut line = 0;
+    while line < tb {
+        // SAFETY: a prefetch reads nothing the program can observe and does not fault on any address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                ahead.wrapping_add(line) as *const i8,
+            )
+        };
+        line += 64;
+    }
+}
 /// `x + ROUNDER - ROUNDER` is `x` rounded to an integer (ties to even) for `|x| < 2^22`.
 const ROUNDER: f32 = 12_582_912.0;
 /// The activation quantisation's largest magnitude (21 bits).
@@ -567,14 +586,7 @@ mod x86 {
             let base = p.ptr().add(t * nb * tb);
             for b in 0..nb {
                 let o = base.add(b * tb);
-                // The weights a few blocks ahead (the tile's blocks are consecutive, and so are the tiles),
-                // one prefetch a line.
-                let ahead = o.wrapping_add(PREFETCH * tb);
-                let mut line = 0;
-                while line < tb {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                    line += 64;
-                }
+                prefetch_ahead(o, tb);
                 // The block's weights: Q8_0's eight vectors (inputs 4j..4j+4), or Q4's four split into low
                 // nibbles (inputs 4j..) and high nibbles times 16 (inputs 16+4j..).
                 let mut w = [_mm512_setzero_si512(); 8];
