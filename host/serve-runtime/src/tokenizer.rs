@@ -19,6 +19,10 @@ pub const SKIP_SPECIAL_TOKENS: i32 = 1;
 pub struct Tokenizer {
     matching: tokenizers::Tokenizer,
     literal: tokenizers::Tokenizer,
+    /// The added (special) tokens' ids (`tokenizers` hands out a copy of its map on every call).
+    added: std::collections::HashSet<u32>,
+    /// Whether the decoder is byte-level (GPT-2's byte-to-character table).
+    byte_level: bool,
     /// Where it came from, for messages.
     pub source: String,
 }
@@ -45,9 +49,16 @@ impl Tokenizer {
         let matching = load()?;
         let mut literal = load()?;
         literal.set_encode_special_tokens(true);
+        let added = matching.get_added_tokens_decoder().into_keys().collect();
+        let byte_level = matches!(
+            matching.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
         Ok(Tokenizer {
             matching,
             literal,
+            added,
+            byte_level,
             source: source.to_string(),
         })
     }
@@ -100,13 +111,10 @@ impl Tokenizer {
     /// the token decoded alone. `None` for an id outside the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
         let tok = self.matching.id_to_token(id)?;
-        if self.matching.get_added_tokens_decoder().contains_key(&id) {
+        if self.added.contains(&id) {
             return Some(tok.into_bytes());
         }
-        if matches!(
-            self.matching.get_decoder(),
-            Some(tokenizers::DecoderWrapper::ByteLevel(_))
-        ) {
+        if self.byte_level {
             let table = byte_level_table();
             let bytes: Option<Vec<u8>> = tok.chars().map(|c| table.get(&c).copied()).collect();
             if let Some(b) = bytes {
