@@ -235,6 +235,15 @@ impl Sampler {
         self.see(token);
     }
 
+    /// Whether steps 1-3 change any logit (else the raw logits are drawn from as they are).
+    fn adjusts(&self) -> bool {
+        let p = &self.params;
+        !p.logit_bias.is_empty()
+            || (p.repetition_penalty != 1.0 && !self.seen.is_empty())
+            || ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+                && !self.generated.is_empty())
+    }
+
     /// Steps 1-3: the adjusted logits in `self.z`.
     fn adjust(&mut self, logits: &[f32]) {
         self.z.clear();
@@ -277,9 +286,14 @@ impl Sampler {
 
     /// Steps 1-8 into `self.cand` as (id, unnormalised probability) in draw order.
     fn candidates(&mut self, logits: &[f32]) {
-        self.adjust(logits);
+        // The logits are copied only where steps 1-3 change them (a row is 49,152 floats for SmolLM2, and an
+        // epoch of 16 decoding streams draws from 16 rows).
+        let adjusted = self.adjusts();
+        if adjusted {
+            self.adjust(logits);
+        }
         self.cand.clear();
-        let z = &self.z;
+        let z = if adjusted { &self.z[..] } else { logits };
         if self.params.greedy() || z.len() <= 1 {
             self.cand.push((argmax(z) as u32, 1.0));
             return;
@@ -414,25 +428,35 @@ fn raw_logprobs(logits: &[f32], n: usize) -> (Option<f32>, Vec<(u32, f32)>) {
 }
 
 /// The index of the first largest value of `z`, NaN never winning (the last index when all are NaN; 0 when `z`
-/// is empty): the greedy draw. The maximum is found 16 lanes at a time (elementwise maxima, which vectorise),
-/// then its first position.
+/// is empty): the greedy draw, once per row of 49,152 logits for SmolLM2. Both passes are written to
+/// vectorise: the maximum 16 lanes at a time (`x > m`, a single `maxps`, which a NaN never passes), then its
+/// first position 16 values at a time (a chunk's compares or-ed together, and only the chunk that holds it
+/// searched one by one).
 fn argmax(z: &[f32]) -> usize {
+    #[inline(always)]
+    fn larger(m: f32, x: f32) -> f32 {
+        if x > m { x } else { m }
+    }
     let mut lanes = [f32::NEG_INFINITY; 16];
     let chunks = z.chunks_exact(16);
     let tail = chunks.remainder();
     for c in chunks {
         for (m, &x) in lanes.iter_mut().zip(c) {
-            // `f32::max` ignores a NaN operand.
-            *m = m.max(x);
+            *m = larger(*m, x);
         }
     }
     let m = tail
         .iter()
         .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    z.iter()
-        .position(|&x| x == m)
-        .unwrap_or(z.len().saturating_sub(1))
+        .fold(f32::NEG_INFINITY, |a, &b| larger(a, b));
+    let mut base = 0;
+    for c in z.chunks(16) {
+        if c.iter().fold(false, |hit, &x| hit | (x == m)) {
+            return base + c.iter().position(|&x| x == m).unwrap_or(0);
+        }
+        base += c.len();
+    }
+    z.len().saturating_sub(1)
 }
 
 #[cfg(test)]
