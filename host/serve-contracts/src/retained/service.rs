@@ -533,6 +533,7 @@ impl RetainedService {
             prefix: PrefixCache::default(),
             pool_buf: pool,
             pool_pages,
+            output: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -840,6 +841,10 @@ struct Engine {
     speculate: u32,
     /// The most prompt tokens an epoch takes while sequences decode (`options.prefill_chunk_tokens`).
     prefill_chunk: u32,
+    /// The last epoch's logits buffer, used again by the next epoch of the same size (decoding streams ask for
+    /// the same rows epoch after epoch): a fresh one would be allocated and cleared, megabytes at a time, only
+    /// to be overwritten. Released when the engine idles.
+    output: Option<DeviceBuffer>,
 }
 
 impl Engine {
@@ -847,6 +852,8 @@ impl Engine {
         let mut drain: Option<mpsc::Sender<KeptSessions>> = None;
         loop {
             if self.waiting.is_empty() && self.running.is_empty() {
+                // An idle model holds no logits buffer against its budget.
+                self.output = None;
                 if let Some(d) = drain.take() {
                     let _ = d.send(self.keep_sessions());
                     return;
@@ -1529,8 +1536,18 @@ impl Engine {
             return;
         }
         self.update_pages();
+        let t_planned = Instant::now();
         match self.run_epoch(&plan) {
-            Ok(rows) => self.commit(&plan, &rows),
+            Ok(rows) => {
+                let t_ran = Instant::now();
+                self.commit(&plan, rows.as_f32());
+                log::trace!(
+                    "model {}: epoch host work: planning {} us, commit {} us",
+                    self.model.name,
+                    t_planned.duration_since(t0).as_micros(),
+                    t_ran.elapsed().as_micros()
+                );
+            }
             Err(e) => {
                 log::debug!(
                     "model {}: epoch of {} spans failed: {e}",
@@ -1554,7 +1571,7 @@ impl Engine {
     }
 
     /// Packs, runs and collects one epoch: the logits rows (one per span that asked), `vocab` f32 each.
-    fn run_epoch(&self, plan: &[PlannedSpan]) -> Result<Vec<f32>> {
+    fn run_epoch(&mut self, plan: &[PlannedSpan]) -> Result<Logits> {
         let pt = self.limits.page_tokens;
         let mut input = EpochInput::default();
         for p in plan {
@@ -1610,7 +1627,14 @@ impl Engine {
         let t_stages = std::time::Instant::now();
         let input = model.device.alloc(upload.len() as u64, &model.budget)?;
         model.device.write(&input, 0, &upload)?;
-        let output = model.device.alloc(output_bytes as u64, &model.budget)?;
+        let output = match self.output.take() {
+            Some(b) if b.bytes() == output_bytes as u64 => b,
+            old => {
+                // The old one goes first, so that the budget holds the new one.
+                drop(old);
+                model.device.alloc(output_bytes as u64, &model.budget)?
+            }
+        };
         let t_upload = std::time::Instant::now();
         let mut run = model.invoke_run(
             "run",
@@ -1635,7 +1659,7 @@ impl Engine {
             ));
         }
         let t_settled = std::time::Instant::now();
-        let bytes = model.device.read(&output, 0, live)?;
+        let logits = Logits::new(model.device.read(&output, 0, live)?);
         if log::log_enabled!(log::Level::Trace) {
             let us = |a: std::time::Instant, b: std::time::Instant| b.duration_since(a).as_micros();
             log::trace!(
@@ -1650,10 +1674,8 @@ impl Engine {
                 us(t_settled, std::time::Instant::now())
             );
         }
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        self.output = Some(output);
+        Ok(logits)
     }
 
     /// Commits each span's progress, draws the next token of the spans that asked, streams and finishes. A
@@ -1766,6 +1788,36 @@ impl Engine {
                 finish: f,
                 completion_tokens: s.generated,
             });
+        }
+    }
+}
+
+/// An epoch's logits rows as the device returned them: little-endian f32 bytes, read in place where they are
+/// aligned for f32 (as the allocator gives them), else converted once.
+enum Logits {
+    Bytes(Vec<u8>),
+    Floats(Vec<f32>),
+}
+
+impl Logits {
+    fn new(bytes: Vec<u8>) -> Self {
+        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&bytes).is_ok() {
+            Logits::Bytes(bytes)
+        } else {
+            Logits::Floats(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+        }
+    }
+
+    fn as_f32(&self) -> &[f32] {
+        match self {
+            // `new` kept the bytes only where this cast succeeds.
+            Logits::Bytes(b) => bytemuck::cast_slice(b),
+            Logits::Floats(f) => f,
         }
     }
 }
