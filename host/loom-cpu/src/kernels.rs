@@ -196,6 +196,74 @@ mod tests {
         }
     }
 
+    /// `dot_bn`'s packed form for narrow `b` (RoPE's pair swap and its kin: `n` dividing 16, `k <= n`), bit
+    /// for bit against each output's fused multiply-add chain over `k` in order (from `out`, or from +0),
+    /// over ragged row counts, signed zeros included.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn packed_narrow_products_are_each_outputs_chain() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            match seed % 11 {
+                0 => 0.0,
+                1 => -0.0,
+                r => ((seed >> 20) % 2001) as f32 / 250.0 - 4.0 + r as f32 * 1e-3,
+            }
+        };
+        for (n, k) in [
+            (1, 1),
+            (2, 1),
+            (2, 2),
+            (4, 2),
+            (4, 3),
+            (4, 4),
+            (8, 5),
+            (8, 8),
+        ] {
+            for m in [1usize, 2, 3, 7, 8, 9, 16, 17, 31, 288] {
+                let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+                let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+                let init: Vec<f32> = (0..m * n).map(|_| next()).collect();
+                for accumulate in [false, true] {
+                    let mut out = init.clone();
+                    // SAFETY: the features were detected; a, b and out hold m * k, k * n and m * n values.
+                    unsafe {
+                        super::x86::dot_bn(
+                            m,
+                            n,
+                            k,
+                            out.as_mut_ptr(),
+                            a.as_ptr(),
+                            k,
+                            b.as_ptr(),
+                            n,
+                            accumulate,
+                        )
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut v = if accumulate { init[i * n + j] } else { 0.0 };
+                            for kk in 0..k {
+                                v = a[i * k + kk].mul_add(b[kk * n + j], v);
+                            }
+                            assert_eq!(
+                                out[i * n + j].to_bits(),
+                                v.to_bits(),
+                                "m {m} n {n} k {k} accumulate {accumulate}: out[{i}, {j}]"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Every row and column split (1 to 3 threads, ragged last blocks) and both layouts of `b` against a plain
     /// triple loop.
     #[test]
@@ -536,6 +604,11 @@ mod x86 {
         ldb: usize,
         accumulate: bool,
     ) {
+        if n < 16 && 16 % n == 0 && k <= n && lda == k && ldb == n {
+            // SAFETY: the caller's contract, as below; the packed form's conditions hold.
+            unsafe { dot_packed(m, n, k, out, a, b, accumulate) };
+            return;
+        }
         let mut j = 0;
         while j < n {
             let cols = (n - j).min(32);
@@ -564,6 +637,63 @@ mod x86 {
                 i += rows;
             }
             j += 32;
+        }
+    }
+
+    /// [`dot_bn`] for a narrow `b` (`n` dividing 16, `k <= n`) and rows of `a` and `out` packed one after the
+    /// other (`lda = k`, `out`'s stride `n`): RoPE's pair swap, `[rows, 2] x [2, 2]`, where one row at a time
+    /// used two lanes of each vector. Here each vector holds `16 / n` whole rows of `out`; for each `kk` a
+    /// permute spreads every row's `a[r, kk]` over that row's lanes, which are multiplied by `b`'s row `kk`
+    /// repeated. Each output is the same fused multiply-add chain over `k` in order, from its `out` value or
+    /// +0, as `bn_block`'s: the same bits.
+    ///
+    /// # Safety
+    /// AVX-512F and FMA; `a` holds `m * k` f32, `b` `k * n`, `out` `m * n` (not overlapping them), and
+    /// `n < 16`, `16 % n == 0`, `k <= n`.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn dot_packed(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        accumulate: bool,
+    ) {
+        let per = 16 / n;
+        // SAFETY (whole body): `b` holds k rows of n (read lane by lane below); row group i covers rows
+        // i..i + rows of `a` (rows * k <= 16 values, masked) and of `out` (rows * n <= 16 values, masked).
+        unsafe {
+            let mut bv = [_mm512_setzero_ps(); 16];
+            let mut ix = [_mm512_setzero_si512(); 16];
+            for kk in 0..k {
+                let mut w = [0f32; 16];
+                let mut at = [0i32; 16];
+                for lane in 0..16 {
+                    w[lane] = *b.add(kk * n + lane % n);
+                    at[lane] = ((lane / n) * k + kk) as i32;
+                }
+                bv[kk] = _mm512_loadu_ps(w.as_ptr());
+                ix[kk] = _mm512_loadu_si512(at.as_ptr() as *const __m512i);
+            }
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(per);
+                let ma = tail(rows * k);
+                let mo = tail(rows * n);
+                let x = _mm512_maskz_loadu_ps(ma, a.add(i * k));
+                let o = out.add(i * n);
+                let mut acc = if accumulate {
+                    _mm512_maskz_loadu_ps(mo, o)
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for kk in 0..k {
+                    acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(ix[kk], x), bv[kk], acc);
+                }
+                _mm512_mask_storeu_ps(o, mo, acc);
+                i += rows;
+            }
         }
     }
 
