@@ -87,7 +87,7 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_tile, reduce_rows};
+pub(crate) use x86::{exp_tile, reduce_rows, sigmoid_tile};
 
 /// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
 /// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
@@ -163,6 +163,44 @@ mod x86 {
                 let k = tail(n - i);
                 let x = _mm512_maskz_loadu_ps(k, src.add(i));
                 _mm512_mask_storeu_ps(dst.add(i), k, exp16::<true>(x));
+            }
+        }
+    }
+
+    /// `dst[i] = 1 / (1 + e^-src[i])` for `i < n`, sixteen at a time, the tail masked: the logistic function
+    /// as `vmath::sigmoid_f32` computes it (`e = e^-|x|`, then `1 / (1 + e)` for `x >= 0` and `e / (1 + e)`
+    /// below, NaN returned as it is), with `e` from [`exp16`] (the same 1 ulp bound, about half the
+    /// instructions of the vectorised portable `exp`). SiLU's gate, once per element of an FFN's widest row.
+    /// `src` and `dst` may be the same region.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `n` f32 values.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn sigmoid_tile(src: *const f32, dst: *mut f32, n: usize) {
+        let f = |x: __m512| {
+            let one = _mm512_set1_ps(1.0);
+            // -|x|: the sign bit set.
+            let neg = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_castps_si512(x),
+                _mm512_set1_epi32(i32::MIN),
+            ));
+            let e = exp16::<false>(neg);
+            let pos = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_setzero_ps());
+            let y = _mm512_div_ps(_mm512_mask_blend_ps(pos, e, one), _mm512_add_ps(one, e));
+            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
+        };
+        let mut i = 0;
+        // SAFETY (both loops): i + 16 <= n, or the tail's mask covers the n - i < 16 elements left.
+        unsafe {
+            while i + 16 <= n {
+                let x = _mm512_loadu_ps(src.add(i));
+                _mm512_storeu_ps(dst.add(i), f(x));
+                i += 16;
+            }
+            if i < n {
+                let k = tail(n - i);
+                let x = _mm512_maskz_loadu_ps(k, src.add(i));
+                _mm512_mask_storeu_ps(dst.add(i), k, f(x));
             }
         }
     }
