@@ -87,7 +87,7 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_tile, reduce_rows, sigmoid_tile};
+pub(crate) use x86::{exp_tile, map16, reduce_rows, sigmoid_tile};
 
 /// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
 /// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
@@ -144,34 +144,51 @@ mod x86 {
         ((1u32 << n) - 1) as __mmask16
     }
 
-    /// `dst[i] = e^src[i]` for `i < n` by [`exp16`], sixteen at a time, the tail masked (the JIT's `exp` of a
-    /// tile, `vmath::tile`). `src` and `dst` may be the same region.
+    /// `dst[i] = f(src[i])` for `i < n`, sixteen lanes at a time, the tail masked: the loop of the 16-lane
+    /// functions' tile entry points (`exp_tile`, `sigmoid_tile`, `vmath`'s `erf_tile`). `src` and `dst` may be
+    /// the same region (each block is read before it is written).
     ///
     /// # Safety
-    /// `src` is readable and `dst` writable for `n` f32 values.
+    /// AVX-512F; `src` is readable and `dst` writable for `n` f32 values.
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn exp_tile(src: *const f32, dst: *mut f32, n: usize) {
+    pub(crate) unsafe fn map16(
+        src: *const f32,
+        dst: *mut f32,
+        n: usize,
+        f: impl Fn(__m512) -> __m512,
+    ) {
         let mut i = 0;
         // SAFETY (both loops): i + 16 <= n, or the tail's mask covers the n - i < 16 elements left.
         unsafe {
             while i + 16 <= n {
                 let x = _mm512_loadu_ps(src.add(i));
-                _mm512_storeu_ps(dst.add(i), exp16::<true>(x));
+                _mm512_storeu_ps(dst.add(i), f(x));
                 i += 16;
             }
             if i < n {
                 let k = tail(n - i);
                 let x = _mm512_maskz_loadu_ps(k, src.add(i));
-                _mm512_mask_storeu_ps(dst.add(i), k, exp16::<true>(x));
+                _mm512_mask_storeu_ps(dst.add(i), k, f(x));
             }
         }
     }
 
-    /// `dst[i] = 1 / (1 + e^-src[i])` for `i < n`, sixteen at a time, the tail masked: the logistic function
-    /// as `vmath::sigmoid_f32` computes it (`e = e^-|x|`, then `1 / (1 + e)` for `x >= 0` and `e / (1 + e)`
-    /// below, NaN returned as it is), with `e` from [`exp16`] (the same 1 ulp bound, about half the
-    /// instructions of the vectorised portable `exp`). SiLU's gate, once per element of an FFN's widest row.
-    /// `src` and `dst` may be the same region.
+    /// `dst[i] = e^src[i]` for `i < n` by [`exp16`] (the JIT's `exp` of a tile, `vmath::tile`). `src` and
+    /// `dst` may be the same region.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `n` f32 values.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn exp_tile(src: *const f32, dst: *mut f32, n: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { map16(src, dst, n, |x| exp16::<true>(x)) }
+    }
+
+    /// `dst[i] = 1 / (1 + e^-src[i])` for `i < n`: the logistic function as `vmath::sigmoid_f32` computes it
+    /// (`e = e^-|x|`, then `1 / (1 + e)` for `x >= 0` and `e / (1 + e)` below, NaN returned as it is), with
+    /// `e` from [`exp16`] (the same 1 ulp bound, about half the instructions of the vectorised portable
+    /// `exp`). SiLU's gate, once per element of an FFN's widest row. `src` and `dst` may be the same region.
     ///
     /// # Safety
     /// `src` is readable and `dst` writable for `n` f32 values.
@@ -189,20 +206,8 @@ mod x86 {
             let y = _mm512_div_ps(_mm512_mask_blend_ps(pos, e, one), _mm512_add_ps(one, e));
             _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
         };
-        let mut i = 0;
-        // SAFETY (both loops): i + 16 <= n, or the tail's mask covers the n - i < 16 elements left.
-        unsafe {
-            while i + 16 <= n {
-                let x = _mm512_loadu_ps(src.add(i));
-                _mm512_storeu_ps(dst.add(i), f(x));
-                i += 16;
-            }
-            if i < n {
-                let k = tail(n - i);
-                let x = _mm512_maskz_loadu_ps(k, src.add(i));
-                _mm512_mask_storeu_ps(dst.add(i), k, f(x));
-            }
-        }
+        // SAFETY: the caller's contract.
+        unsafe { map16(src, dst, n, f) }
     }
 
     /// `rt::loom_reduce`'s f32 sum or max along contiguous rows (`dst[o]` of `src[o * len..][..len]`), bit for

@@ -299,26 +299,14 @@ mod x86 {
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
     }
 
-    /// `dst[i] = erf(src[i])` for `i < n` by [`erf16`], the tail masked; `src` and `dst` may be the same region.
+    /// `dst[i] = erf(src[i])` for `i < n` by [`erf16`]; `src` and `dst` may be the same region.
     ///
     /// # Safety
     /// AVX-512F; `src` is readable and `dst` writable for `n` f32 values.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn erf_tile(src: *const f32, dst: *mut f32, n: usize) {
-        let mut i = 0;
-        // SAFETY (both loops): i + 16 <= n, or the tail's mask covers the n - i < 16 elements left.
-        unsafe {
-            while i + 16 <= n {
-                let x = _mm512_loadu_ps(src.add(i));
-                _mm512_storeu_ps(dst.add(i), erf16(x));
-                i += 16;
-            }
-            if i < n {
-                let k = ((1u32 << (n - i)) - 1) as __mmask16;
-                let x = _mm512_maskz_loadu_ps(k, src.add(i));
-                _mm512_mask_storeu_ps(dst.add(i), k, erf16(x));
-            }
-        }
+        // SAFETY: the caller's contract.
+        unsafe { crate::rows::map16(src, dst, n, |x| erf16(x)) }
     }
 }
 
