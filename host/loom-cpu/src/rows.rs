@@ -87,7 +87,7 @@ pub(crate) fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_tile, map16, reduce_rows, sigmoid_tile};
+pub(crate) use x86::{exp_tile, exp16, map16, reduce_rows};
 
 /// Hand-written AVX-512 row loops (softmax): LLVM's vectorisation of the portable loops spends about twice
 /// the instructions on `exp` (two-power scaling with clamps and a NaN select) and on the NaN-ignoring max.
@@ -109,7 +109,7 @@ mod x86 {
     /// subnormal. Otherwise (a result that is really subnormal) the clamp is -105.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn exp16<const HI: bool>(x: __m512) -> __m512 {
+    pub(crate) fn exp16<const HI: bool>(x: __m512) -> __m512 {
         const ZERO: f32 = -103.98;
         // NaN compares false in both: it takes the normal path and propagates.
         let zero = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(ZERO));
@@ -145,8 +145,8 @@ mod x86 {
     }
 
     /// `dst[i] = f(src[i])` for `i < n`, sixteen lanes at a time, the tail masked: the loop of the 16-lane
-    /// functions' tile entry points (`exp_tile`, `sigmoid_tile`, `vmath`'s `erf_tile`). `src` and `dst` may be
-    /// the same region (each block is read before it is written).
+    /// functions' tile entry points (`exp_tile`, and `vmath`'s `erf_tile` and `sigmoid_tile`). `src` and `dst`
+    /// may be the same region (each block is read before it is written).
     ///
     /// # Safety
     /// AVX-512F; `src` is readable and `dst` writable for `n` f32 values.
@@ -183,31 +183,6 @@ mod x86 {
     pub(crate) unsafe fn exp_tile(src: *const f32, dst: *mut f32, n: usize) {
         // SAFETY: the caller's contract.
         unsafe { map16(src, dst, n, |x| exp16::<true>(x)) }
-    }
-
-    /// `dst[i] = 1 / (1 + e^-src[i])` for `i < n`: the logistic function as `vmath::sigmoid_f32` computes it
-    /// (`e = e^-|x|`, then `1 / (1 + e)` for `x >= 0` and `e / (1 + e)` below, NaN returned as it is), with
-    /// `e` from [`exp16`] (the same 1 ulp bound, about half the instructions of the vectorised portable
-    /// `exp`). SiLU's gate, once per element of an FFN's widest row. `src` and `dst` may be the same region.
-    ///
-    /// # Safety
-    /// `src` is readable and `dst` writable for `n` f32 values.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn sigmoid_tile(src: *const f32, dst: *mut f32, n: usize) {
-        let f = |x: __m512| {
-            let one = _mm512_set1_ps(1.0);
-            // -|x|: the sign bit set.
-            let neg = _mm512_castsi512_ps(_mm512_or_si512(
-                _mm512_castps_si512(x),
-                _mm512_set1_epi32(i32::MIN),
-            ));
-            let e = exp16::<false>(neg);
-            let pos = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_setzero_ps());
-            let y = _mm512_div_ps(_mm512_mask_blend_ps(pos, e, one), _mm512_add_ps(one, e));
-            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
-        };
-        // SAFETY: the caller's contract.
-        unsafe { map16(src, dst, n, f) }
     }
 
     /// `rt::loom_reduce`'s f32 sum or max along contiguous rows (`dst[o]` of `src[o * len..][..len]`), bit for
