@@ -50,7 +50,7 @@ pub(crate) extern "C" fn loom_prefetch(ptr: *const u8, rows: u64, row_bytes: u64
 /// [`loom_half_to_f32`] and [`loom_f32_to_half`] give element by element (round to nearest even; a stored NaN
 /// and a loaded f16 NaN become the canonical quiet NaN with their sign, a loaded bf16 NaN is quieted with its
 /// payload kept), sixteen at a time where the CPU has AVX-512 F/BW/VL (F16C conversions, a rounding add for
-/// bf16), the scalar functions for the rest.
+/// bf16), eight at a time with AVX2 and F16C, the scalar functions for the rest.
 ///
 /// # Safety
 /// `src` is readable and `dst` writable for `n` elements of their types; they do not overlap.
@@ -61,21 +61,77 @@ pub(crate) unsafe extern "C" fn loom_copy_half(
     dtype: u32,
     load: u32,
 ) {
-    let n = n as usize;
-    let bf16 = dtype_of(dtype) == DType::BF16;
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-    {
-        // SAFETY: the features are present; the extents as the caller promised.
-        i = unsafe { half_x86::convert(dst, src, n, bf16, load != 0) };
+    // SAFETY: the caller's contract.
+    unsafe { copy_half_on(HalfIsa::detect(), dst, src, n as usize, dtype, load != 0) }
+}
+
+/// The vector width [`loom_copy_half`] converts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HalfIsa {
+    Scalar,
+    /// AVX2 and F16C: eight lanes.
+    Avx2,
+    /// AVX-512 F, BW and VL: sixteen lanes.
+    Avx512,
+}
+
+impl HalfIsa {
+    fn detect() -> HalfIsa {
+        [HalfIsa::Avx512, HalfIsa::Avx2]
+            .into_iter()
+            .find(|w| w.supported())
+            .unwrap_or(HalfIsa::Scalar)
     }
+
+    /// Whether this CPU has the width's features.
+    fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                HalfIsa::Scalar => true,
+                HalfIsa::Avx2 => has!("avx2") && has!("f16c"),
+                HalfIsa::Avx512 => has!("avx512f") && has!("avx512bw") && has!("avx512vl"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == HalfIsa::Scalar
+        }
+    }
+}
+
+/// [`loom_copy_half`] with the given vector width (which the CPU must have).
+///
+/// # Safety
+/// As [`loom_copy_half`]; the CPU has `isa`'s features.
+unsafe fn copy_half_on(
+    isa: HalfIsa,
+    dst: *mut u8,
+    src: *const u8,
+    n: usize,
+    dtype: u32,
+    load: bool,
+) {
+    let bf16 = dtype_of(dtype) == DType::BF16;
+    // SAFETY: the features are present (the caller's contract); the extents as the caller promised.
+    #[cfg(target_arch = "x86_64")]
+    let i = unsafe {
+        match isa {
+            HalfIsa::Avx512 => half_x86::convert(dst, src, n, bf16, load),
+            HalfIsa::Avx2 => half_x86::convert8(dst, src, n, bf16, load),
+            HalfIsa::Scalar => 0,
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let i = {
+        let _ = (isa, bf16);
+        0
+    };
     for j in i..n {
         // SAFETY: j < n: inside both regions (the caller's contract); unaligned accesses.
         unsafe {
-            if load != 0 {
+            if load {
                 let h = (src as *const u16).add(j).read_unaligned();
                 (dst as *mut f32)
                     .add(j)
@@ -163,6 +219,82 @@ mod half_x86 {
                 }
             }
             i += 16;
+        }
+        i
+    }
+
+    /// [`convert`] on AVX2 and F16C: whole blocks of 8, the same bits (NaN handling included).
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn convert8(
+        dst: *mut u8,
+        src: *const u8,
+        n: usize,
+        bf16: bool,
+        load: bool,
+    ) -> usize {
+        let mut i = 0;
+        let sign = _mm256_set1_epi32(i32::MIN);
+        // Eight 32-bit lanes holding 16-bit values to eight 16-bit lanes (values below 2^16: no saturation).
+        let pack = |v: __m256i| {
+            _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+        };
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n: inside both regions (the caller's contract); unaligned loads and stores.
+            unsafe {
+                if load {
+                    let h = _mm_loadu_si128(src.add(2 * i) as *const __m128i);
+                    let v = if bf16 {
+                        // NaN: quiet, payload kept (as `loom_half_to_f32`).
+                        let v =
+                            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+                        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+                        let q =
+                            _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x0040_0000)));
+                        _mm256_blendv_ps(v, q, nan)
+                    } else {
+                        // NaN: the canonical quiet NaN with the half's sign, as `f16_to_f32` gives.
+                        let v = _mm256_cvtph_ps(h);
+                        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+                        let q = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_castps_si256(v), sign),
+                            _mm256_set1_epi32(0x7fc0_0000),
+                        );
+                        _mm256_blendv_ps(v, _mm256_castsi256_ps(q), nan)
+                    };
+                    _mm256_storeu_ps(dst.add(4 * i) as *mut f32, v);
+                } else {
+                    let v = _mm256_loadu_ps(src.add(4 * i) as *const f32);
+                    let b = _mm256_castps_si256(v);
+                    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                    // The sign moved to bit 15 of each lane.
+                    let neg = _mm256_srli_epi32::<16>(_mm256_and_si256(b, sign));
+                    let h = if bf16 {
+                        // Round to nearest even on the high 16 bits: add 0x7fff plus the kept part's lowest bit.
+                        let odd =
+                            _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+                        let r =
+                            _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+                        let r = _mm256_srli_epi32::<16>(r);
+                        // NaN: 0x7fc0 or 0xffc0.
+                        let q = _mm256_or_si256(neg, _mm256_set1_epi32(0x7fc0));
+                        pack(_mm256_blendv_epi8(r, q, nan))
+                    } else {
+                        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                        // NaN: 0x7e00 with the sign.
+                        let q = pack(_mm256_or_si256(neg, _mm256_set1_epi32(0x7e00)));
+                        _mm_blendv_epi8(
+                            h,
+                            q,
+                            _mm_packs_epi32(
+                                _mm256_castsi256_si128(nan),
+                                _mm256_extracti128_si256::<1>(nan),
+                            ),
+                        )
+                    };
+                    _mm_storeu_si128(dst.add(2 * i) as *mut __m128i, h);
+                }
+            }
+            i += 8;
         }
         i
     }
@@ -1069,25 +1201,34 @@ mod tests {
     /// without a tail.
     #[test]
     fn half_rows_convert_as_the_scalar_functions() {
+        for isa in [HalfIsa::Scalar, HalfIsa::Avx2, HalfIsa::Avx512] {
+            if isa.supported() {
+                half_rows_convert_on(isa);
+            }
+        }
+    }
+
+    fn half_rows_convert_on(isa: HalfIsa) {
+        let copy = |dst: *mut u8, src: *const u8, n: usize, code: u32, load: bool| {
+            // SAFETY: the callers pass regions of n elements; the CPU has `isa` (`supported`).
+            unsafe { copy_half_on(isa, dst, src, n, code, load) }
+        };
         for dt in [DType::F16, DType::BF16] {
             let code = dtype_code(dt);
             let halves: Vec<u16> = (0..=u16::MAX).collect();
             let mut f = vec![0f32; halves.len()];
-            // SAFETY: both vectors hold halves.len() elements.
-            unsafe {
-                loom_copy_half(
-                    f.as_mut_ptr() as *mut u8,
-                    halves.as_ptr() as *const u8,
-                    halves.len() as u64,
-                    code,
-                    1,
-                )
-            };
+            copy(
+                f.as_mut_ptr() as *mut u8,
+                halves.as_ptr() as *const u8,
+                halves.len(),
+                code,
+                true,
+            );
             for (&h, &x) in halves.iter().zip(&f) {
                 assert_eq!(
                     x.to_bits(),
                     loom_half_to_f32(code, u32::from(h)).to_bits(),
-                    "{dt:?} load {h:#06x}"
+                    "{isa:?} {dt:?} load {h:#06x}"
                 );
             }
             let mut xs: Vec<f32> = f.clone();
@@ -1112,21 +1253,18 @@ mod tests {
             xs.push(1.0);
             for n in [xs.len(), 37, 15] {
                 let mut h = vec![0u16; n];
-                // SAFETY: xs has at least n values, h n slots.
-                unsafe {
-                    loom_copy_half(
-                        h.as_mut_ptr() as *mut u8,
-                        xs.as_ptr() as *const u8,
-                        n as u64,
-                        code,
-                        0,
-                    )
-                };
+                copy(
+                    h.as_mut_ptr() as *mut u8,
+                    xs.as_ptr() as *const u8,
+                    n,
+                    code,
+                    false,
+                );
                 for (&x, &got) in xs.iter().zip(&h) {
                     assert_eq!(
                         got,
                         loom_f32_to_half(code, x) as u16,
-                        "{dt:?} store {:#010x}",
+                        "{isa:?} {dt:?} store {:#010x}",
                         x.to_bits()
                     );
                 }
