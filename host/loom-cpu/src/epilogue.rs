@@ -251,7 +251,7 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
             .map_or(std::ptr::null_mut(), |(_, a)| *a as *mut f32)
     };
     let per = m.div_ceil(threads);
-    let wide = wide();
+    let lanes = lanes();
     let work = |t: usize| {
         let (lo, hi) = (t * per, ((t + 1) * per).min(m));
         let mut regs = vec![0f32; e.ops.len().max(1) * CHUNK];
@@ -262,7 +262,7 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
                 // SAFETY: every Mat parameter is [M, N] f32 and every Row parameter [N] f32 (checked by the
                 // matcher against the kernel's parameters, and by `run` against the buffers), row < M,
                 // c0 < c1 <= N.
-                unsafe { run_row(e, &addr, row, c0, c1, &mut regs, wide) };
+                unsafe { run_row(e, &addr, row, c0, c1, &mut regs, lanes) };
                 c0 = c1;
             }
         }
@@ -278,14 +278,19 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
 /// and the row of C is read once (the ops are elementwise, so the bits do not depend on it).
 const CHUNK: usize = 256;
 
-/// Whether the binary loops may run on 16 lanes (AVX-512F): the same IEEE operations on each element.
-fn wide() -> bool {
+/// The lanes the binary loops may run on: 16 with AVX-512F, 8 with AVX2, else the baseline's; the same IEEE
+/// operations on each element whatever the width.
+fn lanes() -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return 16;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return 8;
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    1
 }
 
 /// Columns `c0..c1` of one output row: each op over them into its register, then the store.
@@ -293,7 +298,7 @@ fn wide() -> bool {
 /// # Safety
 /// `addr(p)` points to `[M, N]` f32 for Mat parameters and to `[N]` f32 for Row parameters; `row < M`,
 /// `c0 < c1 <= N`, `c1 - c0 <= CHUNK`; the stored parameter's row is written by this call only (threads own
-/// disjoint rows); `wide` only where AVX-512F is present.
+/// disjoint rows); `lanes` from [`lanes`].
 unsafe fn run_row(
     e: &Epilogue,
     addr: &dyn Fn(u32) -> *mut f32,
@@ -301,7 +306,7 @@ unsafe fn run_row(
     c0: usize,
     c1: usize,
     regs: &mut [f32],
-    wide: bool,
+    lanes: u32,
 ) {
     let (n, w) = (e.n, c1 - c0);
     let (regs_ptr, regs_len) = (regs.as_mut_ptr(), regs.len());
@@ -328,8 +333,8 @@ unsafe fn run_row(
                 let sl = |p: *const f32| unsafe { std::slice::from_raw_parts(p, w) };
                 let (a, b) = (src(a), src(b));
                 #[cfg(target_arch = "x86_64")]
-                if wide {
-                    // SAFETY: `wide` only where AVX-512F is present (the caller's contract).
+                if lanes == 16 {
+                    // SAFETY: 16 lanes only where AVX-512F is present (`lanes`).
                     unsafe {
                         match (a, b) {
                             (Ok(x), Ok(y)) => rt::bin_vv_512(op, sl(x), sl(y), dst),
@@ -342,7 +347,22 @@ unsafe fn run_row(
                     }
                     continue;
                 }
-                let _ = wide;
+                #[cfg(target_arch = "x86_64")]
+                if lanes == 8 {
+                    // SAFETY: 8 lanes only where AVX2 is present (`lanes`).
+                    unsafe {
+                        match (a, b) {
+                            (Ok(x), Ok(y)) => rt::bin_vv_256(op, sl(x), sl(y), dst),
+                            (Ok(x), Err(c)) => rt::bin_vs_256(op, sl(x), c, dst),
+                            (Err(c), Ok(y)) => rt::bin_sv_256(op, c, sl(y), dst),
+                            (Err(_), Err(_)) => {
+                                unreachable!("constant folding is refused by the matcher")
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let _ = lanes;
                 match (a, b) {
                     (Ok(x), Ok(y)) => rt::bin_vv(op, sl(x), sl(y), dst),
                     (Ok(x), Err(c)) => rt::bin_vs(op, sl(x), c, dst),

@@ -584,6 +584,19 @@ pub(crate) unsafe extern "C" fn loom_bin_tile(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the feature is present.
+        unsafe {
+            match (x, y) {
+                (Some(x), Some(y)) => bin_vv_256(op, x, y, o),
+                (Some(x), None) => bin_vs_256(op, x, s, o),
+                (None, Some(y)) => bin_sv_256(op, s, y, o),
+                (None, None) => {}
+            }
+        }
+        return;
+    }
     match (x, y) {
         (Some(x), Some(y)) => bin_vv(op, x, y, o),
         (Some(x), None) => bin_vs(op, x, s, o),
@@ -647,6 +660,25 @@ pub(crate) fn bin_vs_512(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) fn bin_sv_512(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
+    bin_sv(op, c, b, o)
+}
+
+/// The binary loops compiled for 8 lanes (callers check AVX2 first).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn bin_vv_256(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+    bin_vv(op, a, b, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn bin_vs_256(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
+    bin_vs(op, a, c, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn bin_sv_256(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
     bin_sv(op, c, b, o)
 }
 
