@@ -163,14 +163,30 @@ pub(crate) fn sgemm_threads(
 
 #[cfg(test)]
 mod tests {
-    /// The AVX-512 transpose of `small_dot`'s copies, bit for bit, over whole blocks, ragged edges and a row
-    /// stride past the row, without writing past `n * k`.
+    #[cfg(target_arch = "x86_64")]
+    use super::{DotIsa, small_dot_on};
+
+    /// The instruction sets of `small_dot` this CPU runs.
+    #[cfg(target_arch = "x86_64")]
+    fn isas() -> Vec<DotIsa> {
+        [DotIsa::Avx2, DotIsa::Avx512]
+            .into_iter()
+            .filter(|i| i.supported())
+            .collect()
+    }
+
+    /// The transposes of `small_dot`'s copies (AVX-512 and AVX2), bit for bit, over whole blocks, ragged edges
+    /// and a row stride past the row, without writing past `n * k`.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn transposes_blocks_and_ragged_edges() {
-        if !is_x86_feature_detected!("avx512f") {
-            return;
+        for isa in isas() {
+            transposes_on(isa);
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn transposes_on(isa: DotIsa) {
         for (n, k, ldb) in [
             (1, 1, 1),
             (16, 16, 16),
@@ -181,30 +197,41 @@ mod tests {
         ] {
             let b: Vec<f32> = (0..n * ldb).map(|i| i as f32 * 0.5 - 3.0).collect();
             let mut t = vec![f32::NAN; n * k + 1];
-            // SAFETY: avx512f detected; b holds n rows of ldb >= k, t has n * k (+ 1 sentinel) values.
-            unsafe { super::x86::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr()) };
+            // SAFETY: `isa` detected; b holds n rows of ldb >= k, t has n * k (+ 1 sentinel) values.
+            unsafe {
+                if isa == DotIsa::Avx512 {
+                    super::x86::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr())
+                } else {
+                    super::x86v3::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr())
+                }
+            };
             for j in 0..n {
                 for d in 0..k {
                     assert_eq!(
                         t[d * n + j].to_bits(),
                         b[j * ldb + d].to_bits(),
-                        "n {n} k {k}: ({j}, {d})"
+                        "{isa:?} n {n} k {k}: ({j}, {d})"
                     );
                 }
             }
-            assert!(t[n * k].is_nan(), "n {n} k {k}: wrote past the end");
+            assert!(t[n * k].is_nan(), "{isa:?} n {n} k {k}: wrote past the end");
         }
     }
 
-    /// `dot_bn`'s packed form for narrow `b` (RoPE's pair swap and its kin: `n` dividing 16, `k <= n`), bit
-    /// for bit against each output's fused multiply-add chain over `k` in order (from `out`, or from +0),
-    /// over ragged row counts, signed zeros included.
+    /// `dot_bn` (AVX-512 and AVX2) for narrow `b` (its packed forms: RoPE's pair swap and its kin, `n`
+    /// dividing 16 or 8, `k <= n`) and wider ones (the register blocks, ragged columns), bit for bit against
+    /// each output's fused multiply-add chain over `k` in order (from `out`, or from +0), over ragged row
+    /// counts, signed zeros included.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn packed_narrow_products_are_each_outputs_chain() {
-        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")) {
-            return;
+        for isa in isas() {
+            bn_chains_on(isa);
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn bn_chains_on(isa: DotIsa) {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -225,6 +252,11 @@ mod tests {
             (4, 4),
             (8, 5),
             (8, 8),
+            (16, 3),
+            (12, 12),
+            (17, 9),
+            (40, 64),
+            (64, 16),
         ] {
             for m in [1usize, 2, 3, 7, 8, 9, 16, 17, 31, 288] {
                 let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
@@ -234,7 +266,8 @@ mod tests {
                     let mut out = init.clone();
                     // SAFETY: the features were detected; a, b and out hold m * k, k * n and m * n values.
                     unsafe {
-                        super::x86::dot_bn(
+                        small_dot_on(
+                            isa,
                             m,
                             n,
                             k,
@@ -243,6 +276,7 @@ mod tests {
                             k,
                             b.as_ptr(),
                             n,
+                            false,
                             accumulate,
                         )
                     };
@@ -255,9 +289,87 @@ mod tests {
                             assert_eq!(
                                 out[i * n + j].to_bits(),
                                 v.to_bits(),
-                                "m {m} n {n} k {k} accumulate {accumulate}: out[{i}, {j}]"
+                                "{isa:?} m {m} n {n} k {k} accumulate {accumulate}: out[{i}, {j}]"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `small_dot` against a transposed `b` (attention's scores: a few query rows by a page of keys, and more
+    /// rows through the transposed copy), AVX-512 and AVX2, with row strides past the rows and ragged column
+    /// groups and depths, within f32 rounding of the f64 product (`1e-6 * sum |a b|`), writing nothing past
+    /// `out`.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn transposed_products_match_the_f64_product() {
+        for isa in isas() {
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 20) % 2001) as f32 / 500.0 - 2.0
+            };
+            for (n, k) in [
+                (1, 1),
+                (5, 7),
+                (8, 8),
+                (16, 64),
+                (17, 64),
+                (40, 70),
+                (3, 130),
+            ] {
+                for m in [1usize, 2, 7, 8, 9, 32] {
+                    let (lda, ldb) = (k + 3, k + 5);
+                    let a: Vec<f32> = (0..m * lda).map(|_| next()).collect();
+                    let b: Vec<f32> = (0..n * ldb).map(|_| next()).collect();
+                    let init: Vec<f32> = (0..m * n).map(|_| next()).collect();
+                    for accumulate in [false, true] {
+                        let mut out = init.clone();
+                        out.push(f32::NAN);
+                        // SAFETY: `isa` detected; a holds m rows of lda >= k, b n rows of ldb >= k, out m * n
+                        // values (and a sentinel).
+                        let done = unsafe {
+                            small_dot_on(
+                                isa,
+                                m,
+                                n,
+                                k,
+                                out.as_mut_ptr(),
+                                a.as_ptr(),
+                                lda,
+                                b.as_ptr(),
+                                ldb,
+                                true,
+                                accumulate,
+                            )
+                        };
+                        assert!(done, "{isa:?} m {m} n {n} k {k}");
+                        for i in 0..m {
+                            for j in 0..n {
+                                let terms = (0..k)
+                                    .map(|d| f64::from(a[i * lda + d]) * f64::from(b[j * ldb + d]));
+                                let base = if accumulate {
+                                    f64::from(init[i * n + j])
+                                } else {
+                                    0.0
+                                };
+                                let want = base + terms.clone().sum::<f64>();
+                                let scale = base.abs() + terms.map(f64::abs).sum::<f64>();
+                                let got = f64::from(out[i * n + j]);
+                                assert!(
+                                    (got - want).abs() <= 1e-6 * scale + 1e-30,
+                                    "{isa:?} m {m} n {n} k {k} accumulate {accumulate}: out[{i}, {j}] = {got}, want {want}"
+                                );
+                            }
+                        }
+                        assert!(
+                            out[m * n].is_nan(),
+                            "{isa:?} m {m} n {n} k {k}: wrote past out"
+                        );
                     }
                 }
             }
@@ -342,15 +454,17 @@ thread_local! {
 }
 
 /// `out[m, n] (+)= a[m, k] @ b` for a product of a few rows (m <= [`SMALL_DOT_ROWS`], or
-/// [`SMALL_DOT_ROWS_BN`]), or of any rows by a tiny `b` ([`NARROW_B_DEPTH`]), on an AVX-512 CPU:
+/// [`SMALL_DOT_ROWS_BN`]), or of any rows by a tiny `b` ([`NARROW_B_DEPTH`]), on an AVX-512 or AVX2 CPU:
 /// `b` is `[k, n]`, or `[n, k]` read transposed (`bt`); the rows of `a` and `b` are `lda` and `ldb` elements
 /// apart, those of `out` `n`. This is attention's shape at
 /// decode (a token's query heads against a page of keys, then its weights against the page's values), where
 /// the gemm crate's per-call setup (dispatch, packing buffers) costs several times the arithmetic. Returns
-/// false, doing nothing, where it does not apply (more rows, or no AVX-512): the caller uses the gemm crate.
+/// false, doing nothing, where it does not apply (more rows, or neither AVX-512 nor AVX2 with FMA): the caller
+/// uses the gemm crate.
 ///
 /// Numerics: each output is one f32 fused multiply-add chain (sixteen lanes, summed in a fixed tree for the
-/// transposed form of up to 8 rows; over k in order otherwise), deterministic for the shape, within the
+/// transposed form of up to 8 rows, eight lanes and their own tree on AVX2; over k in order otherwise, the
+/// same bits on both), deterministic for the shape and the CPU, within the
 /// documented f32 dot tolerance.
 pub(crate) fn small_dot(
     m: usize,
@@ -365,46 +479,107 @@ pub(crate) fn small_dot(
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    let narrow = !bt && k <= NARROW_B_DEPTH && n <= NARROW_B_COLS;
-    if (m <= SMALL_DOT_ROWS_BN || narrow)
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("fma")
     {
-        if bt && m > SMALL_DOT_ROWS {
-            if n * k > BT_COPY_MAX {
-                return false;
-            }
-            // More rows against a transposed b (attention's scores at 32 query rows): b copied as [k, n] so
-            // the rows share its vectors in `dot_bn`'s register blocks.
-            BT_COPY.with(|cell| {
-                let mut t = cell.take();
-                t.clear();
-                t.reserve(n * k);
-                // SAFETY: the features were detected above; b holds n rows of k at stride ldb (the caller's
-                // contract) and t has room for n * k values, every one of which `transpose` writes, so the
-                // length may then cover them; the caller's contract covers a and out.
-                unsafe {
-                    x86::transpose(n, k, b, ldb, t.as_mut_ptr());
-                    t.set_len(n * k);
-                    x86::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate)
-                };
-                cell.set(t);
-            });
-            return true;
-        }
-        // SAFETY: the features were detected above; the caller's contract covers the extents (a: m rows of k
-        // at stride lda, b: k rows of n or n rows of k at stride ldb, out: m*n f32, not overlapping a or b).
-        unsafe {
-            if bt {
-                x86::dot_bt(m, n, k, out, a, lda, b, ldb, accumulate)
-            } else {
-                x86::dot_bn(m, n, k, out, a, lda, b, ldb, accumulate)
+        let narrow = !bt && k <= NARROW_B_DEPTH && n <= NARROW_B_COLS;
+        if m <= SMALL_DOT_ROWS_BN || narrow {
+            let isa = DotIsa::detect();
+            if isa != DotIsa::None {
+                // SAFETY: `isa`'s features were detected; the caller's contract.
+                return unsafe { small_dot_on(isa, m, n, k, out, a, lda, b, ldb, bt, accumulate) };
             }
         }
-        return true;
     }
     let _ = (m, n, k, out, a, lda, b, ldb, bt, accumulate);
     false
+}
+
+/// The instruction sets [`small_dot`] has forms for.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DotIsa {
+    None,
+    Avx2,
+    Avx512,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl DotIsa {
+    fn detect() -> DotIsa {
+        [DotIsa::Avx512, DotIsa::Avx2]
+            .into_iter()
+            .find(|i| i.supported())
+            .unwrap_or(DotIsa::None)
+    }
+
+    fn supported(self) -> bool {
+        use std::arch::is_x86_feature_detected as has;
+        match self {
+            DotIsa::None => false,
+            DotIsa::Avx2 => has!("avx2") && has!("fma"),
+            DotIsa::Avx512 => has!("avx512f") && has!("fma"),
+        }
+    }
+}
+
+/// [`small_dot`] on the given instruction set (m <= [`SMALL_DOT_ROWS_BN`], or a narrow `b`).
+///
+/// # Safety
+/// The CPU has `isa` (not `None`); [`small_dot`]'s contract.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_dot_on(
+    isa: DotIsa,
+    m: usize,
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    bt: bool,
+    accumulate: bool,
+) -> bool {
+    let wide = isa == DotIsa::Avx512;
+    if bt && m > SMALL_DOT_ROWS {
+        if n * k > BT_COPY_MAX {
+            return false;
+        }
+        // More rows against a transposed b (attention's scores at 32 query rows): b copied as [k, n] so
+        // the rows share its vectors in `dot_bn`'s register blocks.
+        BT_COPY.with(|cell| {
+            let mut t = cell.take();
+            t.clear();
+            t.reserve(n * k);
+            // SAFETY: the CPU has `isa` (the caller's contract); b holds n rows of k at stride ldb (the
+            // caller's contract) and t has room for n * k values, every one of which `transpose` writes, so
+            // the length may then cover them; the caller's contract covers a and out.
+            unsafe {
+                if wide {
+                    x86::transpose(n, k, b, ldb, t.as_mut_ptr());
+                    t.set_len(n * k);
+                    x86::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate)
+                } else {
+                    x86v3::transpose(n, k, b, ldb, t.as_mut_ptr());
+                    t.set_len(n * k);
+                    x86v3::dot_bn(m, n, k, out, a, lda, t.as_ptr(), n, accumulate)
+                }
+            };
+            cell.set(t);
+        });
+        return true;
+    }
+    // SAFETY: the CPU has `isa`; the caller's contract covers the extents (a: m rows of k at stride lda, b:
+    // k rows of n or n rows of k at stride ldb, out: m*n f32, not overlapping a or b).
+    unsafe {
+        match (wide, bt) {
+            (true, true) => x86::dot_bt(m, n, k, out, a, lda, b, ldb, accumulate),
+            (true, false) => x86::dot_bn(m, n, k, out, a, lda, b, ldb, accumulate),
+            (false, true) => x86v3::dot_bt(m, n, k, out, a, lda, b, ldb, accumulate),
+            (false, false) => x86v3::dot_bn(m, n, k, out, a, lda, b, ldb, accumulate),
+        }
+    }
+    true
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -742,6 +917,279 @@ mod x86 {
                 let o = out.add(r * ldo);
                 _mm512_mask_storeu_ps(o, m0, v[0]);
                 _mm512_mask_storeu_ps(o.add(16), m1, v[1]);
+            }
+        }
+    }
+}
+
+/// [`x86`]'s small products on AVX2 and FMA (eight lanes, sixteen registers), for CPUs without AVX-512.
+/// `dot_bn` and its packed form give the same bits as the AVX-512 forms (each output one fused multiply-add
+/// chain over `k` in order); `dot_bt` sums eight-lane chains by its own tree (deterministic for the shape).
+#[cfg(target_arch = "x86_64")]
+mod x86v3 {
+    use std::arch::x86_64::*;
+
+    /// The lane mask of `len` (< 8) elements, or all eight, for `maskload`/`maskstore`.
+    #[inline(always)]
+    fn tail(len: usize) -> __m256i {
+        // SAFETY: AVX is implied by every caller's target features.
+        unsafe {
+            _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(len.min(8) as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            )
+        }
+    }
+
+    /// Eight vectors to one: lane j of the result is the sum of the lanes of `v[j]` (pairs within 128-bit
+    /// lanes, then across them).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum8(v: &[__m256; 8]) -> __m256 {
+        let pair = |a: __m256, b: __m256| {
+            _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b))
+        };
+        let quad = |ab: __m256, cd: __m256| {
+            let (ab, cd) = (_mm256_castps_pd(ab), _mm256_castps_pd(cd));
+            _mm256_add_ps(
+                _mm256_castpd_ps(_mm256_unpacklo_pd(ab, cd)),
+                _mm256_castpd_ps(_mm256_unpackhi_pd(ab, cd)),
+            )
+        };
+        // x: [a b c d] sums of the low 128 bits, then of the high ones; y the same for e..h.
+        let x = quad(pair(v[0], v[1]), pair(v[2], v[3]));
+        let y = quad(pair(v[4], v[5]), pair(v[6], v[7]));
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(x, y),
+            _mm256_permute2f128_ps::<0x31>(x, y),
+        )
+    }
+
+    /// `out[i, j] (+)= sum_k a[i, k] * b[j, k]` (`b` is `[n, k]`): eight columns at a time, each an
+    /// eight-lane chain over k, then [`sum8`].
+    ///
+    /// # Safety
+    /// AVX2 and FMA; row i of a at a + i * lda and row j of b at b + j * ldb hold k elements; out holds m * n
+    /// f32, overlapping neither.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_bt(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY (whole body): loads of row i of a and row j < n of b cover k elements (the tail masked);
+        // out + i * n + j for i < m and j < n (the last group's loads and store masked).
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let cols = (n - j0).min(8);
+                // Column c's row of b (the last real one again past n: those lanes load nothing).
+                let rows: [*const f32; 8] =
+                    std::array::from_fn(|c| b.add((j0 + c.min(cols - 1)) * ldb));
+                let none = _mm256_setzero_si256();
+                for i in 0..m {
+                    let ai = a.add(i * lda);
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    let mut kk = 0;
+                    if cols == 8 {
+                        while kk + 8 <= k {
+                            let x = _mm256_loadu_ps(ai.add(kk));
+                            for (v, r) in acc.iter_mut().zip(&rows) {
+                                *v = _mm256_fmadd_ps(x, _mm256_loadu_ps(r.add(kk)), *v);
+                            }
+                            kk += 8;
+                        }
+                    }
+                    while kk < k {
+                        let mk = tail(k - kk);
+                        let x = _mm256_maskload_ps(ai.add(kk), mk);
+                        for (c, v) in acc.iter_mut().enumerate() {
+                            let mc = if c < cols { mk } else { none };
+                            let y = _mm256_maskload_ps(rows[c].add(kk), mc);
+                            *v = _mm256_fmadd_ps(x, y, *v);
+                        }
+                        kk += 8;
+                    }
+                    let mut s = sum8(&acc);
+                    let o = out.add(i * n + j0);
+                    let mo = tail(cols);
+                    if accumulate {
+                        s = _mm256_add_ps(_mm256_maskload_ps(o, mo), s);
+                    }
+                    _mm256_maskstore_ps(o, mo, s);
+                }
+                j0 += 8;
+            }
+        }
+    }
+
+    /// `t[d * n + j] = b[j * ldb + d]` for `j < n`, `d < k` (every element of `t`'s `n * k` written).
+    ///
+    /// # Safety
+    /// `b` readable for `n` rows of `k` at stride `ldb`, `t` writable for `n * k` values.
+    pub(super) unsafe fn transpose(n: usize, k: usize, b: *const f32, ldb: usize, t: *mut f32) {
+        for j in 0..n {
+            for d in 0..k {
+                // SAFETY: j < n, d < k: inside both (the caller's contract).
+                unsafe { *t.add(d * n + j) = *b.add(j * ldb + d) };
+            }
+        }
+    }
+
+    /// `out[i, :] (+)= sum_k a[i, k] * b[k, :]` (`b` is `[k, n]`): blocks of up to [`BN_ROWS`] rows by 16
+    /// columns, each `k` loading `b`'s two vectors once for all the rows. Each output is one fused
+    /// multiply-add chain over `k` in order, from its `out` value or +0: the AVX-512 form's bits.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; as the AVX-512 `dot_bn`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_bn(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        accumulate: bool,
+    ) {
+        if n < 8 && 8 % n == 0 && k <= n && lda == k && ldb == n {
+            // SAFETY: the caller's contract, as below; the packed form's conditions hold.
+            unsafe { dot_packed(m, n, k, out, a, b, accumulate) };
+            return;
+        }
+        let mut j = 0;
+        while j < n {
+            let cols = (n - j).min(16);
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(BN_ROWS);
+                // SAFETY: rows i..i + rows of a (k each, at lda), columns j..j + cols of b's k rows (at ldb) and
+                // of out's rows (at n) lie inside the caller's extents.
+                unsafe {
+                    let (ai, bj, oi) = (a.add(i * lda), b.add(j), out.add(i * n + j));
+                    match rows {
+                        1 => bn_block::<1>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        2 => bn_block::<2>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        3 => bn_block::<3>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        4 => bn_block::<4>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        5 => bn_block::<5>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                        _ => bn_block::<BN_ROWS>(k, ai, lda, bj, ldb, oi, n, cols, accumulate),
+                    }
+                }
+                i += rows;
+            }
+            j += 16;
+        }
+    }
+
+    /// [`dot_bn`] for a narrow `b` (`n` dividing 8, `k <= n`) and packed rows: each vector holds `8 / n` whole
+    /// rows of `out` (as the AVX-512 `dot_packed`, on eight lanes): the same chains, the same bits.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `a` holds `m * k` f32, `b` `k * n`, `out` `m * n` (not overlapping them), and `n < 8`,
+    /// `8 % n == 0`, `k <= n`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_packed(
+        m: usize,
+        n: usize,
+        k: usize,
+        out: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        accumulate: bool,
+    ) {
+        let per = 8 / n;
+        // SAFETY (whole body): `b` holds k rows of n; row group i covers rows i..i + rows of `a` (rows * k <= 8
+        // values, masked) and of `out` (rows * n <= 8 values, masked).
+        unsafe {
+            let mut bv = [_mm256_setzero_ps(); 8];
+            let mut ix = [_mm256_setzero_si256(); 8];
+            for kk in 0..k {
+                let mut w = [0f32; 8];
+                let mut at = [0i32; 8];
+                for lane in 0..8 {
+                    w[lane] = *b.add(kk * n + lane % n);
+                    at[lane] = ((lane / n) * k + kk) as i32;
+                }
+                bv[kk] = _mm256_loadu_ps(w.as_ptr());
+                ix[kk] = _mm256_loadu_si256(at.as_ptr() as *const __m256i);
+            }
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(per);
+                let ma = tail(rows * k);
+                let mo = tail(rows * n);
+                let x = _mm256_maskload_ps(a.add(i * k), ma);
+                let o = out.add(i * n);
+                let mut acc = if accumulate {
+                    _mm256_maskload_ps(o, mo)
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for kk in 0..k {
+                    acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(x, ix[kk]), bv[kk], acc);
+                }
+                _mm256_maskstore_ps(o, mo, acc);
+                i += rows;
+            }
+        }
+    }
+
+    /// Rows of one [`dot_bn`] block: 2 x 6 accumulators, two `b` vectors and a broadcast fit the 16 registers.
+    const BN_ROWS: usize = 6;
+
+    /// `R` rows by `cols` (<= 16) columns of [`dot_bn`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bn_block<const R: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        out: *mut f32,
+        ldo: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let m0 = tail(cols);
+        let m1 = tail(cols.saturating_sub(8));
+        // SAFETY (whole body): a + r * lda + kk (r < R, kk < k); b + kk * ldb + c for c < cols (masked loads);
+        // out + r * ldo + c for c < cols (masked loads and stores).
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            if accumulate {
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let o = out.add(r * ldo);
+                    v[0] = _mm256_maskload_ps(o, m0);
+                    v[1] = _mm256_maskload_ps(o.wrapping_add(8), m1);
+                }
+            }
+            for kk in 0..k {
+                let row = b.add(kk * ldb);
+                let y0 = _mm256_maskload_ps(row, m0);
+                let y1 = _mm256_maskload_ps(row.wrapping_add(8), m1);
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let x = _mm256_set1_ps(*a.add(r * lda + kk));
+                    v[0] = _mm256_fmadd_ps(x, y0, v[0]);
+                    v[1] = _mm256_fmadd_ps(x, y1, v[1]);
+                }
+            }
+            for (r, v) in acc.iter().enumerate() {
+                let o = out.add(r * ldo);
+                _mm256_maskstore_ps(o, m0, v[0]);
+                _mm256_maskstore_ps(o.wrapping_add(8), m1, v[1]);
             }
         }
     }
