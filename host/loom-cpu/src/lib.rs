@@ -968,7 +968,7 @@ impl CpuStage {
                 y: slots[sy].0 as *mut f32,
             })
             .collect();
-        // SAFETY: `tiled_run` only counts dispatches whose ISA is AVX-512 VNNI (`qdotf::tiled`), and with AMX-INT8
+        // SAFETY: `tiled_run` only counts dispatches whose ISA has the tiled kernels (`qdotf::tiled`), and with AMX-INT8
         // where `amx` (`qdotf::on_amx`); each output is m x n f32 of its buffer (the stage's shapes, checked by
         // `check_buffers`) and overlaps no member's buffers (checked above).
         unsafe {

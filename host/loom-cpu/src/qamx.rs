@@ -62,7 +62,7 @@ static CONFIG: TileConfig = {
 
 /// Whether [`matmul`] runs here: AVX-512 VNNI (`qtile::available`) and AMX-INT8 granted by the OS.
 pub(crate) fn available(isa: Isa) -> bool {
-    qtile::available(isa) && crate::amx::int8()
+    isa == Isa::Avx512Vnni && qtile::available(isa) && crate::amx::int8()
 }
 
 /// 64 bytes, 64-byte aligned.

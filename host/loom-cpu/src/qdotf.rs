@@ -555,7 +555,7 @@ pub(crate) fn f32_view(x: &[u8]) -> std::borrow::Cow<'_, [f32]> {
 }
 
 /// Whether [`matmul_rows`] of `m` activation rows runs on weight tiles (`qtile.rs`): fewer than
-/// `qtile::MAX_ROWS` rows, AVX-512 VNNI, a block type with a tiled form.
+/// `qtile::MAX_ROWS` rows, AVX-512 VNNI or AVX2 (`qtile::available`), a block type with a tiled form.
 pub(crate) fn tiled(isa: Isa, dtype: DType, m: usize) -> bool {
     m < crate::qtile::MAX_ROWS
         && crate::qtile::available(isa)
@@ -612,7 +612,7 @@ pub(crate) fn matmul_rows(
         unsafe { crate::qamx::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };
         return;
     }
-    // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI: the weights as tiles of 16 rows (kept in
+    // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI or AVX2: the weights as tiles of 16 rows (kept in
     // `cache` when the weights are a parameter, else made for this call) against 22-bit activations
     // (`qtile.rs`).
     #[cfg(target_arch = "x86_64")]

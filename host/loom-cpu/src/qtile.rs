@@ -1,6 +1,7 @@
 //! Quantised weights in **tiles of 16 rows** times **22-bit activations**: the row form of the quantised
 //! matrix-vector pattern (`y[i, n] = sum_k deq(W[n, k]) * x[i, k]`, `W` Q8_0, Q4_0 or Q4_1 blocks of 32 along
-//! `K`) on CPUs with AVX-512 VNNI for fewer than [`MAX_ROWS`] activation rows (decode), the weights repacked
+//! `K`) on CPUs with AVX-512 VNNI (or AVX2, module `avx2`, the same bits) for fewer than [`MAX_ROWS`]
+//! activation rows (decode), the weights repacked
 //! once ([`Packed`], kept in a `ParamCache`). From [`MAX_ROWS`] rows on, CPUs with AMX-INT8 run the same
 //! arithmetic on tiles (`qamx.rs`), over the same [`Packed`] weights.
 //!
@@ -362,13 +363,14 @@ pub(crate) fn matmul_scalar(p: &Packed, m: usize, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// Whether [`matmul`] runs on this ISA (AVX-512 with VNNI, BW and F16C: `Isa::Avx512Vnni`).
+/// Whether [`matmul`] runs on this ISA: AVX-512 with VNNI, BW and F16C (`Isa::Avx512Vnni`), or AVX2 with FMA
+/// and F16C (`Isa::Avx2`, module `avx2`: the same bits).
 pub(crate) fn available(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && isa == Isa::Avx512Vnni
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx512Vnni | Isa::Avx2)
 }
 
-/// `y [m, n] = x [m, k] @ W^T` with the tiled weights `p` on AVX-512 VNNI (`available(isa)`), `y` row-major
-/// `[m, n]` f32 (possibly unaligned). Threads claim chunks of tiles.
+/// `y [m, n] = x [m, k] @ W^T` with the tiled weights `p` (`available(isa)`), `y` row-major `[m, n]` f32
+/// (possibly unaligned). Threads claim chunks of tiles.
 ///
 /// # Safety
 /// `available(isa)` holds; `y` is valid for `m * p.n` f32 writes and overlaps neither `p` nor `x`.
@@ -399,6 +401,18 @@ unsafe impl Sync for Product<'_> {}
 /// or weights.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
+    // SAFETY: the caller's contract; `available(Isa::detect())` is what it promised.
+    unsafe { matmul_group_on(Isa::detect(), products, threads) }
+}
+
+/// [`matmul_group`] with the kernel of `isa` (`available(isa)`: `Isa::Avx512Vnni` or `Isa::Avx2`).
+///
+/// # Safety
+/// The CPU has `isa`, which is `available`; [`matmul_group`]'s contract.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn matmul_group_on(isa: Isa, products: &[Product<'_>], threads: usize) {
+    assert!(available(isa));
+    let wide = isa == Isa::Avx512Vnni;
     // The activation rows of each product, quantised once per distinct activation buffer.
     let mut acts: Vec<std::rc::Rc<Vec<Acts>>> = Vec::with_capacity(products.len());
     for (j, pr) in products.iter().enumerate() {
@@ -428,7 +442,13 @@ pub(crate) unsafe fn matmul_group(products: &[Product<'_>], threads: usize) {
                 let g = (pr.m - i).min(MANY);
                 // SAFETY: the ISA holds (caller); the (rows i..i + g, tile t) outputs of product j are this
                 // chunk's only, and no product's output overlaps another's inputs (caller).
-                unsafe { x86::tile(p, t, &a[i..i + g], pr.y, rows, i) };
+                unsafe {
+                    if wide {
+                        x86::tile(p, t, &a[i..i + g], pr.y, rows, i)
+                    } else {
+                        avx2::tile(p, t, &a[i..i + g], pr.y, rows, i)
+                    }
+                };
                 i += g;
             }
         }
@@ -466,6 +486,9 @@ pub(crate) fn chunks(
         .collect();
     (threads, per, chunks)
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -838,17 +861,29 @@ pub(crate) mod tests {
                     }
                 }
                 #[cfg(target_arch = "x86_64")]
-                if available(Isa::detect()) {
+                for isa in crate::qdot::Isa::available() {
+                    if !available(isa) {
+                        continue;
+                    }
+                    let run = |m: usize, x: &[f32], y: &mut [f32], threads: usize| {
+                        let pr = Product {
+                            p: &p,
+                            m,
+                            x,
+                            y: y.as_mut_ptr(),
+                        };
+                        // SAFETY: the CPU has `isa` (`Isa::available`), which is `available`; y holds m * n
+                        // f32.
+                        unsafe { matmul_group_on(isa, &[pr], threads) };
+                    };
                     for threads in [1, 2] {
                         let mut got = vec![f32::NAN; m * n];
-                        // SAFETY: available; got holds m * n f32.
-                        unsafe { matmul(&p, m, &x, got.as_mut_ptr(), threads) };
-                        same_bits(&got, &want, &format!("{dtype} n {n} k {k} m {m}"));
+                        run(m, &x, &mut got, threads);
+                        same_bits(&got, &want, &format!("{isa:?} {dtype} n {n} k {k} m {m}"));
                     }
                     // One row alone gives the same bits as inside the batch.
                     let mut one = vec![0f32; n];
-                    // SAFETY: as above.
-                    unsafe { matmul(&p, 1, &x[(m - 1) * k..], one.as_mut_ptr(), 1) };
+                    run(1, &x[(m - 1) * k..], &mut one, 1);
                     assert_eq!(
                         one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                         want[(m - 1) * n..]
