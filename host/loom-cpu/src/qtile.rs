@@ -217,8 +217,10 @@ impl Acts {
             sum: vec![0.0; nb],
         };
         #[cfg(target_arch = "x86_64")]
-        let simd =
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw");
+        let (simd, avx2) = (
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw"),
+            std::is_x86_feature_detected!("avx2"),
+        );
         for (b, c) in x.chunks_exact(QK).enumerate() {
             let c: &[f32; QK] = c.try_into().expect("32 activations");
             let [p0, p1, p2] = &mut a.parts;
@@ -229,6 +231,9 @@ impl Acts {
             let q = if simd {
                 // SAFETY: avx512f and avx512bw were detected.
                 unsafe { x86::quantise_block(c, out) }
+            } else if avx2 {
+                // SAFETY: avx2 was detected.
+                unsafe { avx2::quantise_block(c, out) }
             } else {
                 quantise_block(c, out)
             };
@@ -257,7 +262,7 @@ fn scale(finite: bool, amax: f32) -> (f32, f32) {
 
 /// One block of 32 activations quantised (see the module doc): writes its three parts to `out` and returns the
 /// scale `s`, the parts' sums and the block's f32 sum (in a fixed tree order: halves of 16, 8, 4, 2, 1 lanes,
-/// which the AVX-512 form `x86::quantise_block` follows, so both give the same bits).
+/// which the AVX-512 and AVX2 forms follow, so all give the same bits).
 ///
 /// A block of zeros (or of magnitudes so small that the scale's inverse overflows) quantises to zeros with scale
 /// zero; a block holding a NaN or an infinity to zeros with a NaN scale, so the products it enters are NaN (as
@@ -746,7 +751,7 @@ pub(crate) mod tests {
         out
     }
 
-    /// The AVX-512 block quantisation equals the scalar one bit for bit (parts, scale, sums), on blocks of
+    /// The AVX-512 and AVX2 block quantisations equal the scalar one bit for bit (parts, scale, sums), on blocks of
     /// random values, zeros, tiny values, large ones and blocks holding a NaN or an infinity; and the parts
     /// rebuild `q` within the bound.
     #[test]
@@ -789,14 +794,24 @@ pub(crate) mod tests {
             }
             assert_eq!(want.0.is_nan(), c.iter().any(|v| !v.is_finite()), "{c:?}");
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx512bw") {
+            for wide in [true, false] {
+                use std::is_x86_feature_detected as has;
+                if (wide && !(has!("avx512f") && has!("avx512bw"))) || (!wide && !has!("avx2")) {
+                    continue;
+                }
                 let (mut a2, mut b2, mut c2) = ([0i8; QK], [0i8; QK], [0i8; QK]);
-                // SAFETY: avx512bw (and so avx512f) detected.
-                let got = unsafe { x86::quantise_block(c, [&mut a2, &mut b2, &mut c2]) };
-                assert_eq!((a, b, cc), (a2, b2, c2), "{c:?}");
-                assert_eq!(want.0.to_bits(), got.0.to_bits(), "{c:?}");
-                assert_eq!(want.1, got.1, "{c:?}");
-                assert_eq!(want.2.to_bits(), got.2.to_bits(), "{c:?}");
+                // SAFETY: the form's features were detected.
+                let got = unsafe {
+                    if wide {
+                        x86::quantise_block(c, [&mut a2, &mut b2, &mut c2])
+                    } else {
+                        avx2::quantise_block(c, [&mut a2, &mut b2, &mut c2])
+                    }
+                };
+                assert_eq!((a, b, cc), (a2, b2, c2), "wide {wide} {c:?}");
+                assert_eq!(want.0.to_bits(), got.0.to_bits(), "wide {wide} {c:?}");
+                assert_eq!(want.1, got.1, "wide {wide} {c:?}");
+                assert_eq!(want.2.to_bits(), got.2.to_bits(), "wide {wide} {c:?}");
             }
         }
     }

@@ -8,7 +8,8 @@
 //! its low and high four bits, `u = 16 hi + lo`), so each 16-bit sum is at most `2 * 15 * 128 = 3840` in
 //! magnitude, and the eight of a block's part add up in 16 bits (`8 * 3840 < 2^15`) before the one widening.
 //! The integer sums are exact, so each lane's are the AVX-512 kernel's, and the float work after them is the
-//! same operations in the same order: the same results, bit for bit.
+//! same operations in the same order: the same results, bit for bit. The activations are quantised by
+//! [`quantise_block`], the scalar form's bits on eight lanes.
 
 use std::arch::x86_64::*;
 
@@ -166,5 +167,91 @@ unsafe fn tile_of<const DT: u8, const ONE: bool>(
                 _mm256_maskstore_ps(yp, mask, *acc);
             }
         }
+    }
+}
+
+/// [`super::quantise_block`] with AVX2, bit for bit (as the AVX-512 form: the same rounding of the same
+/// products, the same sum tree).
+///
+/// # Safety
+/// AVX2 is present.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantise_block(
+    c: &[f32; QK],
+    out: [&mut [i8; QK]; 3],
+) -> (f32, [i32; 3], f32) {
+    // SAFETY: `c` holds 32 f32 (four 8-lane loads); each output part holds 32 bytes (one 32-byte store).
+    unsafe {
+        let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(c.as_ptr().add(8 * i)));
+        let abs = |v: __m256| _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs(x[0]), abs(x[1])),
+            _mm256_max_ps(abs(x[2]), abs(x[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        // Finite lanes: x - x == 0 (NaN otherwise).
+        let fin = |v: __m256| {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                _mm256_sub_ps(v, v),
+                _mm256_setzero_ps(),
+            ))
+        };
+        let finite = x.iter().all(|v| fin(*v) == 0xff);
+        let (s, inv) = scale(finite, amax);
+        let mut sums = [0i32; 3];
+        if inv > 0.0 {
+            let (vinv, lim) = (_mm256_set1_ps(inv), _mm256_set1_ps(QMAX));
+            let (c128, m255) = (_mm256_set1_epi32(128), _mm256_set1_epi32(255));
+            let mut parts = [[_mm256_setzero_si256(); 4]; 3];
+            for (i, x) in x.iter().enumerate() {
+                let r = _mm256_min_ps(
+                    _mm256_max_ps(
+                        _mm256_mul_ps(*x, vinv),
+                        _mm256_sub_ps(_mm256_setzero_ps(), lim),
+                    ),
+                    lim,
+                );
+                // Round to nearest even (the default rounding mode), as the scalar form.
+                let q = _mm256_cvtps_epi32(r);
+                let lo = _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(q, c128), m255), c128);
+                let q1 = _mm256_srai_epi32::<8>(_mm256_add_epi32(q, c128));
+                let mid =
+                    _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(q1, c128), m255), c128);
+                let hi = _mm256_srai_epi32::<16>(_mm256_add_epi32(q, _mm256_set1_epi32(32896)));
+                parts[0][i] = hi;
+                parts[1][i] = mid;
+                parts[2][i] = lo;
+            }
+            for t in 0..3 {
+                let p = &parts[t];
+                // 32 values in [-128, 127] to bytes in order: the packs interleave 128-bit lanes, the
+                // permute puts them back.
+                let w = _mm256_packs_epi16(
+                    _mm256_packs_epi32(p[0], p[1]),
+                    _mm256_packs_epi32(p[2], p[3]),
+                );
+                let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(out[t].as_mut_ptr() as *mut __m256i, w);
+                let v =
+                    _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+                let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+                let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+                let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+                sums[t] = _mm_cvtsi128_si32(v);
+            }
+        } else {
+            for o in out {
+                o.fill(0);
+            }
+        }
+        // The sum in the scalar form's tree: 16 lanes (x[j] + x[16 + j]), then halves.
+        let (a, b) = (_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
+        let v8 = _mm256_add_ps(a, b);
+        let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
+        let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+        let v1 = _mm_add_ss(v2, _mm_shuffle_ps::<1>(v2, v2));
+        (s, sums, _mm_cvtss_f32(v1))
     }
 }
