@@ -332,13 +332,17 @@ mod x86 {
         }
     }
 
-    /// The dots of `R` weight rows with four activation rows (lengths a multiple of 8): `4 R` 8-lane
-    /// accumulators, each loaded activation vector used `R` times and each weight vector four times.
-    /// `out[a][b] = w[a] . x[b]`.
+    /// The dots of `R` weight rows with `C` activation rows (lengths a multiple of 8): `R C` 8-lane
+    /// accumulators, each loaded activation vector used `R` times and each weight vector `C` times.
+    /// `out[a][b] = w[a] . x[b]`, each one 8-lane fused multiply-add chain over k in order and then
+    /// [`hsum`]: the bits do not depend on `R` or `C` (so not on which block a row falls in).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_rx4<const R: usize>(w: [&[f32]; R], x: [&[f32]; 4]) -> [[f32; 4]; R] {
+    pub(super) unsafe fn dot_rc<const R: usize, const C: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; C],
+    ) -> [[f32; C]; R] {
         let n = w.iter().chain(x.iter()).map(|v| v.len()).min().unwrap_or(0) / 8 * 8;
-        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
         let mut k = 0;
         while k < n {
             // SAFETY: k + 8 <= n <= every length.
@@ -356,7 +360,7 @@ mod x86 {
         acc.map(|row| row.map(|v| hsum(v)))
     }
 
-    /// [`dot_rx4`] with AVX-512 (lengths a multiple of 16): `4 R` 16-lane accumulators (16 at `R = 4`, of
+    /// [`dot_rc`] of four activation rows with AVX-512 (lengths a multiple of 16): `4 R` 16-lane accumulators (16 at `R = 4`, of
     /// the 32 registers), summed together by one reduction tree (`sums16`).
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn dot_rx4_512<const R: usize>(
@@ -476,9 +480,10 @@ struct Block<'a> {
 
 #[cfg(target_arch = "x86_64")]
 impl Block<'_> {
-    /// Weight rows `r .. r + R`, dequantised into `wf`, by every activation row: four at a time with the
-    /// blocked dot (`dot_rx4_512` or `dot_rx4`), the rest one by one; results into columns `r .. r + R` of `y`
-    /// (which belong to the calling chunk only).
+    /// Weight rows `r .. r + R`, dequantised into `wf`, by every activation row: with AVX-512 four at a time
+    /// (`dot_rx4_512`), the rest one by one; with AVX2 three at a time (`dot_rc`: 12 of its 16 registers
+    /// accumulate), the rest one or two at a time with the same arithmetic. Results into columns
+    /// `r .. r + R` of `y` (which belong to the calling chunk only).
     fn rows<const R: usize>(&self, r: usize, wf: &mut [Vec<f32>; R]) {
         let k = self.k;
         for (j, wr) in wf.iter_mut().enumerate() {
@@ -486,34 +491,52 @@ impl Block<'_> {
             dequant_row(self.isa, self.dtype, &self.w[at..at + self.row], wr);
         }
         let ws: [&[f32]; R] = std::array::from_fn(|a| &wf[a][..]);
+        let x = |i: usize| &self.xf[i * k..(i + 1) * k];
+        let put = |i: usize, d: &[f32], a: usize| {
+            for (b, v) in d.iter().enumerate() {
+                // SAFETY: row i + b < m, column r + a < n, owned by this chunk.
+                unsafe { self.out.put(i + b, r + a, *v) };
+            }
+        };
         let mut i = 0;
-        while i + 4 <= self.m {
-            let xs = [0, 1, 2, 3].map(|j| &self.xf[(i + j) * k..(i + j + 1) * k]);
-            // SAFETY: `Isa::Avx2` and `Isa::Avx512Vnni` are only produced after detecting avx2 and fma;
-            // `Isa::Avx512Vnni` after detecting avx512f too (the caller never passes `Isa::Scalar`).
-            let d = unsafe {
-                if self.isa == Isa::Avx512Vnni {
-                    x86::dot_rx4_512(ws, xs)
-                } else {
-                    x86::dot_rx4(ws, xs)
+        if self.isa == Isa::Avx512Vnni {
+            while i + 4 <= self.m {
+                // SAFETY: `Isa::Avx512Vnni` is only produced after detecting avx2, fma and avx512f.
+                let d = unsafe { x86::dot_rx4_512(ws, [x(i), x(i + 1), x(i + 2), x(i + 3)]) };
+                for (a, da) in d.iter().enumerate() {
+                    put(i, da, a);
                 }
-            };
-            for (a, da) in d.iter().enumerate() {
-                for (b, v) in da.iter().enumerate() {
-                    // SAFETY: row i + b < m, column r + a < n, owned by this chunk.
-                    unsafe { self.out.put(i + b, r + a, *v) };
+                i += 4;
+            }
+            for i in i..self.m {
+                for (a, wr) in ws.iter().enumerate() {
+                    put(i, &[dot(self.isa, wr, x(i))], a);
                 }
             }
-            i += 4;
+            return;
         }
-        for i in i..self.m {
-            for (a, wr) in ws.iter().enumerate() {
-                // SAFETY: as above.
-                unsafe {
-                    self.out
-                        .put(i, r + a, dot(self.isa, wr, &self.xf[i * k..(i + 1) * k]))
-                };
+        // SAFETY (the three calls): the caller never passes `Isa::Scalar`; `Isa::Avx2` is only produced
+        // after detecting avx2 and fma.
+        while i + 3 <= self.m {
+            let d = unsafe { x86::dot_rc(ws, [x(i), x(i + 1), x(i + 2)]) };
+            for (a, da) in d.iter().enumerate() {
+                put(i, da, a);
             }
+            i += 3;
+        }
+        let d: Vec<Vec<f32>> = match self.m - i {
+            2 => unsafe { x86::dot_rc(ws, [x(i), x(i + 1)]) }
+                .iter()
+                .map(|v| v.to_vec())
+                .collect(),
+            1 => unsafe { x86::dot_rc(ws, [x(i)]) }
+                .iter()
+                .map(|v| v.to_vec())
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (a, da) in d.iter().enumerate() {
+            put(i, da, a);
         }
     }
 }
@@ -638,9 +661,9 @@ pub(crate) fn matmul_rows(
     let work = |c: usize| {
         let (r0, r1) = (c * per, ((c + 1) * per).min(n));
         let mut r = r0;
-        // Weight rows by four activation rows at a time where the ISA has the blocked dot: four weight rows with
-        // AVX-512 (its 32 registers hold the 16 accumulators; each activation vector loaded once for four
-        // weight rows), two with AVX2, and the odd rows left one by one below.
+        // Four weight rows at a time by blocks of activation rows (`Block::rows`: four with AVX-512, whose 32
+        // registers hold the 16 accumulators; three with AVX2), then two, and the odd rows left one by one
+        // below.
         #[cfg(target_arch = "x86_64")]
         if isa != Isa::Scalar && m >= 4 {
             let ctx = Block {
@@ -653,12 +676,10 @@ pub(crate) fn matmul_rows(
                 k,
                 out,
             };
-            if isa == Isa::Avx512Vnni {
-                let mut wf4 = [(); 4].map(|_| vec![0f32; k]);
-                while r + 4 <= r1 {
-                    ctx.rows(r, &mut wf4);
-                    r += 4;
-                }
+            let mut wf4 = [(); 4].map(|_| vec![0f32; k]);
+            while r + 4 <= r1 {
+                ctx.rows(r, &mut wf4);
+                r += 4;
             }
             let mut wf2 = [(); 2].map(|_| vec![0f32; k]);
             while r + 2 <= r1 {
@@ -828,7 +849,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// The blocked dots of two weight rows with four activation rows, AVX2 and AVX-512, against f64.
+    /// The blocked dots of two weight rows with four activation rows, AVX2 and AVX-512, against f64; AVX2's
+    /// other block shapes give each output the same bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn blocked_dots_match_the_exact_products() {
@@ -842,7 +864,21 @@ pub(crate) mod tests {
         let x = [row(0.23), row(0.71), row(0.05), row(1.3)];
         let xs = [&x[0][..], &x[1][..], &x[2][..], &x[3][..]];
         // SAFETY: `isa` is not scalar: avx2 and fma were detected (and avx512f for `Avx512Vnni`).
-        let mut got = vec![unsafe { x86::dot_rx4([&w[0], &w[1]], xs) }];
+        let mut got = vec![unsafe { x86::dot_rc([&w[0], &w[1]], xs) }];
+        // SAFETY: as above; every block shape gives each output the same bits.
+        let (c3, c1) = unsafe {
+            (
+                x86::dot_rc([&w[0], &w[1], &w[0], &w[1]], [xs[0], xs[1], xs[2]]),
+                x86::dot_rc([&w[1]], [xs[3]]),
+            )
+        };
+        for a in 0..2 {
+            for b in 0..3 {
+                assert_eq!(c3[a][b].to_bits(), got[0][a][b].to_bits(), "{a} {b}");
+                assert_eq!(c3[a + 2][b].to_bits(), got[0][a][b].to_bits(), "{a} {b}");
+            }
+        }
+        assert_eq!(c1[0][0].to_bits(), got[0][1][3].to_bits());
         if isa == Isa::Avx512Vnni {
             // SAFETY: as above.
             got.push(unsafe { x86::dot_rx4_512([&w[0], &w[1]], xs) });
