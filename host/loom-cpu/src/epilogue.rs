@@ -10,7 +10,7 @@
 //! * unary `exp`, `log`, `tanh`, `erf`, `sqrt`, `rsqrt`, `sigmoid`, `neg`, `abs`,
 //!
 //! ([`match_epilogue`]) the same operations run over one output row at a time, each a tight loop over `N`
-//! elements through the JIT's own loops (`rt::bin_vv` and its kin, `rt::loom_unary_tile`): the results are **bitwise**
+//! elements through the JIT's own loops (`rt::bin_best`, `rt::loom_unary_tile`): the results are **bitwise**
 //! those of the JIT epilogue (same operations, same order, same functions; checked by the tests). Anything else
 //! (selects, reductions, casts, other index forms) keeps the JIT epilogue. Rows are split between threads.
 
@@ -251,7 +251,6 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
             .map_or(std::ptr::null_mut(), |(_, a)| *a as *mut f32)
     };
     let per = m.div_ceil(threads);
-    let lanes = lanes();
     let work = |t: usize| {
         let (lo, hi) = (t * per, ((t + 1) * per).min(m));
         let mut regs = vec![0f32; e.ops.len().max(1) * CHUNK];
@@ -262,7 +261,7 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
                 // SAFETY: every Mat parameter is [M, N] f32 and every Row parameter [N] f32 (checked by the
                 // matcher against the kernel's parameters, and by `run` against the buffers), row < M,
                 // c0 < c1 <= N.
-                unsafe { run_row(e, &addr, row, c0, c1, &mut regs, lanes) };
+                unsafe { run_row(e, &addr, row, c0, c1, &mut regs) };
                 c0 = c1;
             }
         }
@@ -278,27 +277,12 @@ pub(crate) fn run(e: &Epilogue, slot: &dyn Fn(u32) -> *mut f32, threads: usize) 
 /// and the row of C is read once (the ops are elementwise, so the bits do not depend on it).
 const CHUNK: usize = 256;
 
-/// The lanes the binary loops may run on: 16 with AVX-512F, 8 with AVX2, else the baseline's; the same IEEE
-/// operations on each element whatever the width.
-fn lanes() -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return 16;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return 8;
-        }
-    }
-    1
-}
-
 /// Columns `c0..c1` of one output row: each op over them into its register, then the store.
 ///
 /// # Safety
 /// `addr(p)` points to `[M, N]` f32 for Mat parameters and to `[N]` f32 for Row parameters; `row < M`,
 /// `c0 < c1 <= N`, `c1 - c0 <= CHUNK`; the stored parameter's row is written by this call only (threads own
-/// disjoint rows); `lanes` from [`lanes`].
+/// disjoint rows).
 unsafe fn run_row(
     e: &Epilogue,
     addr: &dyn Fn(u32) -> *mut f32,
@@ -306,7 +290,6 @@ unsafe fn run_row(
     c0: usize,
     c1: usize,
     regs: &mut [f32],
-    lanes: u32,
 ) {
     let (n, w) = (e.n, c1 - c0);
     let (regs_ptr, regs_len) = (regs.as_mut_ptr(), regs.len());
@@ -332,43 +315,14 @@ unsafe fn run_row(
                 // SAFETY: each Ok pointer addresses w readable f32 (see `src`).
                 let sl = |p: *const f32| unsafe { std::slice::from_raw_parts(p, w) };
                 let (a, b) = (src(a), src(b));
-                #[cfg(target_arch = "x86_64")]
-                if lanes == 16 {
-                    // SAFETY: 16 lanes only where AVX-512F is present (`lanes`).
-                    unsafe {
-                        match (a, b) {
-                            (Ok(x), Ok(y)) => rt::bin_vv_512(op, sl(x), sl(y), dst),
-                            (Ok(x), Err(c)) => rt::bin_vs_512(op, sl(x), c, dst),
-                            (Err(c), Ok(y)) => rt::bin_sv_512(op, c, sl(y), dst),
-                            (Err(_), Err(_)) => {
-                                unreachable!("constant folding is refused by the matcher")
-                            }
-                        }
-                    }
-                    continue;
-                }
-                #[cfg(target_arch = "x86_64")]
-                if lanes == 8 {
-                    // SAFETY: 8 lanes only where AVX2 is present (`lanes`).
-                    unsafe {
-                        match (a, b) {
-                            (Ok(x), Ok(y)) => rt::bin_vv_256(op, sl(x), sl(y), dst),
-                            (Ok(x), Err(c)) => rt::bin_vs_256(op, sl(x), c, dst),
-                            (Err(c), Ok(y)) => rt::bin_sv_256(op, c, sl(y), dst),
-                            (Err(_), Err(_)) => {
-                                unreachable!("constant folding is refused by the matcher")
-                            }
-                        }
-                    }
-                    continue;
-                }
-                let _ = lanes;
-                match (a, b) {
-                    (Ok(x), Ok(y)) => rt::bin_vv(op, sl(x), sl(y), dst),
-                    (Ok(x), Err(c)) => rt::bin_vs(op, sl(x), c, dst),
-                    (Err(c), Ok(y)) => rt::bin_sv(op, c, sl(y), dst),
+                // The same IEEE operations on each element on any lane count (`rt::bin_best`).
+                let args = match (a, b) {
+                    (Ok(x), Ok(y)) => rt::BinArgs::VV(sl(x), sl(y)),
+                    (Ok(x), Err(c)) => rt::BinArgs::VS(sl(x), c),
+                    (Err(c), Ok(y)) => rt::BinArgs::SV(c, sl(y)),
                     (Err(_), Err(_)) => unreachable!("constant folding is refused by the matcher"),
-                }
+                };
+                rt::bin_best(op, args, dst);
             }
             EOp::Un { op, a } => {
                 let Ok(x) = src(a) else {

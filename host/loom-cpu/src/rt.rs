@@ -571,44 +571,67 @@ pub(crate) unsafe extern "C" fn loom_bin_tile(
             (mode != 1).then(|| std::slice::from_raw_parts(b, n)),
         )
     };
+    let args = match (x, y) {
+        (Some(x), Some(y)) => BinArgs::VV(x, y),
+        (Some(x), None) => BinArgs::VS(x, s),
+        (None, Some(y)) => BinArgs::SV(s, y),
+        (None, None) => return,
+    };
+    bin_best(op, args, o);
+}
+
+/// The operands of a binary tile loop: two rows, a row and a scalar, or a scalar and a row.
+#[derive(Clone, Copy)]
+pub(crate) enum BinArgs<'a> {
+    VV(&'a [f32], &'a [f32]),
+    VS(&'a [f32], f32),
+    SV(f32, &'a [f32]),
+}
+
+/// `o[i] = a[i] op b[i]` over as many lanes as the CPU has: 16 with AVX-512F, 8 with AVX2, else the
+/// baseline's. The same IEEE operation on each element whatever the width, so the same bits.
+pub(crate) fn bin_best(op: BinOp, args: BinArgs<'_>, o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature is present.
-        unsafe {
-            match (x, y) {
-                (Some(x), Some(y)) => bin_vv_512(op, x, y, o),
-                (Some(x), None) => bin_vs_512(op, x, s, o),
-                (None, Some(y)) => bin_sv_512(op, s, y, o),
-                (None, None) => {}
-            }
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature is present.
+            return unsafe { bin_512(op, args, o) };
         }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the feature is present.
-        unsafe {
-            match (x, y) {
-                (Some(x), Some(y)) => bin_vv_256(op, x, y, o),
-                (Some(x), None) => bin_vs_256(op, x, s, o),
-                (None, Some(y)) => bin_sv_256(op, s, y, o),
-                (None, None) => {}
-            }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the feature is present.
+            return unsafe { bin_256(op, args, o) };
         }
-        return;
     }
-    match (x, y) {
-        (Some(x), Some(y)) => bin_vv(op, x, y, o),
-        (Some(x), None) => bin_vs(op, x, s, o),
-        (None, Some(y)) => bin_sv(op, s, y, o),
-        (None, None) => {}
+    bin_any(op, args, o)
+}
+
+#[inline(always)]
+fn bin_any(op: BinOp, args: BinArgs<'_>, o: &mut [f32]) {
+    match args {
+        BinArgs::VV(a, b) => bin_vv(op, a, b, o),
+        BinArgs::VS(a, c) => bin_vs(op, a, c, o),
+        BinArgs::SV(c, b) => bin_sv(op, c, b, o),
     }
+}
+
+/// The binary loops compiled for 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn bin_512(op: BinOp, args: BinArgs<'_>, o: &mut [f32]) {
+    bin_any(op, args, o)
+}
+
+/// The binary loops compiled for 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn bin_256(op: BinOp, args: BinArgs<'_>, o: &mut [f32]) {
+    bin_any(op, args, o)
 }
 
 macro_rules! bin_loops {
     ($name:ident, $a:ty, $b:ty, $zip:ident) => {
         #[inline(always)]
-        pub(crate) fn $name(op: BinOp, a: $a, b: $b, o: &mut [f32]) {
+        fn $name(op: BinOp, a: $a, b: $b, o: &mut [f32]) {
             match op {
                 BinOp::Add => $zip(o, a, b, |x, y| x + y),
                 BinOp::Sub => $zip(o, a, b, |x, y| x - y),
@@ -643,44 +666,6 @@ fn zip_sv(o: &mut [f32], c: f32, b: &[f32], f: impl Fn(f32, f32) -> f32) {
 bin_loops!(bin_vv, &[f32], &[f32], zip_vv);
 bin_loops!(bin_vs, &[f32], f32, zip_vs);
 bin_loops!(bin_sv, f32, &[f32], zip_sv);
-
-/// The binary loops compiled for 16 lanes (callers check AVX-512F first).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(crate) fn bin_vv_512(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    bin_vv(op, a, b, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(crate) fn bin_vs_512(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
-    bin_vs(op, a, c, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(crate) fn bin_sv_512(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
-    bin_sv(op, c, b, o)
-}
-
-/// The binary loops compiled for 8 lanes (callers check AVX2 first).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) fn bin_vv_256(op: BinOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    bin_vv(op, a, b, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) fn bin_vs_256(op: BinOp, a: &[f32], c: f32, o: &mut [f32]) {
-    bin_vs(op, a, c, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) fn bin_sv_256(op: BinOp, c: f32, b: &[f32], o: &mut [f32]) {
-    bin_sv(op, c, b, o)
-}
 
 /// Float unary op over a tile: `f32` storage for f32/f16/bf16, `f64` storage for f64.
 pub(crate) extern "C" fn loom_unary_tile(
