@@ -360,8 +360,8 @@ mod x86 {
         acc.map(|row| row.map(|v| hsum(v)))
     }
 
-    /// [`dot_rc`] of four activation rows with AVX-512 (lengths a multiple of 16): `4 R` 16-lane accumulators (16 at `R = 4`, of
-    /// the 32 registers), summed together by one reduction tree (`sums16`).
+    /// [`dot_rc`] of four activation rows with AVX-512 (lengths a multiple of 16): `4 R` 16-lane accumulators
+    /// (16 at `R = 4`, of the 32 registers), summed together by one reduction tree (`sums16`).
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn dot_rx4_512<const R: usize>(
         w: [&[f32]; R],
@@ -515,28 +515,31 @@ impl Block<'_> {
             }
             return;
         }
-        // SAFETY (the three calls): the caller never passes `Isa::Scalar`; `Isa::Avx2` is only produced
-        // after detecting avx2 and fma.
         while i + 3 <= self.m {
+            // SAFETY: the caller never passes `Isa::Scalar`; `Isa::Avx2` is only produced after detecting avx2
+            // and fma.
             let d = unsafe { x86::dot_rc(ws, [x(i), x(i + 1), x(i + 2)]) };
             for (a, da) in d.iter().enumerate() {
                 put(i, da, a);
             }
             i += 3;
         }
-        let d: Vec<Vec<f32>> = match self.m - i {
-            2 => unsafe { x86::dot_rc(ws, [x(i), x(i + 1)]) }
-                .iter()
-                .map(|v| v.to_vec())
-                .collect(),
-            1 => unsafe { x86::dot_rc(ws, [x(i)]) }
-                .iter()
-                .map(|v| v.to_vec())
-                .collect(),
-            _ => Vec::new(),
-        };
-        for (a, da) in d.iter().enumerate() {
-            put(i, da, a);
+        match self.m - i {
+            2 => {
+                // SAFETY: as above.
+                let d = unsafe { x86::dot_rc(ws, [x(i), x(i + 1)]) };
+                for (a, da) in d.iter().enumerate() {
+                    put(i, da, a);
+                }
+            }
+            1 => {
+                // SAFETY: as above.
+                let d = unsafe { x86::dot_rc(ws, [x(i)]) };
+                for (a, da) in d.iter().enumerate() {
+                    put(i, da, a);
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -635,8 +638,8 @@ pub(crate) fn matmul_rows(
         unsafe { crate::qamx::matmul(&p, m, xf, y.as_mut_ptr() as *mut f32, threads) };
         return;
     }
-    // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI or AVX2: the weights as tiles of 16 rows (kept in
-    // `cache` when the weights are a parameter, else made for this call) against 22-bit activations
+    // Fewer than `qtile::MAX_ROWS` activation rows with AVX-512 VNNI or AVX2: the weights as tiles of 16 rows
+    // (kept in `cache` when the weights are a parameter, else made for this call) against 22-bit activations
     // (`qtile.rs`).
     #[cfg(target_arch = "x86_64")]
     if tiled(isa, dtype, m) {
