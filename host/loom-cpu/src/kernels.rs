@@ -300,8 +300,8 @@ mod tests {
 
     /// `small_dot` against a transposed `b` (attention's scores: a few query rows by a page of keys, and more
     /// rows through the transposed copy), AVX-512 and AVX2, with row strides past the rows and ragged column
-    /// groups and depths, within f32 rounding of the f64 product (`1e-6 * sum |a b|`), writing nothing past
-    /// `out`.
+    /// groups and depths, within the f32 dot tolerance of the f64 product (`1e-5 * sum |a b|`), writing nothing
+    /// past `out`.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn transposed_products_match_the_f64_product() {
@@ -361,7 +361,7 @@ mod tests {
                                 let scale = base.abs() + terms.map(f64::abs).sum::<f64>();
                                 let got = f64::from(out[i * n + j]);
                                 assert!(
-                                    (got - want).abs() <= 1e-6 * scale + 1e-30,
+                                    (got - want).abs() <= 1e-5 * scale + 1e-30,
                                     "{isa:?} m {m} n {n} k {k} accumulate {accumulate}: out[{i}, {j}] = {got}, want {want}"
                                 );
                             }
