@@ -1,6 +1,9 @@
 //! The contraction provider: f32 GEMM through the `gemm` crate (its AVX-512 microkernels with `x86-v4`),
 //! split over rows (or columns, for wide and short products) for several threads.
 
+#[cfg(target_arch = "x86_64")]
+use crate::rows::Isa;
+
 /// `c[m, n] (+)= a[m, k] @ b[k, n]`, row-major with the given row strides (in elements); with `accumulate`
 /// the product is added to `c`, otherwise it overwrites it.
 #[allow(clippy::too_many_arguments)]
@@ -164,12 +167,12 @@ pub(crate) fn sgemm_threads(
 #[cfg(test)]
 mod tests {
     #[cfg(target_arch = "x86_64")]
-    use super::{DotIsa, small_dot_on};
+    use super::{Isa, small_dot_on};
 
     /// The instruction sets of `small_dot` this CPU runs.
     #[cfg(target_arch = "x86_64")]
-    fn isas() -> Vec<DotIsa> {
-        [DotIsa::Avx2, DotIsa::Avx512]
+    fn isas() -> Vec<Isa> {
+        [Isa::Avx2, Isa::Avx512]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -186,7 +189,7 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn transposes_on(isa: DotIsa) {
+    fn transposes_on(isa: Isa) {
         for (n, k, ldb) in [
             (1, 1, 1),
             (16, 16, 16),
@@ -199,7 +202,7 @@ mod tests {
             let mut t = vec![f32::NAN; n * k + 1];
             // SAFETY: `isa` detected; b holds n rows of ldb >= k, t has n * k (+ 1 sentinel) values.
             unsafe {
-                if isa == DotIsa::Avx512 {
+                if isa == Isa::Avx512 {
                     super::x86::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr())
                 } else {
                     super::x86v3::transpose(n, k, b.as_ptr(), ldb, t.as_mut_ptr())
@@ -231,7 +234,7 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn bn_chains_on(isa: DotIsa) {
+    fn bn_chains_on(isa: Isa) {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -482,8 +485,9 @@ pub(crate) fn small_dot(
     {
         let narrow = !bt && k <= NARROW_B_DEPTH && n <= NARROW_B_COLS;
         if m <= SMALL_DOT_ROWS_BN || narrow {
-            let isa = DotIsa::detect();
-            if isa != DotIsa::None {
+            // The row loops' instruction sets (`rows::Isa`): the forms here need the same features.
+            let isa = crate::rows::Isa::detect();
+            if isa != Isa::Scalar {
                 // SAFETY: `isa`'s features were detected; the caller's contract.
                 return unsafe { small_dot_on(isa, m, n, k, out, a, lda, b, ldb, bt, accumulate) };
             }
@@ -493,42 +497,14 @@ pub(crate) fn small_dot(
     false
 }
 
-/// The instruction sets [`small_dot`] has forms for.
-#[cfg(target_arch = "x86_64")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DotIsa {
-    None,
-    Avx2,
-    Avx512,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl DotIsa {
-    fn detect() -> DotIsa {
-        [DotIsa::Avx512, DotIsa::Avx2]
-            .into_iter()
-            .find(|i| i.supported())
-            .unwrap_or(DotIsa::None)
-    }
-
-    fn supported(self) -> bool {
-        use std::arch::is_x86_feature_detected as has;
-        match self {
-            DotIsa::None => false,
-            DotIsa::Avx2 => has!("avx2") && has!("fma"),
-            DotIsa::Avx512 => has!("avx512f") && has!("fma"),
-        }
-    }
-}
-
 /// [`small_dot`] on the given instruction set (m <= [`SMALL_DOT_ROWS_BN`], or a narrow `b`).
 ///
 /// # Safety
-/// The CPU has `isa` (not `None`); [`small_dot`]'s contract.
+/// The CPU has `isa` (not `Scalar`); [`small_dot`]'s contract.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn small_dot_on(
-    isa: DotIsa,
+    isa: Isa,
     m: usize,
     n: usize,
     k: usize,
@@ -540,7 +516,7 @@ unsafe fn small_dot_on(
     bt: bool,
     accumulate: bool,
 ) -> bool {
-    let wide = isa == DotIsa::Avx512;
+    let wide = isa == Isa::Avx512;
     if bt && m > SMALL_DOT_ROWS {
         if n * k > BT_COPY_MAX {
             return false;

@@ -32,18 +32,28 @@ pub(crate) enum Isa {
 
 impl Isa {
     pub(crate) fn detect() -> Isa {
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .find(|i| i.supported())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// Whether this CPU runs the variant: AVX-512F with FMA, AVX2 with FMA, or the baseline. (`kernels`'
+    /// small dots share these variants.)
+    pub(crate) fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx2;
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Isa::Avx512 => has!("avx512f") && has!("fma"),
+                Isa::Avx2 => has!("avx2") && has!("fma"),
+                Isa::Scalar => true,
             }
         }
-        Isa::Scalar
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
+        }
     }
 }
 
