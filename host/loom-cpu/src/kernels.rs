@@ -1139,23 +1139,57 @@ mod x86v3 {
         cols: usize,
         accumulate: bool,
     ) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            if cols == 16 {
+                bn_block_on::<R, false>(k, a, lda, b, ldb, out, ldo, cols, accumulate)
+            } else {
+                bn_block_on::<R, true>(k, a, lda, b, ldb, out, ldo, cols, accumulate)
+            }
+        }
+    }
+
+    /// [`bn_block`] with masked loads and stores (`MASKED`, for fewer than 16 columns), or plain ones: the
+    /// two masks would take the registers the 6-row block needs (its accumulators spilled to the stack), and
+    /// masked stores are slow on AMD's cores. The same FMAs either way, so the same bits.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bn_block_on<const R: usize, const MASKED: bool>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        out: *mut f32,
+        ldo: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
         let m0 = tail(cols);
         let m1 = tail(cols.saturating_sub(8));
-        // SAFETY (whole body): a + r * lda + kk (r < R, kk < k); b + kk * ldb + c for c < cols (masked loads);
-        // out + r * ldo + c for c < cols (masked loads and stores).
+        // SAFETY (whole body): a + r * lda + kk (r < R, kk < k); b + kk * ldb + c for c < cols (masked loads
+        // unless all 16 columns are there); out + r * ldo + c for c < cols (likewise).
         unsafe {
+            let load = |p: *const f32, m: __m256i| {
+                if MASKED {
+                    _mm256_maskload_ps(p, m)
+                } else {
+                    _mm256_loadu_ps(p)
+                }
+            };
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             if accumulate {
                 for (r, v) in acc.iter_mut().enumerate() {
                     let o = out.add(r * ldo);
-                    v[0] = _mm256_maskload_ps(o, m0);
-                    v[1] = _mm256_maskload_ps(o.wrapping_add(8), m1);
+                    v[0] = load(o, m0);
+                    v[1] = load(o.wrapping_add(8), m1);
                 }
             }
             for kk in 0..k {
                 let row = b.add(kk * ldb);
-                let y0 = _mm256_maskload_ps(row, m0);
-                let y1 = _mm256_maskload_ps(row.wrapping_add(8), m1);
+                let y0 = load(row, m0);
+                let y1 = load(row.wrapping_add(8), m1);
                 for (r, v) in acc.iter_mut().enumerate() {
                     let x = _mm256_set1_ps(*a.add(r * lda + kk));
                     v[0] = _mm256_fmadd_ps(x, y0, v[0]);
@@ -1164,8 +1198,13 @@ mod x86v3 {
             }
             for (r, v) in acc.iter().enumerate() {
                 let o = out.add(r * ldo);
-                _mm256_maskstore_ps(o, m0, v[0]);
-                _mm256_maskstore_ps(o.wrapping_add(8), m1, v[1]);
+                if MASKED {
+                    _mm256_maskstore_ps(o, m0, v[0]);
+                    _mm256_maskstore_ps(o.wrapping_add(8), m1, v[1]);
+                } else {
+                    _mm256_storeu_ps(o, v[0]);
+                    _mm256_storeu_ps(o.wrapping_add(8), v[1]);
+                }
             }
         }
     }
