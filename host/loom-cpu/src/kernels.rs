@@ -905,6 +905,40 @@ mod x86 {
 mod x86v3 {
     use std::arch::x86_64::*;
 
+    /// An 8 x 8 transpose: lane `j` of output `q` is lane `q` of input `j` (AVX2 callers only).
+    #[inline(always)]
+    pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        // SAFETY: register shuffles only (the callers are compiled with AVX2).
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ]
+        }
+    }
+
     /// The lane mask of `len` (< 8) elements, or all eight, for `maskload`/`maskstore`.
     #[inline(always)]
     fn tail(len: usize) -> __m256i {
@@ -1010,9 +1044,26 @@ mod x86v3 {
     ///
     /// # Safety
     /// `b` readable for `n` rows of `k` at stride `ldb`, `t` writable for `n * k` values.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn transpose(n: usize, k: usize, b: *const f32, ldb: usize, t: *mut f32) {
+        // Blocks of 8 x 8 through the registers, then the ragged edges element by element.
+        let (n8, k8) = (n / 8 * 8, k / 8 * 8);
+        for j in (0..n8).step_by(8) {
+            for d in (0..k8).step_by(8) {
+                // SAFETY: rows j..j + 8 < n, elements d..d + 8 <= k of b; t's rows d..d + 8, columns j..j + 8
+                // (the caller's contract).
+                unsafe {
+                    let rows: [__m256; 8] =
+                        std::array::from_fn(|r| _mm256_loadu_ps(b.add((j + r) * ldb + d)));
+                    for (q, v) in transpose8(rows).into_iter().enumerate() {
+                        _mm256_storeu_ps(t.add((d + q) * n + j), v);
+                    }
+                }
+            }
+        }
         for j in 0..n {
-            for d in 0..k {
+            let d0 = if j < n8 { k8 } else { 0 };
+            for d in d0..k {
                 // SAFETY: j < n, d < k: inside both (the caller's contract).
                 unsafe { *t.add(d * n + j) = *b.add(j * ldb + d) };
             }
