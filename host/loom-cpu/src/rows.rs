@@ -855,10 +855,19 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn reduce_rows_match_the_portable_order() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            return;
+        for isa in [Isa::Avx512, Isa::Avx2] {
+            if isa.supported() {
+                reduce_rows_on(isa);
+            }
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn reduce_rows_on(isa: Isa) {
         for len in [0usize, 1, 7, 8, 9, 16, 31, 32, 33, 100] {
+            if isa == Isa::Avx2 && len == 0 {
+                continue;
+            }
             let outer = 5;
             let mut x: Vec<f32> = (0..outer * len)
                 .map(|i| ((i * 7919) % 1009) as f32 * 1.37e-3 * if i % 3 == 0 { -1e4 } else { 1.0 })
@@ -868,8 +877,14 @@ mod tests {
             }
             for max in [false, true] {
                 let mut got = vec![0f32; outer];
-                // SAFETY: AVX-512F was detected; x holds outer rows of len, got outer values.
-                unsafe { x86::reduce_rows(max, x.as_ptr(), got.as_mut_ptr(), outer, len) };
+                // SAFETY: the CPU has `isa`; x holds outer rows of len (> 0 for AVX2), got outer values.
+                unsafe {
+                    if isa == Isa::Avx512 {
+                        x86::reduce_rows(max, x.as_ptr(), got.as_mut_ptr(), outer, len)
+                    } else {
+                        crate::rt::reduce_rows_avx2(max, &x, &mut got, len)
+                    }
+                };
                 for o in 0..outer {
                     let row = &x[o * len..(o + 1) * len];
                     let want = if max {

@@ -910,6 +910,7 @@ fn fold8(row: &[f32], init: f32, f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
 
 /// The portable f32 row sum: eight f64 lanes in index order, then the lanes in order, then the remainder in
 /// order (`rows::reduce_rows` adds in this order too, bit for bit).
+#[inline(always)]
 pub(crate) fn sum_row_f64(row: &[f32]) -> f64 {
     let mut acc = [0f64; 8];
     let chunks = row.chunks_exact(8);
@@ -924,6 +925,24 @@ pub(crate) fn sum_row_f64(row: &[f32]) -> f64 {
         t += f64::from(x);
     }
     t
+}
+
+/// [`loom_reduce`]'s f32 sums or maxima along contiguous rows of `len` (`d[o]` of `s[o * len..][..len]`):
+/// the portable loops ([`sum_row_f64`], [`fold8`]) compiled for AVX2, so the same order and bits in wider
+/// registers.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `len > 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn reduce_rows_avx2(max: bool, s: &[f32], d: &mut [f32], len: usize) {
+    for (o, row) in d.iter_mut().zip(s.chunks_exact(len)) {
+        *o = if max {
+            fold8(row, f32::NEG_INFINITY, f32::max)
+        } else {
+            sum_row_f64(row) as f32
+        };
+    }
 }
 
 /// Reduction over the middle axis of `[outer, len, inner]`; float sums accumulate in f64 in index order and
@@ -981,6 +1000,17 @@ pub(crate) extern "C" fn loom_reduce(
                 unsafe {
                     crate::rows::reduce_rows(max, src as *const f32, dst as *mut f32, outer, len)
                 };
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if inner == 1
+                && len > 0
+                && (sum || max)
+                && dtype == DType::F32
+                && crate::rows::Isa::Avx2.supported()
+            {
+                // SAFETY: AVX2 and FMA are present; the regions are as above.
+                unsafe { reduce_rows_avx2(max, s, d, len) };
                 return;
             }
             for o in 0..outer {
