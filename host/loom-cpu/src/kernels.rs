@@ -907,7 +907,7 @@ mod x86v3 {
 
     /// An 8 x 8 transpose: lane `j` of output `q` is lane `q` of input `j` (AVX2 callers only).
     #[inline(always)]
-    pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         // SAFETY: register shuffles only (the callers are compiled with AVX2).
         unsafe {
             let t0 = _mm256_unpacklo_ps(r[0], r[1]);
@@ -1043,7 +1043,7 @@ mod x86v3 {
     /// `t[d * n + j] = b[j * ldb + d]` for `j < n`, `d < k` (every element of `t`'s `n * k` written).
     ///
     /// # Safety
-    /// `b` readable for `n` rows of `k` at stride `ldb`, `t` writable for `n * k` values.
+    /// AVX2 and FMA; `b` readable for `n` rows of `k` at stride `ldb`, `t` writable for `n * k` values.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn transpose(n: usize, k: usize, b: *const f32, ldb: usize, t: *mut f32) {
         // Blocks of 8 x 8 through the registers, then the ragged edges element by element.
