@@ -927,22 +927,42 @@ pub(crate) fn sum_row_f64(row: &[f32]) -> f64 {
     t
 }
 
-/// [`loom_reduce`]'s f32 sums or maxima along contiguous rows of `len` (`d[o]` of `s[o * len..][..len]`):
-/// the portable loops ([`sum_row_f64`], [`fold8`]) compiled for AVX2, so the same order and bits in wider
-/// registers.
+/// [`loom_reduce`] along contiguous rows (`inner == 1`, f32 storage): `d[o]` of `s[o * len..][..len]`. Sums
+/// add eight f64 lanes in index order, then the lanes, then the remainder ([`sum_row_f64`]); maxima and minima
+/// fold eight f32 lanes ([`fold8`]: exact, so equal to the f64 fold rounded back; NaNs are ignored by both, as
+/// IEEE maxNum/minNum). Each result is rounded once to `dtype`.
+#[inline(always)]
+fn reduce_contiguous(dtype: DType, sum: bool, max: bool, s: &[f32], d: &mut [f32], len: usize) {
+    for (o, out) in d.iter_mut().enumerate() {
+        let row = &s[o * len..(o + 1) * len];
+        let r = if sum {
+            // The reference adds in index order; with 2^29 headroom of f64 over f32 products this reordering
+            // changes the f64 sum by far less than an f32 ulp for realistic lengths.
+            sum_row_f64(row)
+        } else if max {
+            f64::from(fold8(row, f32::NEG_INFINITY, f32::max))
+        } else {
+            f64::from(fold8(row, f32::INFINITY, f32::min))
+        };
+        *out = round_to(dtype, r) as f32;
+    }
+}
+
+/// [`reduce_contiguous`] compiled for AVX2: the same order and bits in wider registers.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `len > 0`.
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn reduce_rows_avx2(max: bool, s: &[f32], d: &mut [f32], len: usize) {
-    for (o, row) in d.iter_mut().zip(s.chunks_exact(len)) {
-        *o = if max {
-            fold8(row, f32::NEG_INFINITY, f32::max)
-        } else {
-            sum_row_f64(row) as f32
-        };
-    }
+pub(crate) unsafe fn reduce_contiguous_avx2(
+    dtype: DType,
+    sum: bool,
+    max: bool,
+    s: &[f32],
+    d: &mut [f32],
+    len: usize,
+) {
+    reduce_contiguous(dtype, sum, max, s, d, len)
 }
 
 /// Reduction over the middle axis of `[outer, len, inner]`; float sums accumulate in f64 in index order and
@@ -1002,37 +1022,17 @@ pub(crate) extern "C" fn loom_reduce(
                 };
                 return;
             }
-            #[cfg(target_arch = "x86_64")]
-            if inner == 1
-                && len > 0
-                && (sum || max)
-                && dtype == DType::F32
-                && crate::rows::Isa::Avx2.supported()
-            {
-                // SAFETY: AVX2 and FMA are present; the regions are as above.
-                unsafe { reduce_rows_avx2(max, s, d, len) };
+            if inner == 1 {
+                #[cfg(target_arch = "x86_64")]
+                if crate::rows::Isa::Avx2.supported() {
+                    // SAFETY: AVX2 and FMA are present.
+                    unsafe { reduce_contiguous_avx2(dtype, sum, max, s, d, len) };
+                    return;
+                }
+                reduce_contiguous(dtype, sum, max, s, d, len);
                 return;
             }
             for o in 0..outer {
-                if inner == 1 && sum {
-                    // Contiguous rows: eight f64 lanes keep the exact-ish f64 sum fast. The reference adds in
-                    // index order; with 2^29 headroom of f64 over f32 products this reordering changes the
-                    // f64 sum by far less than an f32 ulp for realistic lengths.
-                    d[o] = round_to(dtype, sum_row_f64(&s[o * len..(o + 1) * len])) as f32;
-                    continue;
-                }
-                if inner == 1 {
-                    // Contiguous max/min in f32: exact, so equal to the f64 fold rounded back (NaNs are ignored
-                    // by both, as IEEE maxNum/minNum); eight lanes.
-                    let row = &s[o * len..(o + 1) * len];
-                    let t = if max {
-                        fold8(row, f32::NEG_INFINITY, f32::max)
-                    } else {
-                        fold8(row, f32::INFINITY, f32::min)
-                    };
-                    d[o] = round_to(dtype, f64::from(t)) as f32;
-                    continue;
-                }
                 for i in 0..inner {
                     let it = (0..len).map(|l| f64::from(s[(o * len + l) * inner + i]));
                     let r = if sum {
