@@ -31,7 +31,9 @@
 //!   activation laid out to match once per call), and eight rows per call (`q4_1_rows`: each activation
 //!   vector loaded once for the eight rows, their horizontal sums taken together).
 //! * AVX2 + FMA (+ F16C for the scales, as the AVX-512 variant): one block per `vpmaddubsw` + `vpmaddwd` with the same sign trick (`vpsignb`); the i16 pair
-//!   sums stay below 2 * 128 * 127 < 2^15, so `vpmaddubsw` never saturates.
+//!   sums stay below 2 * 128 * 127 < 2^15, so `vpmaddubsw` never saturates. Q4_1 four rows per call
+//!   (`q4_1_rows_avx2`: each activation vector loaded once for the four rows, four independent
+//!   accumulators; one row at a time was bound by its chain of multiply-adds, 22-34 % of the read floor).
 //! * Scalar: the definition above, one block at a time.
 
 use loom_ir::kernel::DType;
@@ -430,6 +432,57 @@ mod x86 {
         _mm_cvtss_f32(s) + off
     }
 
+    /// `R` consecutive Q4_1 rows on AVX2 (`w` holds exactly `R` rows of `a.d.len()` blocks): block by block,
+    /// the activation vector loaded once for the `R` rows, one `vpmaddubsw` + `vpmaddwd` a row, each row's
+    /// scales from its block header by one `vcvtph2ps` (`d` and `m` together), the offset term `m * dx * sx`
+    /// summed in its own lane. `R` independent accumulators: one row's chain of multiply-adds (a block a
+    /// link) no longer sets the pace, and the per-row call and horizontal sum are shared.
+    ///
+    /// # Safety
+    /// avx2, fma and f16c must be available; `a` was quantised for rows of `a.d.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_rows_avx2<const R: usize>(w: &[u8], a: &QActs) -> [f32; R] {
+        const BS: usize = 20;
+        let nb = a.d.len();
+        let row = nb * BS;
+        assert!(w.len() == R * row && a.qs.len() >= nb * QK && a.ds.len() >= nb);
+        let (wp, xp) = (w.as_ptr(), a.qs.as_ptr());
+        let ones = _mm256_set1_epi16(1);
+        let m4 = _mm_set1_epi8(15);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [_mm_setzero_ps(); R];
+        for b in 0..nb {
+            // SAFETY: block `b` of each of the `R` rows (20 bytes at `r * row + 20 b`) lies inside `w`, its
+            // 32 activation bytes inside `a.qs` and `d`, `ds` inside `a.d`, `a.ds` (asserted above).
+            unsafe {
+                let xv = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
+                let dx = _mm_set_ss(*a.d.get_unchecked(b));
+                let ds = _mm_set_ss(*a.ds.get_unchecked(b));
+                for r in 0..R {
+                    let blk = wp.add(r * row + b * BS);
+                    // Lanes 0 and 1: the block's `d` and `m`.
+                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+                    let q = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                    let wv = _mm256_set_m128i(
+                        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+                        _mm_and_si128(q, m4),
+                    );
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
+                    let sc = _mm256_broadcastss_ps(_mm_mul_ss(dm, dx));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r]);
+                    off[r] = _mm_fmadd_ss(_mm_movehdup_ps(dm), ds, off[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| {
+            let v = acc[r];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(_mm_add_ss(s, off[r]))
+        })
+    }
+
     /// # Safety
     /// avx512f, avx512bw and avx512vnni must be available; `w` holds `a.d.len()` blocks of `dtype` and `a.qs`
     /// 32 values per block.
@@ -734,6 +787,9 @@ mod x86 {
 /// at 8 (16: 24.6-25.5, 4: 25.3-39 bimodal, 1: 28.6-29.8; standalone, best of 2000, six runs each).
 const Q4_1_ROWS: usize = 8;
 
+/// Q4_1 rows per call of the AVX2 kernel in [`matvec`] (four accumulator chains; `LOOM_BENCH=qmatvec`).
+const Q4_1_ROWS_AVX2: usize = 4;
+
 /// `y = W x` over `threads` workers (contiguous row blocks): `w` is `n` rows of `k / 32` blocks of `dtype`,
 /// `x` holds `k` little-endian f32 and `y` receives `n` little-endian f32.
 pub(crate) fn matvec(
@@ -758,6 +814,24 @@ pub(crate) fn matvec(
     let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
     let rows = |y: &mut [u8], r0: usize| {
         let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 && dtype == DType::Q4_1 {
+            for (i, out) in y.chunks_exact_mut(4 * Q4_1_ROWS_AVX2).enumerate() {
+                let r = r0 + Q4_1_ROWS_AVX2 * i;
+                // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c;
+                // `w[r * row..]` is `Q4_1_ROWS_AVX2` whole rows, `a` quantised for `k`.
+                let v = unsafe {
+                    x86::q4_1_rows_avx2::<Q4_1_ROWS_AVX2>(
+                        &w[r * row..(r + Q4_1_ROWS_AVX2) * row],
+                        &a,
+                    )
+                };
+                for (o, v) in out.chunks_exact_mut(4).zip(v) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+                done += Q4_1_ROWS_AVX2;
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512Vnni && dtype == DType::Q4_1 {
             // Eight rows at a time (activation loads and horizontal sums shared), the rest one by one.
