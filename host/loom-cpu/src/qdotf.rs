@@ -74,56 +74,64 @@ mod x86 {
     /// [`super::dequant_row_scalar`] with AVX2 + FMA + F16C (the scale multiply and minimum add fused).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dequant_row(dtype: DType, w: &[u8], out: &mut [f32]) {
+        // SAFETY: the caller's contract; one instantiation per block type, so that the block loop has no
+        // type tests in it.
+        unsafe {
+            match dtype {
+                DType::Q8_0 => dequant_row_of::<0>(w, out),
+                DType::Q4_0 => dequant_row_of::<1>(w, out),
+                _ => dequant_row_of::<2>(w, out),
+            }
+        }
+    }
+
+    /// [`dequant_row`] for block type `DT` (0 Q8_0, 1 Q4_0, 2 Q4_1). Q4_1's `d` and `m` are converted
+    /// together from the block's first four bytes (one `vcvtph2ps`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dequant_row_of<const DT: u8>(w: &[u8], out: &mut [f32]) {
+        let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][DT as usize];
         let bs = block_bytes(dtype);
         let nb = w.len() / bs;
         assert!(out.len() >= nb * QK);
-        let half = |lo: u8, hi: u8| {
-            let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([lo, hi])));
-            _mm_cvtss_f32(_mm_cvtph_ps(h))
-        };
+        let mask = _mm_set1_epi8(15);
         for b in 0..nb {
-            let blk = &w[b * bs..(b + 1) * bs];
-            let op = out[b * QK..].as_mut_ptr();
-            let d = _mm256_set1_ps(half(blk[0], blk[1]));
-            // SAFETY: `blk` is one whole block (loads of 16 or 32 bytes inside it); `op` has 32 f32 of room.
+            // SAFETY: block `b` is `bs` whole bytes inside `w` (loads of 4, 16 or 32 bytes inside it); `op`
+            // has 32 f32 of room (asserted above).
             unsafe {
-                match dtype {
-                    DType::Q8_0 => {
-                        let q = _mm256_loadu_si256(blk[2..].as_ptr() as *const __m256i);
-                        let lo = _mm256_castsi256_si128(q);
-                        let hi = _mm256_extracti128_si256(q, 1);
-                        for (i, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
-                            .into_iter()
-                            .enumerate()
-                        {
-                            let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
-                            _mm256_storeu_ps(op.add(8 * i), _mm256_mul_ps(f, d));
-                        }
+                let blk = w.as_ptr().add(b * bs);
+                let op = out.as_mut_ptr().add(b * QK);
+                // Lane 0 `d`, lane 1 (Q4_1) `m`.
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+                let d = _mm256_broadcastss_ps(dm);
+                if DT == 0 {
+                    let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let lo = _mm256_castsi256_si128(q);
+                    let hi = _mm256_extracti128_si256::<1>(q);
+                    for (i, part) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+                        _mm256_storeu_ps(op.add(8 * i), _mm256_mul_ps(f, d));
                     }
-                    _ => {
-                        let (qs, m) = if dtype == DType::Q4_0 {
-                            (&blk[2..18], _mm256_set1_ps(0.0))
+                } else {
+                    let q = _mm_loadu_si128(blk.add(if DT == 1 { 2 } else { 4 }) as *const __m128i);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+                    let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+                    for (i, part) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let qi = _mm256_cvtepu8_epi32(part);
+                        let v = if DT == 1 {
+                            let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(qi, _mm256_set1_epi32(8)));
+                            _mm256_mul_ps(f, d)
                         } else {
-                            (&blk[4..20], _mm256_set1_ps(half(blk[2], blk[3])))
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(qi), d, m)
                         };
-                        let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-                        let mask = _mm_set1_epi8(15);
-                        let lo = _mm_and_si128(q, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                        let off = _mm256_set1_epi32(if dtype == DType::Q4_0 { 8 } else { 0 });
-                        for (i, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
-                            .into_iter()
-                            .enumerate()
-                        {
-                            let qi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(part), off);
-                            let f = _mm256_cvtepi32_ps(qi);
-                            let v = if dtype == DType::Q4_0 {
-                                _mm256_mul_ps(f, d)
-                            } else {
-                                _mm256_fmadd_ps(f, d, m)
-                            };
-                            _mm256_storeu_ps(op.add(8 * i), v);
-                        }
+                        _mm256_storeu_ps(op.add(8 * i), v);
                     }
                 }
             }
