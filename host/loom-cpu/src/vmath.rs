@@ -266,10 +266,11 @@ mod x86v3 {
     use super::{R, S};
     use std::arch::x86_64::*;
 
-    /// Vectors a step of the loops works on together. One vector's `erf` is a chain of ~40 dependent
-    /// operations (the two Horner polynomials, then `exp`), longer than the out-of-order window reaches
-    /// across; each operation below is applied to all `W` vectors before the next, so `W` independent chains
-    /// interleave in program order.
+    /// Vectors a step of the loops works on together: each operation below is applied to all `W` vectors
+    /// before the next, so `W` independent chains (one vector's `erf` is ~40 dependent operations) interleave
+    /// in program order and each constant, loaded once, serves `W` vectors. Measured on Zen 3 (`erf`, ns an
+    /// element): 1.64 at one vector a step (as LLVM's loops), 1.60 at two, 1.65 at three, 1.37 at four and
+    /// five.
     pub(super) const W: usize = 4;
     pub(super) type V = [__m256; W];
 
