@@ -1,6 +1,6 @@
 //! `erf` and `exp` in f32 over tiles, written branch-free so that they vectorise, in blocks of 16 through a local
 //! array (tiles may be transformed in place): the portable form. On AVX2 the same operations are written out
-//! on eight lanes (`x86v3`, four vectors a step: the same bits, 1.2-1.5x faster than LLVM's vectorisation). GELU(erf)
+//! on eight lanes (`x86v3`, four vectors a step: the same bits, 1.2-1.6x faster than LLVM's vectorisation). GELU(erf)
 //! evaluates `erf` once per element of a model's widest activation, and musl's scalar `erff` (`libm::erff`,
 //! about 5 ns a call with its branches) was 12 % of an all-MiniLM-L6-v2 forward pass; `exp` is
 //! [`crate::rows::exp_f32`] (1 ulp).
@@ -196,8 +196,8 @@ pub(crate) unsafe fn tile(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
 }
 
 /// [`tile`] on AVX2 and FMA: the portable forms' operations (`dispatch::<true>`), written out on eight lanes
-/// (`x86v3`): the same bits, in a third to a half of the time LLVM's vectorisation of the portable loops took
-/// (it spilled and reloaded constants around two 8-lane halves of each 16-block).
+/// (`x86v3`): the same bits, 1.2-1.6x faster than LLVM's vectorisation of the portable loops (BENCHMARKS.md
+/// of this crate, Zen 3 section).
 ///
 /// # Safety
 /// AVX2 and FMA are present; the pointers as [`tile`]'s caller promised.
