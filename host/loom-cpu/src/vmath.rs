@@ -207,9 +207,9 @@ unsafe fn tile_avx2(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
     // SAFETY: as `tile`'s caller promised; the features are enabled here.
     unsafe {
         match f {
-            Fun::Erf => x86v3::map(src, dst, n, erf_f32::<true>, |x| x86v3::erf(x)),
-            Fun::Exp => x86v3::map(src, dst, n, crate::rows::exp_f32::<true>, |x| x86v3::exp(x)),
-            Fun::Sigmoid => x86v3::map(src, dst, n, sigmoid_f32::<true>, |x| x86v3::sigmoid(x)),
+            Fun::Erf => x86v3::map(src, dst, n, |x| x86v3::erf(x), |x| x86v3::erf(x)),
+            Fun::Exp => x86v3::map(src, dst, n, |x| x86v3::exp(x), |x| x86v3::exp(x)),
+            Fun::Sigmoid => x86v3::map(src, dst, n, |x| x86v3::sigmoid(x), |x| x86v3::sigmoid(x)),
         }
     }
 }
@@ -266,75 +266,69 @@ mod x86v3 {
     use super::{R, S};
     use std::arch::x86_64::*;
 
-    /// Vectors a step of the loops works on together: each operation below is applied to all `W` vectors
-    /// before the next, so `W` independent chains (one vector's `erf` is ~40 dependent operations) interleave
-    /// in program order and each constant, loaded once, serves `W` vectors. Measured on Zen 3 (`erf`, ns an
-    /// element): 1.64 at one vector a step (as LLVM's loops), 1.60 at two, 1.65 at three, 1.37 at four and
-    /// five.
-    pub(super) const W: usize = 4;
-    pub(super) type V = [__m256; W];
+    /// Vectors a step of the loops' bulk works on together: each operation below is applied to all `W`
+    /// vectors of a `V<W>` before the next, so `W` independent chains (one vector's `erf` is ~40 dependent
+    /// operations) interleave in program order and each constant, loaded once, serves `W` vectors. Measured
+    /// on Zen 3 (`erf`, ns an element): 1.64 at one vector a step (as LLVM's loops), 1.60 at two, 1.65 at
+    /// three, 1.37 at four and five. What is left of a tile after the bulk goes one vector at a time.
+    const BULK: usize = 4;
+    pub(super) type V<const W: usize> = [__m256; W];
 
     #[inline(always)]
-    fn each(f: impl Fn(usize) -> __m256) -> V {
+    fn each<const W: usize>(f: impl Fn(usize) -> __m256) -> V<W> {
         std::array::from_fn(f)
     }
 
     #[inline(always)]
-    fn c(v: f32) -> V {
+    fn c<const W: usize>(v: f32) -> V<W> {
         // SAFETY: AVX is implied by every caller's AVX2 target feature.
         [unsafe { _mm256_set1_ps(v) }; W]
-    }
-
-    #[inline(always)]
-    fn ci(v: i32) -> [__m256i; W] {
-        // SAFETY: as `c`.
-        [unsafe { _mm256_set1_epi32(v) }; W]
     }
 
     /// `x` where `x` is NaN (the portable forms return the argument itself), `y` elsewhere.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn nan_passes(x: V, y: V) -> V {
+    fn nan_passes<const W: usize>(x: V<W>, y: V<W>) -> V<W> {
         each(|i| _mm256_blendv_ps(y[i], x[i], _mm256_cmp_ps::<_CMP_UNORD_Q>(x[i], x[i])))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn fma(a: V, b: V, c: V) -> V {
+    fn fma<const W: usize>(a: V<W>, b: V<W>, c: V<W>) -> V<W> {
         each(|i| _mm256_fmadd_ps(a[i], b[i], c[i]))
     }
 
     /// `-(a b) + c`, which is `fma(-a, b, c)` (the negation is exact).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn fnma(a: V, b: V, c: V) -> V {
+    fn fnma<const W: usize>(a: V<W>, b: V<W>, c: V<W>) -> V<W> {
         each(|i| _mm256_fnmadd_ps(a[i], b[i], c[i]))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn mul(a: V, b: V) -> V {
+    fn mul<const W: usize>(a: V<W>, b: V<W>) -> V<W> {
         each(|i| _mm256_mul_ps(a[i], b[i]))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn clamp(x: V, lo: f32, hi: f32) -> V {
-        let (lo, hi) = (c(lo), c(hi));
-        each(|i| _mm256_min_ps(_mm256_max_ps(x[i], lo[i]), hi[i]))
+    fn clamp<const W: usize>(x: V<W>, lo: f32, hi: f32) -> V<W> {
+        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        each(|i| _mm256_min_ps(_mm256_max_ps(x[i], lo), hi))
     }
 
     /// `lt` where `a < b`, `ge` elsewhere.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn select_lt(a: V, b: f32, lt: V, ge: V) -> V {
-        let b = c(b);
-        each(|i| _mm256_blendv_ps(ge[i], lt[i], _mm256_cmp_ps::<_CMP_LT_OQ>(a[i], b[i])))
+    fn select_lt<const W: usize>(a: V<W>, b: f32, lt: V<W>, ge: V<W>) -> V<W> {
+        let b = _mm256_set1_ps(b);
+        each(|i| _mm256_blendv_ps(ge[i], lt[i], _mm256_cmp_ps::<_CMP_LT_OQ>(a[i], b)))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn sign() -> V {
+    fn sign<const W: usize>() -> V<W> {
         // SAFETY: AVX2 is enabled here.
         each(|_| _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN)))
     }
@@ -343,14 +337,15 @@ mod x86v3 {
     /// constant, the two-part reduction, Horner's polynomial, and the scale as two powers of two.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn exp(x: V) -> V {
+    pub(super) fn exp<const W: usize>(x: V<W>) -> V<W> {
         const MAGIC: f32 = 12_582_912.0;
         let xc = clamp(x, -105.0, 89.0);
         let t = fma(xc, c(std::f32::consts::LOG2_E), c(MAGIC));
-        let n = each(|i| _mm256_sub_ps(t[i], c(MAGIC)[i]));
-        let bias = ci(0x4B40_0000);
+        let magic = _mm256_set1_ps(MAGIC);
+        let n: V<W> = each(|i| _mm256_sub_ps(t[i], magic));
+        let bias = _mm256_set1_epi32(0x4B40_0000);
         let ni: [__m256i; W] =
-            std::array::from_fn(|i| _mm256_sub_epi32(_mm256_castps_si256(t[i]), bias[i]));
+            std::array::from_fn(|i| _mm256_sub_epi32(_mm256_castps_si256(t[i]), bias));
         let r = fnma(n, c(-2.121_944_4e-4), fnma(n, c(0.693_359_4), xc));
         let mut p = c(1.987_569_1e-4);
         for k in [
@@ -363,15 +358,15 @@ mod x86v3 {
             p = fma(p, r, c(k));
         }
         let y = fma(p, mul(r, r), r);
-        let y = each(|i| _mm256_add_ps(y[i], c(1.0)[i]));
-        let (lo, hi, b) = (ci(-126), ci(127), ci(127));
-        let pow2 = |k: __m256i, i: usize| {
-            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, b[i])))
-        };
-        let e = each(|i| {
-            let n1 = _mm256_min_epi32(_mm256_max_epi32(ni[i], lo[i]), hi[i]);
+        let one = _mm256_set1_ps(1.0);
+        let y: V<W> = each(|i| _mm256_add_ps(y[i], one));
+        let (lo, hi) = (_mm256_set1_epi32(-126), _mm256_set1_epi32(127));
+        let pow2 =
+            |k: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, hi)));
+        let e: V<W> = each(|i| {
+            let n1 = _mm256_min_epi32(_mm256_max_epi32(ni[i], lo), hi);
             let n2 = _mm256_sub_epi32(ni[i], n1);
-            _mm256_mul_ps(_mm256_mul_ps(y[i], pow2(n1, i)), pow2(n2, i))
+            _mm256_mul_ps(_mm256_mul_ps(y[i], pow2(n1)), pow2(n2))
         });
         nan_passes(x, e)
     }
@@ -379,9 +374,9 @@ mod x86v3 {
     /// `super::erf_f32::<true>`, lane for lane.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn erf(x: V) -> V {
-        let sign = sign();
-        let a = each(|i| _mm256_andnot_ps(sign[i], x[i]));
+    pub(super) fn erf<const W: usize>(x: V<W>) -> V<W> {
+        let sign: V<W> = sign();
+        let a: V<W> = each(|i| _mm256_andnot_ps(sign[i], x[i]));
         let z = mul(a, a);
         let mut p = c(S[6]);
         for &k in S[..6].iter().rev() {
@@ -389,14 +384,15 @@ mod x86v3 {
         }
         let small = fma(a, p, a);
         let ac = clamp(a, 0.875, 4.0);
-        let t = each(|i| _mm256_sub_ps(ac[i], c(2.4375)[i]));
+        let mid = _mm256_set1_ps(2.4375);
+        let t: V<W> = each(|i| _mm256_sub_ps(ac[i], mid));
         let mut r = c(R[12]);
         for &k in R[..12].iter().rev() {
             r = fma(r, t, c(k));
         }
         // -(ac * ac): the product rounded, then negated (exact).
         let sq = mul(ac, ac);
-        let e = exp(each(|i| _mm256_xor_ps(sq[i], sign[i])));
+        let e = exp::<W>(each(|i| _mm256_xor_ps(sq[i], sign[i])));
         let large = fnma(e, r, c(1.0));
         let y = select_lt(a, 0.875, small, select_lt(a, 4.0, large, c(1.0)));
         // copysign(y, x): y is non-negative here.
@@ -409,22 +405,21 @@ mod x86v3 {
     /// `super::sigmoid_f32::<true>`, lane for lane.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn sigmoid(x: V) -> V {
-        let sign = sign();
-        let e = exp(each(|i| _mm256_or_ps(x[i], sign[i])));
-        let one = c(1.0);
-        let y = each(|i| {
+    pub(super) fn sigmoid<const W: usize>(x: V<W>) -> V<W> {
+        let sign: V<W> = sign();
+        let e = exp::<W>(each(|i| _mm256_or_ps(x[i], sign[i])));
+        let one = _mm256_set1_ps(1.0);
+        let y: V<W> = each(|i| {
             let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(x[i], _mm256_setzero_ps());
-            _mm256_div_ps(
-                _mm256_blendv_ps(e[i], one[i], ge),
-                _mm256_add_ps(one[i], e[i]),
-            )
+            _mm256_div_ps(_mm256_blendv_ps(e[i], one, ge), _mm256_add_ps(one, e[i]))
         });
         nan_passes(x, y)
     }
 
-    /// `dst[i] = f(src[i])` for `i < n`, `8 W` lanes at a time by `v`, the last `n % 8 W` by the scalar `s`
-    /// (the same function, the same bits). `src` and `dst` may be the same region.
+    /// `dst[i] = f(src[i])` for `i < n`: `8 BULK` lanes at a time by `bulk`, then eight at a time by `one`,
+    /// the last `n % 8` by masked loads and stores (the lanes past the end read 0 and are not stored). `bulk` and `one` are the
+    /// same function at two widths, so every element gets the same bits. `src` and `dst` may be the same
+    /// region.
     ///
     /// # Safety
     /// AVX2 and FMA are present; `src` is readable and `dst` writable for `n` f32 values.
@@ -434,23 +429,32 @@ mod x86v3 {
         src: *const f32,
         dst: *mut f32,
         n: usize,
-        s: impl Fn(f32) -> f32,
-        v: impl Fn(V) -> V,
+        bulk: impl Fn(V<BULK>) -> V<BULK>,
+        one: impl Fn(V<1>) -> V<1>,
     ) {
         let mut i = 0;
-        // SAFETY: i + 8 W <= n in the loop, i < n after it: inside both regions (the caller's contract).
+        // SAFETY: each load and store covers elements below `n` (the loop conditions; the masked tail touches
+        // only its `n - i` lanes): inside both regions (the caller's contract).
         unsafe {
-            while i + 8 * W <= n {
-                let x: V = std::array::from_fn(|j| _mm256_loadu_ps(src.add(i + 8 * j)));
-                let y = v(x);
-                for (j, y) in y.iter().enumerate() {
+            while i + 8 * BULK <= n {
+                let x: V<BULK> = std::array::from_fn(|j| _mm256_loadu_ps(src.add(i + 8 * j)));
+                for (j, y) in bulk(x).iter().enumerate() {
                     _mm256_storeu_ps(dst.add(i + 8 * j), *y);
                 }
-                i += 8 * W;
+                i += 8 * BULK;
             }
-            while i < n {
-                *dst.add(i) = s(*src.add(i));
-                i += 1;
+            while i + 8 <= n {
+                let [y] = one([_mm256_loadu_ps(src.add(i))]);
+                _mm256_storeu_ps(dst.add(i), y);
+                i += 8;
+            }
+            if i < n {
+                let lanes = _mm256_cmpgt_epi32(
+                    _mm256_set1_epi32((n - i) as i32),
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                );
+                let [y] = one([_mm256_maskload_ps(src.add(i), lanes)]);
+                _mm256_maskstore_ps(dst.add(i), lanes, y);
             }
         }
     }
