@@ -664,8 +664,12 @@ pub(crate) fn matmul_rows(
         Vec::new()
     };
     let out = Out(y.as_mut_ptr(), n);
-    // At least 128 K weights per thread (see qdot::matvec).
-    let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
+    // At least 128 K multiply-adds per thread (see qdot::matvec, where that is 128 K weights: one row). Every
+    // activation row multiplies the weights again: 16 rows against a 192 x 576 matrix are 1.8 M of them, which
+    // a threshold on the weights alone (110 K) kept on one thread.
+    let threads = threads
+        .clamp(1, n.max(1))
+        .min(((m.max(1) * n * k) >> 17).max(1));
     // About eight chunks a thread, of at least 16 rows.
     let per = n.div_ceil(threads * 8).max(16).div_ceil(4) * 4;
     let chunks = n.div_ceil(per);
