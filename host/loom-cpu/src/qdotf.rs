@@ -492,7 +492,7 @@ impl Block<'_> {
     /// (`dot_rx4_512`), the rest one by one; with AVX2 three at a time (`dot_rc`: 12 of its 16 registers
     /// accumulate), the rest one or two at a time with the same arithmetic. Results into columns
     /// `r .. r + R` of `y` (which belong to the calling chunk only).
-    fn rows<const R: usize>(&self, r: usize, wf: &mut [Vec<f32>; R]) {
+    fn rows<const R: usize>(&self, r: usize, wf: &mut [&mut [f32]; R]) {
         let k = self.k;
         for (j, wr) in wf.iter_mut().enumerate() {
             let at = (r + j) * self.row;
@@ -551,6 +551,16 @@ impl Block<'_> {
         }
     }
 }
+
+thread_local! {
+    /// Four dequantised weight rows of the blocked path, kept per thread (`matmul_rows`).
+    static WEIGHT_ROWS: std::cell::Cell<[Vec<f32>; 4]> = const {
+        std::cell::Cell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()])
+    };
+}
+
+/// The longest weight row whose buffers a thread keeps (64 K weights: 1 MiB for the four).
+const MAX_KEPT_ROW: usize = 1 << 16;
 
 /// Where [`matmul_rows`]' chunks write: `y` as f32 `[m, n]` (possibly unaligned bytes).
 #[derive(Clone, Copy)]
@@ -691,16 +701,29 @@ pub(crate) fn matmul_rows(
                 k,
                 out,
             };
-            let mut wf4 = [(); 4].map(|_| vec![0f32; k]);
-            while r + 4 <= r1 {
-                ctx.rows(r, &mut wf4);
-                r += 4;
-            }
-            let mut wf2 = [(); 2].map(|_| vec![0f32; k]);
-            while r + 2 <= r1 {
-                ctx.rows(r, &mut wf2);
-                r += 2;
-            }
+            // The dequantised rows' buffers, kept per thread between chunks and calls (a chunk is ~4 us of
+            // work at 16 activation rows; allocating and zeroing six rows for each was a few percent of it).
+            WEIGHT_ROWS.with(|c| {
+                let mut bufs = c.take();
+                for b in bufs.iter_mut() {
+                    b.resize(k, 0.0);
+                }
+                let [w0, w1, w2, w3] = &mut bufs;
+                let mut wf4 = [&mut w0[..k], &mut w1[..k], &mut w2[..k], &mut w3[..k]];
+                while r + 4 <= r1 {
+                    ctx.rows(r, &mut wf4);
+                    r += 4;
+                }
+                let [w0, w1, ..] = wf4;
+                let mut wf2 = [w0, w1];
+                while r + 2 <= r1 {
+                    ctx.rows(r, &mut wf2);
+                    r += 2;
+                }
+                if k <= MAX_KEPT_ROW {
+                    c.set(bufs);
+                }
+            });
         }
         // Fewer than four activation rows: each weight row straight into the dots (no dequantised copy).
         #[cfg(target_arch = "x86_64")]
