@@ -790,6 +790,30 @@ const Q4_1_ROWS: usize = 8;
 /// Q4_1 rows per call of the AVX2 kernel in [`matvec`] (four accumulator chains; `LOOM_BENCH=qmatvec`).
 const Q4_1_ROWS_AVX2: usize = 4;
 
+/// The whole batches of `B` rows of `y` (little-endian f32, output rows `r0..` of `w`, `row` bytes a weight
+/// row) by `kernel`, which takes `B` consecutive weight rows; returns the rows done.
+#[cfg(target_arch = "x86_64")]
+fn row_batches<const B: usize>(
+    y: &mut [u8],
+    r0: usize,
+    w: &[u8],
+    row: usize,
+    kernel: impl Fn(&[u8]) -> [f32; B],
+) -> usize {
+    let mut done = 0;
+    for (i, out) in y.chunks_exact_mut(4 * B).enumerate() {
+        let r = r0 + B * i;
+        for (o, v) in out
+            .chunks_exact_mut(4)
+            .zip(kernel(&w[r * row..(r + B) * row]))
+        {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        done += B;
+    }
+    done
+}
+
 /// `y = W x` over `threads` workers (contiguous row blocks): `w` is `n` rows of `k / 32` blocks of `dtype`,
 /// `x` holds `k` little-endian f32 and `y` receives `n` little-endian f32.
 pub(crate) fn matvec(
@@ -813,40 +837,23 @@ pub(crate) fn matvec(
     // and ~10-13 us when it has parked (`LOOM_BENCH=pool`); was 256 K for a thread spawn per call.
     let threads = threads.clamp(1, n.max(1)).min(((n * k) >> 17).max(1));
     let rows = |y: &mut [u8], r0: usize| {
-        let mut done = 0;
+        // Q4_1 several rows a call (activation loads and horizontal sums shared): eight with AVX-512 VNNI, four
+        // with AVX2; the rest one by one below.
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 && dtype == DType::Q4_1 {
-            for (i, out) in y.chunks_exact_mut(4 * Q4_1_ROWS_AVX2).enumerate() {
-                let r = r0 + Q4_1_ROWS_AVX2 * i;
-                // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c;
-                // `w[r * row..]` is `Q4_1_ROWS_AVX2` whole rows, `a` quantised for `k`.
-                let v = unsafe {
-                    x86::q4_1_rows_avx2::<Q4_1_ROWS_AVX2>(
-                        &w[r * row..(r + Q4_1_ROWS_AVX2) * row],
-                        &a,
-                    )
-                };
-                for (o, v) in out.chunks_exact_mut(4).zip(v) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-                done += Q4_1_ROWS_AVX2;
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni && dtype == DType::Q4_1 {
-            // Eight rows at a time (activation loads and horizontal sums shared), the rest one by one.
-            for (i, out) in y.chunks_exact_mut(4 * Q4_1_ROWS).enumerate() {
-                let r = r0 + Q4_1_ROWS * i;
-                // SAFETY: `Isa::Avx512Vnni` is only produced after detecting its features (avx2 and fma
-                // come with avx512f); `w[r * row..]` is `Q4_1_ROWS` whole rows, `a` quantised for `k`.
-                let v =
-                    unsafe { x86::q4_1_rows::<Q4_1_ROWS>(&w[r * row..(r + Q4_1_ROWS) * row], &a) };
-                for (o, v) in out.chunks_exact_mut(4).zip(v) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-                done += Q4_1_ROWS;
-            }
-        }
+        let done = match (isa, dtype) {
+            // SAFETY (both): `Isa::Avx512Vnni` and `Isa::Avx2` are only produced after detecting their kernels'
+            // features; `row_batches` hands each call exactly its batch of whole rows of `w`, and `a` was
+            // quantised for `k`.
+            (Isa::Avx512Vnni, DType::Q4_1) => row_batches(y, r0, w, row, |wr| unsafe {
+                x86::q4_1_rows::<Q4_1_ROWS>(wr, &a)
+            }),
+            (Isa::Avx2, DType::Q4_1) => row_batches(y, r0, w, row, |wr| unsafe {
+                x86::q4_1_rows_avx2::<Q4_1_ROWS_AVX2>(wr, &a)
+            }),
+            _ => 0,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = 0;
         for (i, out) in y.chunks_exact_mut(4).enumerate().skip(done) {
             let r = r0 + i;
             out.copy_from_slice(&dot_row(isa, dtype, &w[r * row..(r + 1) * row], &a).to_le_bytes());
